@@ -1,0 +1,1 @@
+//! A host-memory backend with a set capacity, for fast deterministic tests.

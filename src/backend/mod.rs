@@ -1,0 +1,161 @@
+//! The `Backend` trait: the small surface every device implementation offers (wgpu, cuda, mock).
+//!
+//! Everything above this trait (tensor chunking, kernel orchestration, budgets, probes, search)
+//! is written once and shared by all backends.
+
+pub mod budget;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod mock;
+pub mod open;
+pub mod wgpu;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::kernels::KernelId;
+
+/// Which API a device is reached through (contract names, lower case in JSON).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Vulkan,
+    Metal,
+    Dx12,
+    Gl,
+    Cuda,
+    Mock,
+}
+
+impl BackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Vulkan => "vulkan",
+            BackendKind::Metal => "metal",
+            BackendKind::Dx12 => "dx12",
+            BackendKind::Gl => "gl",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Mock => "mock",
+        }
+    }
+}
+
+/// `device_type` of the JSON contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceType {
+    Discrete,
+    Integrated,
+    Cpu,
+    Virtual,
+    Other,
+}
+
+/// What `devices --json` prints per device and what a probe report carries (contract fields).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub index: usize,
+    pub name: String,
+    pub backend: BackendKind,
+    pub device_type: DeviceType,
+    pub driver: String,
+    pub memory_total_bytes: Option<u64>,
+    pub memory_free_bytes: Option<u64>,
+    pub max_buffer_size: u64,
+    pub max_storage_binding_size: u64,
+}
+
+impl DeviceInfo {
+    /// The largest single buffer a tensor chunk may use: one binding, one buffer.
+    pub fn max_chunk_bytes(&self) -> u64 {
+        self.max_buffer_size.min(self.max_storage_binding_size)
+    }
+}
+
+/// Why an allocation did not happen. Kept apart so a probe can classify its outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum AllocError {
+    /// The device (driver) refused the memory.
+    #[error("out of memory: the device refused {requested} bytes ({detail})")]
+    OutOfMemory { requested: u64, detail: String },
+    /// A buffer can never be this big on this device (validation, not memory pressure).
+    #[error("{requested} bytes exceed the device limit of {limit} bytes")]
+    ExceedsLimit { requested: u64, limit: u64 },
+    /// The user's emulated cap (`--budget`) would be passed.
+    #[error("budget: {requested} more bytes would pass the {budget}-byte budget ({used} in use)")]
+    Budget { requested: u64, budget: u64, used: u64 },
+    /// The device was lost (driver reset, crash).
+    #[error("device lost: {0}")]
+    DeviceLost(String),
+    /// Anything else the backend reported.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A failure of a non-allocation operation (dispatch, copy, synchronise, read back).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum BackendError {
+    #[error("out of memory during {0}")]
+    OutOfMemory(String),
+    #[error("device lost: {0}")]
+    DeviceLost(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl From<AllocError> for BackendError {
+    fn from(e: AllocError) -> Self {
+        match e {
+            AllocError::OutOfMemory { .. } | AllocError::Budget { .. } => {
+                BackendError::OutOfMemory(e.to_string())
+            }
+            AllocError::DeviceLost(m) => BackendError::DeviceLost(m),
+            other => BackendError::Other(other.to_string()),
+        }
+    }
+}
+
+/// A device buffer (one chunk of a tensor), valid until freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufferId(pub u64);
+
+/// Memory as the API reports it right now (None where it does not tell).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct MemoryInfo {
+    pub total_bytes: Option<u64>,
+    pub free_bytes: Option<u64>,
+}
+
+/// The small surface a device offers. Buffers are raw bytes; kernels are named by `KernelId`
+/// and take `params` (a `#[repr(C)]` POD struct from `kernels::params`, bound as a uniform in
+/// WGSL and passed by value in CUDA) plus storage buffers in binding order.
+pub trait Backend {
+    /// Static facts about the device.
+    fn info(&self) -> &DeviceInfo;
+    /// Current total/free memory where the API tells.
+    fn memory(&self) -> MemoryInfo;
+    /// Allocate one buffer of `bytes` (at most `info().max_chunk_bytes()`), contents undefined.
+    /// Must return `OutOfMemory` when the device refuses, never panic.
+    fn alloc_buffer(&mut self, bytes: u64) -> Result<BufferId, AllocError>;
+    /// Release a buffer. Freeing an unknown id is a no-op.
+    fn free_buffer(&mut self, id: BufferId);
+    /// Copy host bytes into a buffer at `offset`.
+    fn write_buffer(&mut self, id: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError>;
+    /// Copy `len` bytes from a buffer at `offset` back to the host (synchronises).
+    fn read_buffer(&mut self, id: BufferId, offset: u64, len: u64) -> Result<Vec<u8>, BackendError>;
+    /// Enqueue one kernel launch: `workgroups` groups of `kernel.workgroup_size()` threads.
+    fn dispatch(
+        &mut self,
+        kernel: KernelId,
+        params: &[u8],
+        buffers: &[BufferId],
+        workgroups: [u32; 3],
+    ) -> Result<(), BackendError>;
+    /// Wait for all enqueued work; report device loss or late errors.
+    fn synchronize(&mut self) -> Result<(), BackendError>;
+    /// Bytes currently held in live buffers allocated through this backend.
+    fn allocated_bytes(&self) -> u64;
+}
+
+/// A boxed backend for code that chooses one at run time.
+pub type DynBackend = Box<dyn Backend>;

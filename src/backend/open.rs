@@ -1,0 +1,1 @@
+//! Enumerate devices across backends and open one by --backend/--device.

@@ -1,0 +1,204 @@
+//! The command line (contract in README.md): clap definitions only; parsing into checked,
+//! typed options happens in `workload::overrides` and the command modules.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::scenario::Scenario;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "oomprobe",
+    version,
+    about = "Find the real out-of-memory boundary of deep-learning workloads on the GPU at hand",
+    long_about = "oomprobe allocates the tensors a training step holds at its peak, runs real compute \
+kernels over them (WGSL through wgpu, or CUDA through cudarc) and scales batch, sequence or \
+parameter count until allocation fails. Each empirical boundary is printed beside the analytic \
+prediction from the same plan."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List every adapter wgpu (and CUDA) can see, with memory and buffer limits.
+    Devices(DevicesArgs),
+    /// Memory breakdown of a workload by role; with --memory, the predicted max per scenario.
+    Estimate(EstimateArgs),
+    /// Find the empirical OOM boundary on a device, scenario by scenario.
+    Probe(ProbeArgs),
+    /// The seed's quick diagnosis: which of the four causes dominates, and what each remedy buys.
+    Diagnose(DiagnoseArgs),
+    /// Put several probe result files side by side.
+    Compare(CompareArgs),
+    /// Internal: run one probe in this process and print its result as one JSON line.
+    #[command(name = "probe-child", hide = true)]
+    ProbeChild(ProbeChildArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DevicesArgs {
+    /// Print JSON (an array of devices) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The workload: a preset or config file plus overrides.
+#[derive(Debug, Args, Clone, Default)]
+pub struct WorkloadArgs {
+    /// A preset: gpt2 gpt2-medium gpt2-large gpt2-xl bert-base bert-large vit-b16 vit-l16
+    /// llama-7b llama-13b resnet50 (plus tiny-gpt, tiny-cnn for tests).
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// A Hugging Face config.json, or an oomprobe TOML case file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[arg(long, value_name = "N")]
+    pub batch: Option<String>,
+    #[arg(long, value_name = "N")]
+    pub seq: Option<String>,
+    #[arg(long, value_name = "N")]
+    pub layers: Option<String>,
+    #[arg(long, value_name = "N")]
+    pub hidden: Option<String>,
+    #[arg(long, value_name = "N")]
+    pub heads: Option<String>,
+    #[arg(long, value_name = "N")]
+    pub ffn: Option<String>,
+    #[arg(long, value_name = "N")]
+    pub vocab: Option<String>,
+    /// Image side in pixels (ViT, ResNet).
+    #[arg(long, value_name = "N")]
+    pub image: Option<String>,
+    /// A plain parameter count for the params scenario, e.g. 7e9 or 7B.
+    #[arg(long, value_name = "N")]
+    pub params: Option<String>,
+    /// fp32 | fp16 | bf16 | mixed (16-bit compute, fp32 master weights).
+    #[arg(long, value_name = "P")]
+    pub precision: Option<String>,
+    /// adam | sgd | sgd-momentum | none (none = inference: weights only).
+    #[arg(long, value_name = "O")]
+    pub optimizer: Option<String>,
+    /// naive | flash
+    #[arg(long, value_name = "A")]
+    pub attention: Option<String>,
+    /// none | full | sqrt | every:K
+    #[arg(long, value_name = "C")]
+    pub checkpoint: Option<String>,
+    /// on | off: dropout masks stored for the backward pass.
+    #[arg(long, value_name = "on|off")]
+    pub dropout: Option<String>,
+    /// ZeRO stage 0..3: per-device share of model states.
+    #[arg(long, value_name = "STAGE")]
+    pub zero: Option<String>,
+    /// Data-parallel devices ZeRO shards over.
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct EstimateArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Device memory to predict boundaries against, e.g. 40GiB, 80GB, 512MiB.
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DiagnoseArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Device memory (default: the default device's memory).
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ComputeMode {
+    /// Run the plan's real kernels (default on GPUs).
+    Full,
+    /// Write and verify every byte only (default on CPU adapters).
+    Touch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+    Csv,
+    Markdown,
+    Svg,
+    Html,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct DeviceSelect {
+    /// auto | vulkan | metal | dx12 | gl | cuda
+    #[arg(long, value_name = "B", default_value = "auto")]
+    pub backend: String,
+    /// Device index as `devices` lists it (within the chosen backend).
+    #[arg(long, value_name = "N")]
+    pub device: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Scenarios to run (repeatable). Default: the whole suite.
+    #[arg(long, value_enum)]
+    pub scenario: Vec<Scenario>,
+    #[command(flatten)]
+    pub device: DeviceSelect,
+    /// Emulate a smaller card: every byte requested from the driver counts against SIZE.
+    #[arg(long, value_name = "SIZE")]
+    pub budget: Option<String>,
+    /// Run one probe at this value of the scenario's dimension and report its outcome.
+    #[arg(long, value_name = "X")]
+    pub at: Option<String>,
+    /// Run probes in this process instead of a child per probe.
+    #[arg(long)]
+    pub no_isolate: bool,
+    /// full (run the plan's kernels) or touch (write and verify every byte).
+    #[arg(long, value_enum)]
+    pub compute: Option<ComputeMode>,
+    /// Per-probe time limit in seconds (isolated probes only).
+    #[arg(long, value_name = "SECONDS", default_value = "300")]
+    pub timeout: String,
+    #[arg(long)]
+    pub json: bool,
+    /// Write results as they arrive (format from the extension unless --format says otherwise).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    #[arg(long, value_enum)]
+    pub format: Option<OutputFormat>,
+    /// No progress bar on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Probe result files (JSON written by `probe --json` or `--out`).
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+    #[arg(long, value_enum)]
+    pub format: Option<OutputFormat>,
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeChildArgs {
+    /// The probe to run, as JSON (a `probe::ChildRequest`).
+    #[arg(long)]
+    pub request: String,
+}

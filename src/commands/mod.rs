@@ -1,0 +1,22 @@
+//! Command implementations, one module per subcommand.
+
+pub mod compare;
+pub mod devices;
+pub mod diagnose;
+pub mod estimate;
+pub mod probe;
+
+use crate::cli::Command;
+use crate::error::CliResult;
+
+/// Run one parsed command.
+pub fn run(command: Command) -> CliResult<()> {
+    match command {
+        Command::Devices(args) => devices::run(&args),
+        Command::Estimate(args) => estimate::run(&args),
+        Command::Probe(args) => probe::run(&args),
+        Command::Diagnose(args) => diagnose::run(&args),
+        Command::Compare(args) => compare::run(&args),
+        Command::ProbeChild(args) => crate::probe::child::run_child(&args),
+    }
+}

@@ -1,0 +1,1 @@
+//! Kernel parameter structs (repr(C), Pod), identical in WGSL and CUDA.

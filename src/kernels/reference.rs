@@ -1,0 +1,1 @@
+//! f64 CPU references of every kernel, used by the tests.

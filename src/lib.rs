@@ -1,0 +1,21 @@
+//! oomprobe: find the real out-of-memory boundary of deep-learning workloads on the GPU at hand.
+//!
+//! Layers, top to bottom (see README.md): `cli` -> `commands` -> `workload` / `plan` / `estimate`
+//! -> `search` -> `probe` -> `backend` (wgpu, cuda, mock) -> `report`.
+
+pub mod backend;
+pub mod cli;
+pub mod commands;
+pub mod diagnose;
+pub mod error;
+pub mod estimate;
+pub mod kernels;
+pub mod ops;
+pub mod plan;
+pub mod probe;
+pub mod report;
+pub mod scenario;
+pub mod search;
+pub mod tensor;
+pub mod units;
+pub mod workload;

@@ -1,0 +1,31 @@
+//! The `oomprobe` binary: parse the command line, run the command, map errors to exit codes.
+
+use clap::Parser;
+use oomprobe::cli::Cli;
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    let _ = e.print();
+                    std::process::exit(0);
+                }
+                _ => {
+                    // One clear line, exit 2.
+                    let msg = e.to_string();
+                    let first = msg.lines().next().unwrap_or("bad usage").trim();
+                    eprintln!("oomprobe: {}", first.trim_start_matches("error: "));
+                    std::process::exit(2);
+                }
+            }
+        }
+    };
+    if let Err(e) = oomprobe::commands::run(cli.command) {
+        eprintln!("oomprobe: {e}");
+        std::process::exit(e.exit_code());
+    }
+}

@@ -1,0 +1,1 @@
+//! Plan::for_value: dispatch to the builder of the workload's architecture and scenario.

@@ -1,0 +1,185 @@
+//! Plans: for one workload, scenario and value x, the tensors a training step holds at its peak
+//! and the kernel steps that write and read them. Pure and backend-free: the estimate and the
+//! probe both come from the same plan.
+
+pub mod build;
+pub mod params;
+pub mod resnet;
+pub mod transformer;
+
+use serde::{Deserialize, Serialize};
+
+/// What a tensor is for (the breakdown's rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Params,
+    Gradients,
+    Optimizer,
+    Activations,
+    Attention,
+    Workspace,
+}
+
+impl Role {
+    pub const ALL: [Role; 6] = [
+        Role::Params,
+        Role::Gradients,
+        Role::Optimizer,
+        Role::Activations,
+        Role::Attention,
+        Role::Workspace,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Params => "params",
+            Role::Gradients => "gradients",
+            Role::Optimizer => "optimizer",
+            Role::Activations => "activations",
+            Role::Attention => "attention",
+            Role::Workspace => "workspace",
+        }
+    }
+}
+
+/// Element type of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    F16,
+    Bf16,
+    /// 1-byte elements (dropout masks).
+    U8,
+}
+
+impl DType {
+    pub fn bytes(self) -> u64 {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::Bf16 => 2,
+            DType::U8 => 1,
+        }
+    }
+    /// The kernel storage type for compute over this tensor (U8 masks are only filled).
+    pub fn storage(self) -> crate::kernels::Storage {
+        use crate::kernels::Storage;
+        match self {
+            DType::F32 | DType::U8 => Storage::F32,
+            DType::F16 => Storage::F16,
+            DType::Bf16 => Storage::Bf16,
+        }
+    }
+}
+
+/// Index of a tensor in `Plan::tensors`.
+pub type TensorIx = usize;
+
+/// One tensor held at the step's peak.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorSpec {
+    pub name: String,
+    pub role: Role,
+    pub dtype: DType,
+    /// Logical shape; `elems()` is its product.
+    pub shape: Vec<u64>,
+    /// Exact bytes (elems × dtype bytes), computed with checked arithmetic.
+    pub bytes: u64,
+    /// Elements in one row: chunks of a big tensor never split a row, so row-wise kernels
+    /// (matmul rows, softmax, layer norm) work across chunk boundaries.
+    pub row_elems: u64,
+}
+
+impl TensorSpec {
+    pub fn elems(&self) -> u64 {
+        self.bytes / self.dtype.bytes()
+    }
+}
+
+/// A real kernel the probe runs in `--compute full` mode over the plan's tensors. Shapes are in
+/// elements; every tensor index must hold at least the elements the step touches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Step {
+    /// c[batch][m][n] = a[batch][m][k] · b[k][n] (b shared across the batch, e.g. a linear layer
+    /// over `batch*m` rows).
+    Matmul { a: TensorIx, b: TensorIx, c: TensorIx, batch: u64, m: u64, n: u64, k: u64 },
+    /// Row softmax of x[rows][cols] into y.
+    Softmax { x: TensorIx, y: TensorIx, rows: u64, cols: u64 },
+    /// Naive attention for `batch_heads` heads: scores = q·kᵀ/√d, probs = softmax(scores)
+    /// (both [bh][seq][seq], stored), out = probs·v. q, k, v, out: [bh][seq][head_dim].
+    Attention {
+        q: TensorIx,
+        k: TensorIx,
+        v: TensorIx,
+        scores: TensorIx,
+        probs: TensorIx,
+        out: TensorIx,
+        batch_heads: u64,
+        seq: u64,
+        head_dim: u64,
+        causal: bool,
+    },
+    /// Tiled attention with online softmax: no N×N buffer; `stats` holds [bh][seq][2]
+    /// (row max, row sum) for the backward pass.
+    FlashAttention {
+        q: TensorIx,
+        k: TensorIx,
+        v: TensorIx,
+        out: TensorIx,
+        stats: TensorIx,
+        batch_heads: u64,
+        seq: u64,
+        head_dim: u64,
+        causal: bool,
+    },
+    /// Layer norm over rows of x[rows][cols] into y (unit gain, zero bias).
+    LayerNorm { x: TensorIx, y: TensorIx, rows: u64, cols: u64 },
+    Gelu { x: TensorIx, y: TensorIx, elems: u64 },
+    Relu { x: TensorIx, y: TensorIx, elems: u64 },
+    /// NCHW conv: x[n][c_in][h][w] * w[c_out][c_in][kh][kw] -> y[n][c_out][h_out][w_out].
+    Conv2d {
+        x: TensorIx,
+        w: TensorIx,
+        y: TensorIx,
+        n: u64,
+        c_in: u64,
+        h: u64,
+        w_in: u64,
+        c_out: u64,
+        kernel: u64,
+        stride: u64,
+        pad: u64,
+    },
+    /// One Adam update of params p with gradients g and moments m, v (all `elems` long).
+    Adam { p: TensorIx, g: TensorIx, m: TensorIx, v: TensorIx, elems: u64 },
+}
+
+/// The tensors and kernels of one probe at one value of the varied dimension.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub workload: crate::workload::Workload,
+    pub scenario: crate::scenario::Scenario,
+    /// The value of the varied dimension (params, batch or seq).
+    pub value: u64,
+    /// Allocation order: model states first, then activations layer by layer, then workspace.
+    pub tensors: Vec<TensorSpec>,
+    pub steps: Vec<Step>,
+    /// Notes a person should see (e.g. "image scaled to 64 px for the CPU adapter").
+    pub notes: Vec<String>,
+}
+
+impl Plan {
+    /// Total bytes of all tensors (checked; plans are built with checked arithmetic).
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.bytes).fold(0u64, |a, b| a.saturating_add(b))
+    }
+    /// Bytes per role.
+    pub fn bytes_by_role(&self, role: Role) -> u64 {
+        self.tensors
+            .iter()
+            .filter(|t| t.role == role)
+            .map(|t| t.bytes)
+            .fold(0u64, |a, b| a.saturating_add(b))
+    }
+}

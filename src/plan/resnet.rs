@@ -1,0 +1,1 @@
+//! ResNet-50 plans from its real layer shapes.

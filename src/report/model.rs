@@ -1,0 +1,125 @@
+//! The result model of a probe run: what `probe --json` and `--out` write (JSON contract).
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::DeviceInfo;
+
+/// Bumped only for incompatible changes; additions keep it.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One probe's (or one run's) result. Contract names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Fit,
+    OutOfMemory,
+    Budget,
+    ExceedsLimit,
+    DeviceLost,
+    Killed,
+    Timeout,
+    Error,
+}
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Fit => "fit",
+            Outcome::OutOfMemory => "out_of_memory",
+            Outcome::Budget => "budget",
+            Outcome::ExceedsLimit => "exceeds_limit",
+            Outcome::DeviceLost => "device_lost",
+            Outcome::Killed => "killed",
+            Outcome::Timeout => "timeout",
+            Outcome::Error => "error",
+        }
+    }
+    pub fn is_fit(self) -> bool {
+        self == Outcome::Fit
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolInfo {
+    pub name: String,
+    pub version: String,
+}
+
+impl Default for ToolInfo {
+    fn default() -> Self {
+        ToolInfo {
+            name: env!("CARGO_PKG_NAME").to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+}
+
+/// One probe at one value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeRecord {
+    pub value: u64,
+    pub outcome: Outcome,
+    /// Bytes the plan holds at this value (all of it when it fit; requested when it failed).
+    pub bytes: u64,
+    /// Bytes actually allocated when the probe stopped.
+    #[serde(default)]
+    pub bytes_allocated: u64,
+    /// The tensor whose allocation failed, if any.
+    #[serde(default)]
+    pub failed_tensor: Option<String>,
+    /// Wall time of the whole probe.
+    pub seconds: f64,
+    /// Time of the compute (or touch) step alone, when it ran.
+    pub step_seconds: Option<f64>,
+    /// Checksum read back after the step (hex), when it fit.
+    #[serde(default)]
+    pub checksum: Option<String>,
+    /// One-line detail for failures.
+    #[serde(default)]
+    pub detail: Option<String>,
+}
+
+/// One scenario's search.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub scenario: crate::scenario::Scenario,
+    pub dimension: String,
+    /// A label telling runs of one scenario apart, e.g. "naive", "flash", "checkpoint full".
+    #[serde(default)]
+    pub variant: Option<String>,
+    pub workload: crate::workload::Workload,
+    pub max_fit: Option<u64>,
+    pub first_fail: Option<u64>,
+    pub fail_reason: Option<Outcome>,
+    pub bytes_at_max_fit: Option<u64>,
+    pub predicted_max: Option<u64>,
+    /// The memory the run measured against at its start (budget, or free memory).
+    #[serde(default)]
+    pub capacity_bytes: Option<u64>,
+    /// bytes_at_max_fit / free memory at start (fill ratio), where free memory is known.
+    #[serde(default)]
+    pub fill_ratio: Option<f64>,
+    /// Share of activations (incl. attention) in the plan at max fit.
+    #[serde(default)]
+    pub activation_share: Option<f64>,
+    /// True when a fit was seen above a failure (non-monotone device behaviour).
+    #[serde(default)]
+    pub flaky: bool,
+    #[serde(default)]
+    pub notes: Vec<String>,
+    pub probes: Vec<ProbeRecord>,
+    pub seconds: f64,
+}
+
+/// A whole `probe` invocation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeReport {
+    pub schema_version: u32,
+    pub tool: ToolInfo,
+    pub device: DeviceInfo,
+    pub budget_bytes: Option<u64>,
+    /// "full" or "touch".
+    #[serde(default)]
+    pub compute: Option<String>,
+    pub runs: Vec<RunResult>,
+}

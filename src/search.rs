@@ -1,0 +1,1 @@
+//! Boundary search over an oracle: gallop from the prediction, bisect, confirm the pair.

@@ -1,0 +1,1 @@
+//! Device tensors: a tensor of any size as row-aligned chunks within the device's buffer and binding limits.

@@ -1,0 +1,1 @@
+//! Read a Hugging Face config.json or an oomprobe TOML case file into a Workload.

@@ -1,0 +1,1 @@
+//! Model presets with their published shapes.

@@ -1,0 +1,1 @@
+// adam: not written yet

@@ -1,0 +1,1 @@
+// conv2d: not written yet

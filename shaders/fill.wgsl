@@ -1,0 +1,1 @@
+// fill: not written yet

@@ -1,0 +1,1 @@
+// gelu: not written yet

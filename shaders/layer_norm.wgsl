@@ -1,0 +1,1 @@
+// layer_norm: not written yet

@@ -1,0 +1,1 @@
+// matmul: not written yet

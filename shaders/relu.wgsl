@@ -1,0 +1,1 @@
+// relu: not written yet

@@ -1,0 +1,1 @@
+// softmax: not written yet

@@ -1,0 +1,1 @@
+// storage_bf16: not written yet

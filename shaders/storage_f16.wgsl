@@ -1,0 +1,1 @@
+// storage_f16: not written yet

@@ -1,0 +1,1 @@
+// storage_f32: not written yet

@@ -1,1 +1,0 @@
-//! Kernel orchestration above the Backend trait: run an op over a chunked tensor, once for all backends.

@@ -1,1 +1,683 @@
 //! The wgpu backend: Vulkan, Metal, DX12 and GL adapters with their full limits.
+//!
+//! Every allocation runs inside an out-of-memory and a validation error scope, so the device
+//! refusing memory comes back as `AllocError::OutOfMemory` and an impossible request as
+//! `AllocError::ExceedsLimit`; errors outside any scope go to an installed handler (wgpu's
+//! default one panics) and are reported by the next `synchronize`. Device loss is recorded by a
+//! callback and reported by every later call.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use wgpu::util::DeviceExt;
+
+use super::{
+    AllocError, Backend, BackendError, BackendKind, BufferId, DeviceInfo, DeviceType, MemoryInfo,
+};
+use crate::kernels::{source, KernelId};
+
+/// Copies and buffer sizes are whole 32-bit words.
+const WORD: u64 = 4;
+
+/// A new wgpu instance over every backend compiled in (honours `WGPU_BACKEND` and friends).
+pub fn new_instance() -> wgpu::Instance {
+    let desc = wgpu::InstanceDescriptor {
+        backends: wgpu::Backends::all(),
+        ..wgpu::InstanceDescriptor::new_without_display_handle()
+    }
+    .with_env();
+    wgpu::Instance::new(desc)
+}
+
+/// Every adapter of every backend, in a stable order: the index used by `--device`.
+pub fn enumerate_adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+    adapters.sort_by_key(|a| backend_rank(a.get_info().backend));
+    adapters
+}
+
+fn backend_rank(b: wgpu::Backend) -> u8 {
+    match b {
+        wgpu::Backend::Vulkan => 0,
+        wgpu::Backend::Metal => 1,
+        wgpu::Backend::Dx12 => 2,
+        wgpu::Backend::Gl => 3,
+        _ => 4,
+    }
+}
+
+/// Our name for a wgpu backend (`None` for ones we do not drive, e.g. the browser).
+pub fn backend_kind(b: wgpu::Backend) -> Option<BackendKind> {
+    match b {
+        wgpu::Backend::Vulkan => Some(BackendKind::Vulkan),
+        wgpu::Backend::Metal => Some(BackendKind::Metal),
+        wgpu::Backend::Dx12 => Some(BackendKind::Dx12),
+        wgpu::Backend::Gl => Some(BackendKind::Gl),
+        _ => None,
+    }
+}
+
+fn device_type(t: wgpu::DeviceType) -> DeviceType {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => DeviceType::Discrete,
+        wgpu::DeviceType::IntegratedGpu => DeviceType::Integrated,
+        wgpu::DeviceType::Cpu => DeviceType::Cpu,
+        wgpu::DeviceType::VirtualGpu => DeviceType::Virtual,
+        wgpu::DeviceType::Other => DeviceType::Other,
+    }
+}
+
+/// The contract's description of one adapter (index = position in `enumerate_adapters`).
+pub fn adapter_info(index: usize, adapter: &wgpu::Adapter) -> DeviceInfo {
+    let info = adapter.get_info();
+    let limits = adapter.limits();
+    let driver = match (info.driver.is_empty(), info.driver_info.is_empty()) {
+        (false, false) => format!("{} {}", info.driver, info.driver_info),
+        (false, true) => info.driver.clone(),
+        (true, false) => info.driver_info.clone(),
+        (true, true) => String::new(),
+    };
+    let mem = adapter_memory(adapter);
+    DeviceInfo {
+        index,
+        name: info.name.clone(),
+        backend: backend_kind(info.backend).unwrap_or(BackendKind::Vulkan),
+        device_type: device_type(info.device_type),
+        driver,
+        memory_total_bytes: mem.total_bytes,
+        memory_free_bytes: mem.free_bytes,
+        max_buffer_size: limits.max_buffer_size,
+        max_storage_binding_size: limits.max_storage_buffer_binding_size,
+    }
+}
+
+/// Device-local memory as the API tells: on Vulkan the device-local heaps and, with
+/// VK_EXT_memory_budget, the budget left; nothing elsewhere.
+///
+/// Note: lavapipe (software Vulkan) reports a 2 GiB heap that it does not enforce; this
+/// function reports what the API says, not what the host can give.
+pub fn adapter_memory(adapter: &wgpu::Adapter) -> MemoryInfo {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        if adapter.get_info().backend == wgpu::Backend::Vulkan {
+            return vulkan_memory(adapter).unwrap_or_default();
+        }
+    }
+    let _ = adapter;
+    MemoryInfo::default()
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn vulkan_memory(adapter: &wgpu::Adapter) -> Option<MemoryInfo> {
+    use ash::vk;
+    // SAFETY: we only read properties through the raw handles; nothing is created or destroyed,
+    // and the guard keeps the adapter alive while we use them.
+    unsafe {
+        let hal = adapter.as_hal::<wgpu::hal::api::Vulkan>()?;
+        let instance = hal.shared_instance().raw_instance();
+        let phd = hal.raw_physical_device();
+        let caps = hal.physical_device_capabilities();
+        let has_budget = caps.supports_extension(ash::ext::memory_budget::NAME);
+        let api = caps.properties().api_version;
+        let can_props2 = api >= vk::API_VERSION_1_1
+            || hal
+                .shared_instance()
+                .extensions()
+                .contains(&ash::khr::get_physical_device_properties2::NAME);
+        let mut budget = vk::PhysicalDeviceMemoryBudgetPropertiesEXT::default();
+        let props = if has_budget && can_props2 {
+            let mut props2 = vk::PhysicalDeviceMemoryProperties2::default().push_next(&mut budget);
+            instance.get_physical_device_memory_properties2(phd, &mut props2);
+            props2.memory_properties
+        } else {
+            instance.get_physical_device_memory_properties(phd)
+        };
+        let mut total = 0u64;
+        let mut free = 0u64;
+        let heaps = props.memory_heap_count.min(vk::MAX_MEMORY_HEAPS as u32) as usize;
+        for i in 0..heaps {
+            let heap = props.memory_heaps[i];
+            if heap.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL) {
+                total = total.saturating_add(heap.size);
+                if has_budget && can_props2 {
+                    let b = budget.heap_budget[i];
+                    let u = budget.heap_usage[i];
+                    free = free.saturating_add(b.saturating_sub(u));
+                }
+            }
+        }
+        Some(MemoryInfo {
+            total_bytes: (total > 0).then_some(total),
+            free_bytes: (has_budget && can_props2 && total > 0).then_some(free),
+        })
+    }
+}
+
+/// Which adapter to open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdapterSelector {
+    /// Position in `enumerate_adapters`.
+    Index(usize),
+    /// The first adapter of this backend (discrete GPUs first).
+    Kind(BackendKind),
+    /// The default: the first discrete GPU, else integrated, else any.
+    Auto,
+}
+
+/// Why no device was opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WgpuOpenError {
+    #[error("no adapter at all")]
+    NoAdapter,
+    #[error("device index {index} does not exist ({count} adapters)")]
+    NoSuchIndex { index: usize, count: usize },
+    #[error("no {0} adapter")]
+    NoSuchBackend(&'static str),
+    #[error("requesting the device failed: {0}")]
+    RequestDevice(String),
+}
+
+/// Rank for automatic choice: prefer real GPUs.
+fn type_rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+/// Pick the index of the adapter `sel` names in `adapters`.
+pub fn select_adapter(
+    adapters: &[wgpu::Adapter],
+    sel: AdapterSelector,
+) -> Result<usize, WgpuOpenError> {
+    if adapters.is_empty() {
+        return Err(WgpuOpenError::NoAdapter);
+    }
+    match sel {
+        AdapterSelector::Index(i) if i < adapters.len() => Ok(i),
+        AdapterSelector::Index(index) => Err(WgpuOpenError::NoSuchIndex {
+            index,
+            count: adapters.len(),
+        }),
+        AdapterSelector::Kind(kind) => adapters
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| backend_kind(a.get_info().backend) == Some(kind))
+            .min_by_key(|(i, a)| (type_rank(a.get_info().device_type), *i))
+            .map(|(i, _)| i)
+            .ok_or(WgpuOpenError::NoSuchBackend(kind.as_str())),
+        AdapterSelector::Auto => adapters
+            .iter()
+            .enumerate()
+            .min_by_key(|(i, a)| {
+                let info = a.get_info();
+                (type_rank(info.device_type), backend_rank(info.backend), *i)
+            })
+            .map(|(i, _)| i)
+            .ok_or(WgpuOpenError::NoAdapter),
+    }
+}
+
+struct Buf {
+    buffer: wgpu::Buffer,
+    bytes: u64,
+}
+
+/// Shared between the device callbacks and the backend.
+#[derive(Default)]
+struct Events {
+    lost: Option<String>,
+    errors: Vec<wgpu::Error>,
+}
+
+/// A wgpu device with its full limits, buffers by id, and a pipeline cache per kernel.
+pub struct WgpuBackend {
+    _instance: wgpu::Instance,
+    _adapter: wgpu::Adapter,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: DeviceInfo,
+    /// Largest single buffer we hand out (`info.max_chunk_bytes()` unless capped for tests).
+    max_buffer: u64,
+    buffers: HashMap<BufferId, Buf>,
+    next_id: u64,
+    allocated: u64,
+    pipelines: HashMap<KernelId, wgpu::ComputePipeline>,
+    events: Arc<Mutex<Events>>,
+}
+
+impl WgpuBackend {
+    /// Open an adapter with its full limits.
+    pub fn open(sel: AdapterSelector) -> Result<Self, WgpuOpenError> {
+        let instance = new_instance();
+        let adapters = enumerate_adapters(&instance);
+        let index = select_adapter(&adapters, sel)?;
+        let adapter = adapters
+            .into_iter()
+            .nth(index)
+            .ok_or(WgpuOpenError::NoAdapter)?;
+        Self::from_adapter(instance, adapter, index)
+    }
+
+    fn from_adapter(
+        instance: wgpu::Instance,
+        adapter: wgpu::Adapter,
+        index: usize,
+    ) -> Result<Self, WgpuOpenError> {
+        let info = adapter_info(index, &adapter);
+        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SHADER_INT64;
+        let features = adapter.features() & wanted;
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("oomprobe"),
+            required_features: features,
+            required_limits: adapter.limits(),
+            memory_hints: wgpu::MemoryHints::MemoryUsage,
+            ..Default::default()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
+            .map_err(|e| WgpuOpenError::RequestDevice(e.to_string()))?;
+        let events = Arc::new(Mutex::new(Events::default()));
+        {
+            let ev = Arc::clone(&events);
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                log::warn!("wgpu error outside an error scope: {e}");
+                if let Ok(mut g) = ev.lock() {
+                    g.errors.push(e);
+                }
+            }));
+        }
+        {
+            let ev = Arc::clone(&events);
+            device.set_device_lost_callback(move |reason, msg| {
+                if let Ok(mut g) = ev.lock() {
+                    // Dropping the device reports `Destroyed`; that is not a loss.
+                    if reason != wgpu::DeviceLostReason::Destroyed {
+                        g.lost = Some(format!("{reason:?}: {msg}"));
+                    }
+                }
+            });
+        }
+        let max_buffer = info.max_chunk_bytes();
+        Ok(WgpuBackend {
+            _instance: instance,
+            _adapter: adapter,
+            device,
+            queue,
+            info,
+            max_buffer,
+            buffers: HashMap::new(),
+            next_id: 1,
+            allocated: 0,
+            pipelines: HashMap::new(),
+            events,
+        })
+    }
+
+    /// Cap the largest buffer (and so the chunk size tensors use) below the device's limit:
+    /// lets tests exercise many chunks with small tensors. Never raises the limit.
+    pub fn cap_max_buffer(&mut self, bytes: u64) {
+        let cap = (bytes / WORD * WORD).max(WORD);
+        self.max_buffer = cap.min(self.info.max_chunk_bytes());
+        self.info.max_buffer_size = self.info.max_buffer_size.min(self.max_buffer);
+        self.info.max_storage_binding_size =
+            self.info.max_storage_binding_size.min(self.max_buffer);
+    }
+
+    /// The wgpu device (for kernels or diagnostics that need it directly).
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    fn lost(&self) -> Option<String> {
+        self.events.lock().ok().and_then(|g| g.lost.clone())
+    }
+
+    fn take_errors(&self) -> Vec<wgpu::Error> {
+        self.events
+            .lock()
+            .map(|mut g| std::mem::take(&mut g.errors))
+            .unwrap_or_default()
+    }
+
+    fn check_lost(&self) -> Result<(), BackendError> {
+        match self.lost() {
+            Some(m) => Err(BackendError::DeviceLost(m)),
+            None => Ok(()),
+        }
+    }
+
+    fn buffer(&self, id: BufferId) -> Result<&Buf, BackendError> {
+        self.buffers
+            .get(&id)
+            .ok_or_else(|| BackendError::Other(format!("unknown buffer {}", id.0)))
+    }
+
+    /// Run `f` inside OOM + validation scopes; map what they caught to a BackendError.
+    fn scoped<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T, BackendError> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let v = pollster::block_on(val.pop());
+        let o = pollster::block_on(oom.pop());
+        if let Some(e) = o {
+            return Err(BackendError::OutOfMemory(format!("{what}: {e}")));
+        }
+        if let Some(e) = v {
+            self.check_lost()?;
+            return Err(BackendError::Other(format!("{what}: {e}")));
+        }
+        Ok(out)
+    }
+
+    fn pipeline(&mut self, kernel: KernelId) -> Result<&wgpu::ComputePipeline, BackendError> {
+        if !self.pipelines.contains_key(&kernel) {
+            let label = kernel.label();
+            let src = source::wgsl_source(kernel);
+            let device = &self.device;
+            let pipeline = self.scoped(&format!("compiling {label}"), || {
+                let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(&label),
+                    source: wgpu::ShaderSource::Wgsl(src.into()),
+                });
+                device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(&label),
+                    layout: None,
+                    module: &module,
+                    entry_point: None,
+                    compilation_options: Default::default(),
+                    cache: None,
+                })
+            })?;
+            self.pipelines.insert(kernel, pipeline);
+        }
+        self.pipelines
+            .get(&kernel)
+            .ok_or_else(|| BackendError::Other("pipeline cache".into()))
+    }
+
+    fn wait(&self) -> Result<(), BackendError> {
+        let r = self.device.poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: None,
+        });
+        self.check_lost()?;
+        r.map(|_| ())
+            .map_err(|e| BackendError::Other(format!("poll: {e}")))
+    }
+}
+
+fn round_up_word(n: u64) -> u64 {
+    n.div_ceil(WORD) * WORD
+}
+
+impl Backend for WgpuBackend {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn memory(&self) -> MemoryInfo {
+        adapter_memory(&self._adapter)
+    }
+
+    fn alloc_buffer(&mut self, bytes: u64) -> Result<BufferId, AllocError> {
+        let size = round_up_word(bytes).max(WORD);
+        if size > self.max_buffer {
+            return Err(AllocError::ExceedsLimit {
+                requested: bytes,
+                limit: self.max_buffer,
+            });
+        }
+        if let Some(m) = self.lost() {
+            return Err(AllocError::DeviceLost(m));
+        }
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let v = pollster::block_on(val.pop());
+        let o = pollster::block_on(oom.pop());
+        if let Some(e) = o {
+            buffer.destroy();
+            return Err(AllocError::OutOfMemory {
+                requested: size,
+                detail: e.to_string(),
+            });
+        }
+        if let Some(e) = v {
+            buffer.destroy();
+            if let Some(m) = self.lost() {
+                return Err(AllocError::DeviceLost(m));
+            }
+            // Some drivers report memory exhaustion as a failed allocation inside validation.
+            let text = e.to_string();
+            let lower = text.to_lowercase();
+            if lower.contains("out of memory") || lower.contains("outofmemory") {
+                return Err(AllocError::OutOfMemory {
+                    requested: size,
+                    detail: text,
+                });
+            }
+            return Err(AllocError::Other(text));
+        }
+        let id = BufferId(self.next_id);
+        self.next_id += 1;
+        self.allocated += size;
+        self.buffers.insert(
+            id,
+            Buf {
+                buffer,
+                bytes: size,
+            },
+        );
+        Ok(id)
+    }
+
+    fn free_buffer(&mut self, id: BufferId) {
+        if let Some(b) = self.buffers.remove(&id) {
+            self.allocated -= b.bytes;
+            b.buffer.destroy();
+        }
+    }
+
+    fn write_buffer(&mut self, id: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        self.check_lost()?;
+        let buf = self.buffer(id)?;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= buf.bytes)
+            .ok_or_else(|| {
+                BackendError::Other(format!(
+                    "write of {} bytes at {offset} past the end of a {}-byte buffer",
+                    data.len(),
+                    buf.bytes
+                ))
+            })?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        if offset % WORD == 0 && data.len() as u64 % WORD == 0 {
+            let buffer = buf.buffer.clone();
+            return self.scoped("write", || self.queue.write_buffer(&buffer, offset, data));
+        }
+        // Unaligned: read the covering words, patch, write them back.
+        let start = offset / WORD * WORD;
+        let stop = round_up_word(end);
+        let mut words = self.read_buffer(id, start, stop - start)?;
+        let at = (offset - start) as usize;
+        words[at..at + data.len()].copy_from_slice(data);
+        let buffer = self.buffer(id)?.buffer.clone();
+        self.scoped("write", || self.queue.write_buffer(&buffer, start, &words))
+    }
+
+    fn read_buffer(
+        &mut self,
+        id: BufferId,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, BackendError> {
+        self.check_lost()?;
+        let buf = self.buffer(id)?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= buf.bytes)
+            .ok_or_else(|| {
+                BackendError::Other(format!(
+                    "read of {len} bytes at {offset} past the end of a {}-byte buffer",
+                    buf.bytes
+                ))
+            })?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let start = offset / WORD * WORD;
+        let stop = round_up_word(end);
+        let size = stop - start;
+        let source = buf.buffer.clone();
+        let device = &self.device;
+        let queue = &self.queue;
+        let staging = self.scoped("read-back staging buffer", || {
+            let staging = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("read-back"),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut enc = device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(&source, start, &staging, 0, size);
+            queue.submit([enc.finish()]);
+            staging
+        })?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        match rx.try_recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                self.check_lost()?;
+                return Err(BackendError::Other(format!("mapping the read-back: {e}")));
+            }
+            Err(_) => {
+                self.check_lost()?;
+                return Err(BackendError::Other("read-back never mapped".into()));
+            }
+        }
+        let out = {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| BackendError::Other(format!("mapped range: {e:?}")))?;
+            let a = (offset - start) as usize;
+            view[a..a + len as usize].to_vec()
+        };
+        staging.unmap();
+        staging.destroy();
+        Ok(out)
+    }
+
+    fn dispatch(
+        &mut self,
+        kernel: KernelId,
+        params: &[u8],
+        buffers: &[BufferId],
+        workgroups: [u32; 3],
+    ) -> Result<(), BackendError> {
+        self.check_lost()?;
+        if workgroups.contains(&0) {
+            return Ok(());
+        }
+        let mut bound = Vec::with_capacity(buffers.len());
+        for id in buffers {
+            bound.push(self.buffer(*id)?.buffer.clone());
+        }
+        let pipeline = self.pipeline(kernel)?.clone();
+        let device = &self.device;
+        let queue = &self.queue;
+        let label = kernel.label();
+        self.scoped(&format!("dispatch {label}"), || {
+            let layout = pipeline.get_bind_group_layout(0);
+            let mut padded;
+            let contents = if params.len() % 16 == 0 && !params.is_empty() {
+                params
+            } else {
+                padded = params.to_vec();
+                padded.resize(
+                    round_up_word(params.len() as u64).div_ceil(16) as usize * 16,
+                    0,
+                );
+                if padded.is_empty() {
+                    padded.resize(16, 0);
+                }
+                &padded[..]
+            };
+            let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents,
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+            let mut entries = Vec::with_capacity(bound.len() + 1);
+            entries.push(wgpu::BindGroupEntry {
+                binding: 0,
+                resource: uniform.as_entire_binding(),
+            });
+            for (i, b) in bound.iter().enumerate() {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: i as u32 + 1,
+                    resource: b.as_entire_binding(),
+                });
+            }
+            let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&label),
+                layout: &layout,
+                entries: &entries,
+            });
+            let mut enc = device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(&label),
+                    timestamp_writes: None,
+                });
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &group, &[]);
+                pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+            }
+            queue.submit([enc.finish()]);
+        })
+    }
+
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        self.wait()?;
+        let errors = self.take_errors();
+        if let Some(e) = errors
+            .iter()
+            .find(|e| matches!(e, wgpu::Error::OutOfMemory { .. }))
+        {
+            return Err(BackendError::OutOfMemory(e.to_string()));
+        }
+        if let Some(e) = errors.first() {
+            return Err(BackendError::Other(e.to_string()));
+        }
+        Ok(())
+    }
+
+    fn allocated_bytes(&self) -> u64 {
+        self.allocated
+    }
+}
+
+impl Drop for WgpuBackend {
+    fn drop(&mut self) {
+        for (_, b) in self.buffers.drain() {
+            b.buffer.destroy();
+        }
+    }
+}

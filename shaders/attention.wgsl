@@ -1,1 +1,7 @@
-// attention: not written yet
+// attention: the softmax step of naive attention, probs = softmax(scale * scores) with the
+// causal mask. Composed as prelude + codec + this file + softmax.wgsl: the kernel is
+// softmax.wgsl with MASKED = true (params: softmax's; q_period = seq, q_row0 = the query
+// index of the dispatch's first row; q_period = 0 for no mask).
+// Naive attention on the host: scores = (1/sqrt(d)) * Q·Kᵀ (matmul with a transposed B),
+// probs = this kernel over the stored scores, out = probs·V (matmul).
+const MASKED: bool = true;

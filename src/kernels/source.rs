@@ -5,7 +5,8 @@ use super::{KernelId, Op};
 /// Threads per workgroup of each op (the same in WGSL and CUDA).
 pub fn workgroup_size(op: Op) -> [u32; 3] {
     match op {
-        Op::Matmul | Op::Conv2d => [16, 16, 1],
+        Op::Matmul => [16, 16, 1],
+        Op::FlashAttention => [64, 1, 1],
         _ => [256, 1, 1],
     }
 }
@@ -28,13 +29,34 @@ pub fn wgsl_file(op: Op) -> &'static str {
     }
 }
 
-/// The complete WGSL module for a kernel: a storage prelude (`shaders/storage_<type>.wgsl`,
-/// defining `load`/`store` helpers for the element type) followed by the op's source.
-/// Word ops (fill, verify, checksum) get no prelude.
+/// The element codec every compute kernel shares (`shaders/codec.wgsl`): decode/encode f32,
+/// f16 and bf16 elements packed in 32-bit words, and the kernel-storage shorthands.
+pub const WGSL_CODEC: &str = include_str!("../../shaders/codec.wgsl");
+
+/// The complete WGSL module for a kernel. Word ops (fill, verify, checksum) are their file
+/// alone. A compute kernel is composed as:
+/// 1. the storage prelude `shaders/storage_<type>.wgsl` (`const FMT`, `const EPW`),
+/// 2. `shaders/codec.wgsl` (load/store helpers over `array<u32>` words),
+/// 3. `const WG_X/WG_Y/WG_Z` from [`workgroup_size`] (the op uses `@workgroup_size(WG_X, ..)`),
+/// 4. the op's file; `softmax` gets `const MASKED: bool = false;` first, and `attention` is
+///    `attention.wgsl` (which sets `MASKED = true`) followed by `softmax.wgsl`.
 pub fn wgsl_source(id: KernelId) -> String {
     match id.op {
         Op::Fill | Op::Verify | Op::Checksum => wgsl_file(id.op).to_string(),
-        op => format!("{}\n{}", storage_prelude(id.storage), wgsl_file(op)),
+        op => {
+            let [x, y, z] = workgroup_size(op);
+            let body = match op {
+                Op::Softmax => format!("const MASKED: bool = false;\n{}", wgsl_file(op)),
+                Op::Attention => format!("{}\n{}", wgsl_file(op), wgsl_file(Op::Softmax)),
+                _ => wgsl_file(op).to_string(),
+            };
+            format!(
+                "{}\n{}\nconst WG_X: u32 = {x}u;\nconst WG_Y: u32 = {y}u;\nconst WG_Z: u32 = {z}u;\n{}",
+                storage_prelude(id.storage),
+                WGSL_CODEC,
+                body
+            )
+        }
     }
 }
 
@@ -43,5 +65,49 @@ fn storage_prelude(storage: super::Storage) -> &'static str {
         super::Storage::F32 => include_str!("../../shaders/storage_f32.wgsl"),
         super::Storage::F16 => include_str!("../../shaders/storage_f16.wgsl"),
         super::Storage::Bf16 => include_str!("../../shaders/storage_bf16.wgsl"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::Storage;
+    use wgpu::naga;
+
+    const COMPUTE: [Op; 9] = [
+        Op::Matmul,
+        Op::Softmax,
+        Op::Attention,
+        Op::FlashAttention,
+        Op::Conv2d,
+        Op::Relu,
+        Op::Gelu,
+        Op::LayerNorm,
+        Op::Adam,
+    ];
+
+    /// Every compute kernel parses and validates (naga, the compiler wgpu uses) for every
+    /// storage type, with one `main` entry point of the fixed workgroup size.
+    #[test]
+    fn compute_kernels_validate() {
+        for op in COMPUTE {
+            for storage in [Storage::F32, Storage::F16, Storage::Bf16] {
+                let id = KernelId::new(op, storage);
+                let src = wgsl_source(id);
+                let module = naga::front::wgsl::parse_str(&src)
+                    .unwrap_or_else(|e| panic!("{}: {}", id.label(), e.emit_to_string(&src)));
+                naga::valid::Validator::new(
+                    naga::valid::ValidationFlags::all(),
+                    // pack2x16float / unpack2x16float (granted on every Vulkan, Metal, DX12 device).
+                    naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+                )
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{}: {}", id.label(), e.emit_to_string(&src)));
+                assert_eq!(module.entry_points.len(), 1, "{}", id.label());
+                let ep = &module.entry_points[0];
+                assert_eq!(ep.name, "main");
+                assert_eq!(ep.workgroup_size, workgroup_size(op), "{}", id.label());
+            }
+        }
     }
 }

@@ -47,7 +47,7 @@ pub struct DevicesArgs {
 }
 
 /// The workload: a preset or config file plus overrides.
-#[derive(Debug, Args, Clone, Default)]
+#[derive(Debug, Args, Clone, Default, PartialEq, Eq)]
 pub struct WorkloadArgs {
     /// A preset: gpt2 gpt2-medium gpt2-large gpt2-xl bert-base bert-large vit-b16 vit-l16
     /// llama-7b llama-13b resnet50 (plus tiny-gpt, tiny-cnn for tests).

@@ -1,0 +1,163 @@
+//! One scenario's boundary search on a device: predict, search with real probes (in a child
+//! each, or in process), and assemble the `RunResult` with prediction error and fill ratio.
+
+use std::time::Instant;
+
+use crate::backend::DeviceInfo;
+use crate::plan::{Plan, Role};
+use crate::report::{ProbeRecord, RunResult};
+use crate::scenario::Scenario;
+use crate::search::{self, SearchSpace};
+
+use super::capacity::Capacity;
+use super::child::{probe_in_process, ChildRequest, ChildRunner};
+use super::suite::RunSpec;
+use super::{Compute, DeviceChoice};
+
+/// Granularity of the params scenario: 2^16 parameters (1 MiB of fp32 Adam states).
+pub const PARAMS_GRANULARITY: u64 = 1 << 16;
+
+/// How probes are run.
+#[derive(Debug, Clone)]
+pub enum Isolation {
+    /// A child process per probe (the default).
+    Child(ChildRunner),
+    /// In this process (`--no-isolate`).
+    InProcess,
+}
+
+/// Everything shared by the runs of one invocation.
+#[derive(Debug, Clone)]
+pub struct RunContext {
+    pub device: DeviceChoice,
+    pub info: DeviceInfo,
+    pub capacity: Capacity,
+    pub compute: Compute,
+    pub isolation: Isolation,
+}
+
+/// The values a scenario may take.
+pub fn search_space(scenario: Scenario) -> SearchSpace {
+    match scenario {
+        Scenario::Params => SearchSpace {
+            min: PARAMS_GRANULARITY,
+            max: 1 << 44,
+            granularity: PARAMS_GRANULARITY,
+        },
+        Scenario::Batch | Scenario::Activations => SearchSpace::unit(1 << 20),
+        Scenario::Seq => SearchSpace::unit(1 << 22),
+    }
+}
+
+impl RunContext {
+    /// Run one probe of `spec` at `value`.
+    pub fn probe(&self, spec: &RunSpec, value: u64) -> ProbeRecord {
+        let req = ChildRequest {
+            workload: spec.workload.clone(),
+            scenario: spec.scenario,
+            value,
+            compute: self.compute,
+            device: self.device.clone(),
+            budget: self.capacity.budget,
+        };
+        match &self.isolation {
+            Isolation::Child(runner) => runner.run(&req),
+            Isolation::InProcess => probe_in_process(&req),
+        }
+    }
+
+    /// The predicted maximum of `spec` against this run's capacity.
+    pub fn predicted_max(&self, spec: &RunSpec) -> Option<u64> {
+        let cap = self.capacity.predict_against?;
+        crate::estimate::predicted_max(&spec.workload, spec.scenario, cap).ok().flatten()
+    }
+
+    /// Search the boundary of one run. `on_probe` sees every probe as it finishes.
+    pub fn search(&self, spec: &RunSpec, on_probe: &mut dyn FnMut(&ProbeRecord)) -> RunResult {
+        let started = Instant::now();
+        let space = search_space(spec.scenario);
+        let predicted = self.predicted_max(spec);
+        let start = predicted.unwrap_or(match spec.scenario {
+            Scenario::Params => 1 << 24,
+            Scenario::Seq => 1024,
+            _ => 8,
+        });
+        let mut records: Vec<ProbeRecord> = Vec::new();
+        let found = search::find_boundary(space, start, |x| {
+            let rec = self.probe(spec, x);
+            on_probe(&rec);
+            let outcome = rec.outcome;
+            records.push(rec);
+            outcome
+        });
+        let plan_at = |x: u64| Plan::for_value(&spec.workload, spec.scenario, x).ok();
+        let max_plan = found.max_fit.and_then(plan_at);
+        let bytes_at_max_fit = max_plan.as_ref().map(|p| p.total_bytes());
+        let activation_share = max_plan.as_ref().and_then(|p| {
+            let total = p.total_bytes();
+            let act = p.bytes_by_role(Role::Activations).saturating_add(p.bytes_by_role(Role::Attention));
+            (total > 0).then(|| act as f64 / total as f64)
+        });
+        let fill_ratio = match (bytes_at_max_fit, self.capacity.free_at_start) {
+            (Some(b), Some(free)) if free > 0 => Some(b as f64 / free as f64),
+            _ => None,
+        };
+        let mut notes = spec.notes.clone();
+        if found.flaky {
+            notes.push("flaky: a value fit above a value that failed; boundary shown is the largest value that always fit below the lowest failure".into());
+        }
+        if found.max_fit.is_some() && found.first_fail.is_none() {
+            notes.push(format!(
+                "everything up to the search maximum {} fit",
+                space.max
+            ));
+        }
+        RunResult {
+            scenario: spec.scenario,
+            dimension: spec.scenario.dimension().to_string(),
+            variant: spec.variant.clone(),
+            workload: spec.workload.clone(),
+            max_fit: found.max_fit,
+            first_fail: found.first_fail,
+            fail_reason: found.fail_reason,
+            bytes_at_max_fit,
+            predicted_max: predicted,
+            capacity_bytes: self.capacity.predict_against,
+            fill_ratio,
+            activation_share,
+            flaky: found.flaky,
+            notes,
+            probes: records,
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// One probe at `value` reported as a run (`--at X`).
+    pub fn single(&self, spec: &RunSpec, value: u64) -> RunResult {
+        let started = Instant::now();
+        let rec = self.probe(spec, value);
+        let fit = rec.outcome.is_fit();
+        let bytes = rec.bytes;
+        RunResult {
+            scenario: spec.scenario,
+            dimension: spec.scenario.dimension().to_string(),
+            variant: spec.variant.clone(),
+            workload: spec.workload.clone(),
+            max_fit: fit.then_some(value),
+            first_fail: (!fit).then_some(value),
+            fail_reason: (!fit).then_some(rec.outcome),
+            bytes_at_max_fit: fit.then_some(bytes),
+            predicted_max: self.predicted_max(spec),
+            capacity_bytes: self.capacity.predict_against,
+            fill_ratio: match self.capacity.free_at_start {
+                Some(free) if fit && free > 0 => Some(bytes as f64 / free as f64),
+                _ => None,
+            },
+            activation_share: None,
+            flaky: false,
+            notes: spec.notes.clone(),
+            probes: vec![rec],
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }
+}

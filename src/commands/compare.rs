@@ -1,8 +1,36 @@
-//! `oomprobe compare`.
+//! `oomprobe compare`: several probe result files side by side.
+//!
+//! Reads every file first (a bad one stops with exit 2 and one line naming it), prints the
+//! warnings (workloads that differ for the same scenario) on stderr, then writes the comparison
+//! to `--out` (format from the extension unless `--format` says otherwise; `-` is stdout) or
+//! to stdout (a table unless `--format` says otherwise).
 
-use crate::cli::CompareArgs;
-use crate::error::{CliError, CliResult};
+use crate::cli::{CompareArgs, OutputFormat};
+use crate::error::CliResult;
+use crate::report::compare::{build, load_report, render, LoadedFile};
+use crate::report::{format_for_path, write_output};
 
-pub fn run(_args: &CompareArgs) -> CliResult<()> {
-    Err(CliError::run("`compare` is not built yet"))
+pub fn run(args: &CompareArgs) -> CliResult<()> {
+    let mut files = Vec::with_capacity(args.files.len());
+    for path in &args.files {
+        let report = load_report(path)?;
+        files.push(LoadedFile {
+            path: path.clone(),
+            report,
+        });
+    }
+    let format = match &args.out {
+        Some(p) => format_for_path(p, args.format)?,
+        None => args.format.unwrap_or(OutputFormat::Table),
+    };
+    let cmp = build(&files);
+    for w in &cmp.warnings {
+        eprintln!("oomprobe: warning: {w}");
+    }
+    let text = render(&files, &cmp, format)?;
+    match &args.out {
+        Some(p) => write_output(p, &text)?,
+        None => print!("{text}"),
+    }
+    Ok(())
 }

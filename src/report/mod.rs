@@ -1,5 +1,389 @@
 //! Results and their exporters: one module per format, all reading the same model.
+//!
+//! - [`table`]: a terminal table (comfy-table), the default on a terminal.
+//! - [`json`]: the JSON contract (serde of [`ProbeReport`], pretty-printed).
+//! - [`csv`]: one row per run ([`csv::runs_csv`], what `--format csv` writes) and, for
+//!   spreadsheets that want every probe, one row per probe ([`csv::probes_csv`]).
+//! - [`markdown`]: a runs table plus one probe table per run.
+//! - [`svg`]: one chart per run, stacked vertically in one SVG document: memory against the
+//!   varied dimension, probes as points (filled = fit, cross = failed), the plan's predicted
+//!   line, the capacity line and the boundary.
+//! - [`html`]: one self-contained file (inline CSS and SVG, no external resources).
+//! - [`compare`]: several probe files side by side (`oomprobe compare`).
+//! - [`throughput`]: samples (or tokens) per second from the fitting probes' step times.
 
+pub mod compare;
+pub mod csv;
+pub mod html;
+pub mod json;
+pub mod markdown;
 pub mod model;
+#[doc(hidden)]
+pub mod sample;
+pub mod svg;
+pub mod table;
+pub mod throughput;
 
 pub use model::*;
+pub use throughput::{best_throughput, Throughput};
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::cli::OutputFormat;
+use crate::error::CliError;
+
+/// Why a report could not be rendered, read or its format chosen.
+#[derive(Debug, Error)]
+pub enum ReportError {
+    /// `--out` names a file whose extension says no format, and `--format` was not given.
+    #[error(
+        "{}: cannot tell the output format from the extension; use .json .csv .md .svg .html \
+         .txt or --format table|json|csv|markdown|svg|html",
+        .0.display()
+    )]
+    UnknownExtension(PathBuf),
+    /// A result file could not be read.
+    #[error("{}: cannot read: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A result file is not a probe result (malformed JSON or wrong fields).
+    #[error("{}: not an oomprobe probe result: {detail}", path.display())]
+    Malformed { path: PathBuf, detail: String },
+    /// A result file has a schema version this build does not understand.
+    #[error(
+        "{}: schema_version {found} is newer than this oomprobe understands ({supported})",
+        path.display()
+    )]
+    Schema {
+        path: PathBuf,
+        found: u64,
+        supported: u32,
+    },
+    /// Serialising to JSON failed (should not happen for the model's types).
+    #[error("cannot write JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Writing the output failed.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl From<ReportError> for CliError {
+    fn from(e: ReportError) -> Self {
+        match e {
+            ReportError::UnknownExtension(_)
+            | ReportError::Read { .. }
+            | ReportError::Malformed { .. }
+            | ReportError::Schema { .. } => CliError::usage(e.to_string()),
+            ReportError::Json(_) | ReportError::Write { .. } => CliError::run(e.to_string()),
+        }
+    }
+}
+
+/// Render a probe report in one format. SVG is one chart per run stacked in one document; HTML
+/// is one self-contained page (tables and inline SVG charts).
+pub fn render(report: &ProbeReport, format: OutputFormat) -> Result<String, ReportError> {
+    Ok(match format {
+        OutputFormat::Table => table::render(report),
+        OutputFormat::Json => json::render(report)?,
+        OutputFormat::Csv => csv::runs_csv(report),
+        OutputFormat::Markdown => markdown::render(report),
+        OutputFormat::Svg => svg::render_report(report),
+        OutputFormat::Html => html::render(report),
+    })
+}
+
+/// The format to write `path` in: `explicit` (`--format`) wins; otherwise the extension
+/// (case-insensitive): .json, .csv, .md/.markdown, .svg, .html/.htm, .txt (table).
+/// `-` (stdout) without `--format` is JSON: `--out -` exists to pipe the contract to a tool.
+/// Any other extension without `--format` is a usage error.
+pub fn format_for_path(
+    path: &Path,
+    explicit: Option<OutputFormat>,
+) -> Result<OutputFormat, ReportError> {
+    if let Some(f) = explicit {
+        return Ok(f);
+    }
+    if is_stdout(path) {
+        return Ok(OutputFormat::Json);
+    }
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(|e| e.to_ascii_lowercase());
+    match ext.as_deref() {
+        Some("json") => Ok(OutputFormat::Json),
+        Some("csv") => Ok(OutputFormat::Csv),
+        Some("md") | Some("markdown") => Ok(OutputFormat::Markdown),
+        Some("svg") => Ok(OutputFormat::Svg),
+        Some("html") | Some("htm") => Ok(OutputFormat::Html),
+        Some("txt") => Ok(OutputFormat::Table),
+        _ => Err(ReportError::UnknownExtension(path.to_path_buf())),
+    }
+}
+
+/// True when `path` is `-`, meaning standard output.
+pub fn is_stdout(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+/// Replace `path` with `contents` atomically: write a temporary file in the same directory,
+/// flush it to disk, then rename it over `path`. A reader (or a run killed half way) sees the
+/// old file or the new one, never a torn one. `-` writes to standard output instead.
+pub fn write_atomically(path: &Path, contents: &str) -> std::io::Result<()> {
+    if is_stdout(path) {
+        let mut out = std::io::stdout().lock();
+        out.write_all(contents.as_bytes())?;
+        return out.flush();
+    }
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out".to_string());
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(contents.as_bytes())?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Write `contents` to `path` (atomically) or to stdout for `-`, mapping errors to a
+/// [`ReportError`] that names the file.
+pub fn write_output(path: &Path, contents: &str) -> Result<(), ReportError> {
+    write_atomically(path, contents).map_err(|source| ReportError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+// ---- small formatting helpers shared by the exporters ----
+
+/// Bytes in binary units with three significant digits: `512 B`, `1.50 KiB`, `40.0 GiB`.
+pub fn fmt_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if v >= 100.0 {
+        format!("{v:.0} {}", UNITS[i])
+    } else if v >= 10.0 {
+        format!("{v:.1} {}", UNITS[i])
+    } else {
+        format!("{v:.2} {}", UNITS[i])
+    }
+}
+
+/// A count in a compact human form: 48, 12.3k, 7.00M, 13.0B (params scenario values).
+pub fn fmt_count(v: u64) -> String {
+    if v < 10_000 {
+        return v.to_string();
+    }
+    let (d, s) = if v >= 1_000_000_000 {
+        (1e9, "B")
+    } else if v >= 1_000_000 {
+        (1e6, "M")
+    } else {
+        (1e3, "k")
+    };
+    let x = v as f64 / d;
+    if x >= 100.0 {
+        format!("{x:.0}{s}")
+    } else if x >= 10.0 {
+        format!("{x:.1}{s}")
+    } else {
+        format!("{x:.2}{s}")
+    }
+}
+
+/// A value of a run's dimension: parameter counts compact, batch and seq plain.
+pub fn fmt_value(dimension: &str, v: u64) -> String {
+    if dimension == "params" {
+        fmt_count(v)
+    } else {
+        v.to_string()
+    }
+}
+
+/// Seconds with sensible precision.
+pub fn fmt_seconds(s: f64) -> String {
+    if !s.is_finite() {
+        return "-".to_string();
+    }
+    if s >= 100.0 {
+        format!("{s:.0}")
+    } else if s >= 1.0 {
+        format!("{s:.1}")
+    } else {
+        format!("{s:.3}")
+    }
+}
+
+/// A ratio as a percentage with one decimal.
+pub fn fmt_pct(r: f64) -> String {
+    if r.is_finite() {
+        format!("{:.1}%", r * 100.0)
+    } else {
+        "-".to_string()
+    }
+}
+
+/// Signed percentage: `+8.3%`, `-2.0%`.
+pub fn fmt_signed_pct(r: f64) -> String {
+    if r.is_finite() {
+        format!("{:+.1}%", r * 100.0)
+    } else {
+        "-".to_string()
+    }
+}
+
+/// `(predicted - max_fit) / max_fit`: how far the plan's prediction is from the measurement
+/// (positive: the plan promised more than the device gave). None without both numbers or
+/// when nothing fitted.
+pub fn prediction_error(run: &RunResult) -> Option<f64> {
+    let m = run.max_fit?;
+    let p = run.predicted_max?;
+    if m == 0 {
+        return None;
+    }
+    Some((p as f64 - m as f64) / m as f64)
+}
+
+/// The scenario name with its variant, e.g. `seq (flash)`.
+pub fn run_label(run: &RunResult) -> String {
+    match &run.variant {
+        Some(v) if !v.is_empty() => format!("{} ({v})", run.scenario.name()),
+        _ => run.scenario.name().to_string(),
+    }
+}
+
+/// The memory a run was measured against: its own capacity, else the report's budget, else
+/// the device's free then total memory.
+pub fn run_capacity(report: &ProbeReport, run: &RunResult) -> Option<u64> {
+    run.capacity_bytes
+        .or(report.budget_bytes)
+        .or(report.device.memory_free_bytes)
+        .or(report.device.memory_total_bytes)
+}
+
+/// A one-line description of the device and its memory.
+pub fn device_line(report: &ProbeReport) -> String {
+    let d = &report.device;
+    let mut s = format!(
+        "{} ({}, {}, driver {})",
+        d.name,
+        d.backend.as_str(),
+        device_type_name(d.device_type),
+        if d.driver.is_empty() { "?" } else { &d.driver }
+    );
+    let mem = |v: Option<u64>| v.map(fmt_bytes).unwrap_or_else(|| "unknown".to_string());
+    s.push_str(&format!(
+        "; memory total {}, free {}",
+        mem(d.memory_total_bytes),
+        mem(d.memory_free_bytes)
+    ));
+    if let Some(b) = report.budget_bytes {
+        s.push_str(&format!("; budget {}", fmt_bytes(b)));
+    }
+    s.push_str(&format!(
+        "; max buffer {}, max binding {}",
+        fmt_bytes(d.max_buffer_size),
+        fmt_bytes(d.max_storage_binding_size)
+    ));
+    if let Some(c) = &report.compute {
+        s.push_str(&format!("; compute {c}"));
+    }
+    s
+}
+
+/// The contract name of a device type.
+pub fn device_type_name(t: crate::backend::DeviceType) -> &'static str {
+    use crate::backend::DeviceType;
+    match t {
+        DeviceType::Discrete => "discrete",
+        DeviceType::Integrated => "integrated",
+        DeviceType::Cpu => "cpu",
+        DeviceType::Virtual => "virtual",
+        DeviceType::Other => "other",
+    }
+}
+
+/// Probes sorted by value (the order they are drawn and listed in).
+pub fn sorted_probes(run: &RunResult) -> Vec<&ProbeRecord> {
+    let mut v: Vec<&ProbeRecord> = run.probes.iter().collect();
+    v.sort_by_key(|p| p.value);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_from_extension() {
+        let f = |p: &str| format_for_path(Path::new(p), None).ok();
+        assert_eq!(f("a.json"), Some(OutputFormat::Json));
+        assert_eq!(f("a.CSV"), Some(OutputFormat::Csv));
+        assert_eq!(f("dir/a.md"), Some(OutputFormat::Markdown));
+        assert_eq!(f("a.svg"), Some(OutputFormat::Svg));
+        assert_eq!(f("a.htm"), Some(OutputFormat::Html));
+        assert_eq!(f("a.txt"), Some(OutputFormat::Table));
+        assert_eq!(f("-"), Some(OutputFormat::Json));
+        assert_eq!(f("a.xlsx"), None);
+        assert_eq!(f("noext"), None);
+        assert_eq!(
+            format_for_path(Path::new("a.xlsx"), Some(OutputFormat::Csv)).ok(),
+            Some(OutputFormat::Csv)
+        );
+        let e = format_for_path(Path::new("a.xlsx"), None).unwrap_err();
+        assert!(matches!(CliError::from(e), CliError::Usage(_)));
+    }
+
+    #[test]
+    fn bytes_are_human() {
+        assert_eq!(fmt_bytes(512), "512 B");
+        assert_eq!(fmt_bytes(1536), "1.50 KiB");
+        assert_eq!(fmt_bytes(40 << 30), "40.0 GiB");
+        assert_eq!(fmt_bytes(200 << 30), "200 GiB");
+        assert_eq!(fmt_count(7_000_000_000), "7.00B");
+        assert_eq!(fmt_count(48), "48");
+    }
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("r.json");
+        write_atomically(&p, "one").expect("write");
+        write_atomically(&p, "two").expect("rewrite");
+        assert_eq!(std::fs::read_to_string(&p).expect("read"), "two");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("ls")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+}

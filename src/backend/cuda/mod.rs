@@ -1,0 +1,635 @@
+//! The CUDA backend through cudarc (dynamic loading; NVRTC-compiled kernels from shaders/*.cu).
+//!
+//! Building needs no CUDA; at run time the driver library and NVRTC are checked for before
+//! cudarc is called (see [`loader`]), so a machine without them gets an `Err` with the reason,
+//! never a panic.
+//!
+//! Memory: buffers are plain `cuMemAlloc` / `cuMemFree` (not cudarc's stream-ordered pool), so
+//! `CUDA_ERROR_OUT_OF_MEMORY` comes back at the allocation that does not fit, and freed memory
+//! goes straight back to the driver, as with PyTorch's first `cudaMalloc`. All work (copies and
+//! launches) goes to the legacy default stream, so it runs in submission order.
+//!
+//! Chunk size: CUDA has no per-buffer limit below the card's memory, so `max_buffer_size` is
+//! the total memory. `max_storage_binding_size` (and so the chunk size the shared tensor code
+//! uses) is capped at [`MAX_BINDING_BYTES`] = 2 GiB, the same cap wgpu has on every card: the
+//! kernels index 32-bit words with `u32` like their WGSL twins, and the two backends then
+//! split every tensor into the same chunks, so their tables are comparable.
+
+pub mod loader;
+pub mod nvrtc;
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::result::{self as cu, DriverError};
+use cudarc::driver::sys;
+use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::nvrtc::Ptx;
+
+use super::{
+    AllocError, Backend, BackendError, BackendKind, BufferId, DeviceInfo, DeviceType, MemoryInfo,
+};
+use crate::kernels::KernelId;
+
+pub use nvrtc::compile_all_kernels;
+
+/// The largest chunk (one buffer bound to one kernel argument) the shared code uses on CUDA.
+pub const MAX_BINDING_BYTES: u64 = 1 << 31;
+
+/// The largest params struct a dispatch accepts (all of `kernels::params` are far smaller).
+pub const MAX_PARAM_BYTES: usize = 256;
+
+/// CUDA's grid limits (x up to 2^31 - 1 blocks, y and z up to 65535).
+const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
+
+/// Lists the CUDA devices, or says why CUDA is unavailable (no driver library, no NVRTC, no
+/// device, a driver error). Never panics.
+pub fn list_devices() -> Result<Vec<DeviceInfo>, String> {
+    available()?;
+    let count = loader::guarded("cuDeviceGetCount", || -> Result<usize, String> {
+        cu::init().map_err(|e| format!("cuInit failed: {}", err_text(e)))?;
+        let n = cu::device::get_count()
+            .map_err(|e| format!("cuDeviceGetCount failed: {}", err_text(e)))?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    })??;
+    if count == 0 {
+        return Err("the NVIDIA driver reports no CUDA device".to_string());
+    }
+    (0..count)
+        .map(|i| {
+            let ctx = new_context(i)?;
+            device_info(&ctx, i)
+        })
+        .collect()
+}
+
+/// Opens CUDA device `index` (default 0) as a backend, or says why it cannot.
+pub fn open(index: Option<usize>) -> Result<Box<dyn Backend>, String> {
+    Ok(Box::new(CudaBackend::new(index.unwrap_or(0))?))
+}
+
+/// Both libraries present, or the reason one is not.
+pub fn available() -> Result<(), String> {
+    loader::driver_library()?;
+    loader::nvrtc_library()
+}
+
+fn new_context(ordinal: usize) -> Result<Arc<CudaContext>, String> {
+    loader::guarded("cuCtx", || {
+        cu::init().map_err(|e| format!("cuInit failed: {}", err_text(e)))?;
+        let n = cu::device::get_count()
+            .map_err(|e| format!("cuDeviceGetCount failed: {}", err_text(e)))?;
+        if i64::try_from(ordinal).unwrap_or(i64::MAX) >= i64::from(n) {
+            return Err(format!(
+                "CUDA device {ordinal} not found ({n} CUDA device(s))"
+            ));
+        }
+        CudaContext::new(ordinal).map_err(|e| {
+            format!(
+                "creating a context on CUDA device {ordinal}: {}",
+                err_text(e)
+            )
+        })
+    })?
+}
+
+fn device_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo, String> {
+    loader::guarded("device info", || {
+        let name = ctx
+            .name()
+            .map_err(|e| format!("cuDeviceGetName: {}", err_text(e)))?;
+        let (free, total) = ctx
+            .mem_get_info()
+            .map_err(|e| format!("cuMemGetInfo: {}", err_text(e)))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| format!("compute capability: {}", err_text(e)))?;
+        let integrated = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)
+            .unwrap_or(0);
+        let driver = driver_version()
+            .map(|v| format!("CUDA {}.{}", v / 1000, (v % 1000) / 10))
+            .unwrap_or_else(|e| format!("CUDA (version unknown: {e})"));
+        let nvrtc = nvrtc::version()
+            .map(|(a, b)| format!("NVRTC {a}.{b}"))
+            .unwrap_or_else(|_| "NVRTC ?".to_string());
+        let total = total as u64;
+        Ok(DeviceInfo {
+            index: ordinal,
+            name,
+            backend: BackendKind::Cuda,
+            device_type: if integrated != 0 {
+                DeviceType::Integrated
+            } else {
+                DeviceType::Discrete
+            },
+            driver: format!("{driver}, sm_{major}{minor}, {nvrtc}"),
+            memory_total_bytes: Some(total),
+            memory_free_bytes: Some(free as u64),
+            max_buffer_size: total,
+            max_storage_binding_size: total.min(MAX_BINDING_BYTES),
+        })
+    })?
+}
+
+fn driver_version() -> Result<i32, String> {
+    let mut v = 0;
+    // SAFETY: an out-pointer to a live local; the library was checked for by the caller.
+    unsafe { sys::cuDriverGetVersion(&mut v) }
+        .result()
+        .map_err(err_text)
+        .map(|()| v)
+}
+
+/// "CUDA_ERROR_OUT_OF_MEMORY (out of memory)".
+fn err_text(e: DriverError) -> String {
+    let name = err_name(e);
+    match e.error_string() {
+        Ok(s) => format!("{name} ({})", s.to_string_lossy()),
+        Err(_) => name,
+    }
+}
+
+fn err_name(e: DriverError) -> String {
+    e.error_name()
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("CUresult {}", e.0 as i32))
+}
+
+/// How a driver error is reported above the trait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    OutOfMemory,
+    /// A sticky error: the context is unusable from now on.
+    Lost,
+    Other,
+}
+
+fn classify(e: DriverError) -> Class {
+    classify_name(&err_name(e))
+}
+
+fn classify_name(name: &str) -> Class {
+    const LOST: &[&str] = &[
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "CUDA_ERROR_LAUNCH_TIMEOUT",
+        "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        "CUDA_ERROR_MISALIGNED_ADDRESS",
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        "CUDA_ERROR_INVALID_PC",
+        "CUDA_ERROR_ASSERT",
+        "CUDA_ERROR_ECC_UNCORRECTABLE",
+        "CUDA_ERROR_NVLINK_UNCORRECTABLE",
+        "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+        "CUDA_ERROR_DEVICE_UNAVAILABLE",
+        "CUDA_ERROR_DEINITIALIZED",
+    ];
+    if name == "CUDA_ERROR_OUT_OF_MEMORY" {
+        Class::OutOfMemory
+    } else if LOST.contains(&name) {
+        Class::Lost
+    } else {
+        Class::Other
+    }
+}
+
+/// A loaded kernel and what the driver says about its signature.
+struct Loaded {
+    func: CudaFunction,
+    /// (size of the params struct, number of kernel parameters), from `cuFuncGetParamInfo`
+    /// (driver 12.4+); `None` on older drivers.
+    signature: Option<(usize, usize)>,
+}
+
+/// One live buffer: device pointer and size in bytes.
+#[derive(Debug, Clone, Copy)]
+struct Buffer {
+    ptr: sys::CUdeviceptr,
+    bytes: u64,
+}
+
+/// The params struct as the first kernel argument: the driver copies as many bytes as the
+/// kernel's first parameter declares (checked against `params.len()` where the driver tells).
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct ParamBlock([u8; MAX_PARAM_BYTES]);
+
+/// A CUDA device opened for probing.
+pub struct CudaBackend {
+    info: DeviceInfo,
+    ctx: Arc<CudaContext>,
+    /// `compute_XX` the kernels are compiled for.
+    arch: u32,
+    /// Driver version as an integer (e.g. 12040), for feature checks and error hints.
+    driver_version: i32,
+    buffers: HashMap<u64, Buffer>,
+    next_id: u64,
+    allocated: u64,
+    kernels: HashMap<KernelId, Loaded>,
+    /// Set by the first sticky error; every later call reports it as device loss.
+    lost: Option<String>,
+}
+
+impl CudaBackend {
+    /// Opens CUDA device `ordinal`. Errors (as one line) when CUDA or NVRTC is unavailable.
+    pub fn new(ordinal: usize) -> Result<Self, String> {
+        available()?;
+        let ctx = new_context(ordinal)?;
+        let info = device_info(&ctx, ordinal)?;
+        let (major, minor) = loader::guarded("compute capability", || ctx.compute_capability())?
+            .map_err(|e| format!("compute capability: {}", err_text(e)))?;
+        let arch = nvrtc::arch_for_device(major, minor)?;
+        let driver_version = loader::guarded("cuDriverGetVersion", driver_version)??;
+        Ok(CudaBackend {
+            info,
+            ctx,
+            arch,
+            driver_version,
+            buffers: HashMap::new(),
+            next_id: 1,
+            allocated: 0,
+            kernels: HashMap::new(),
+            lost: None,
+        })
+    }
+
+    /// The `compute_XX` architecture kernels are compiled for on this device.
+    pub fn arch(&self) -> u32 {
+        self.arch
+    }
+
+    fn bind(&self) -> Result<(), DriverError> {
+        self.ctx.bind_to_thread()
+    }
+
+    /// Records a sticky error and builds the error to return.
+    fn backend_error(&mut self, what: &str, e: DriverError) -> BackendError {
+        let text = format!("{what}: {}", err_text(e));
+        match classify(e) {
+            Class::OutOfMemory => BackendError::OutOfMemory(text),
+            Class::Lost => {
+                self.lost = Some(text.clone());
+                BackendError::DeviceLost(text)
+            }
+            Class::Other => BackendError::Other(text),
+        }
+    }
+
+    fn check_lost(&self) -> Result<(), BackendError> {
+        match &self.lost {
+            Some(m) => Err(BackendError::DeviceLost(m.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn buffer(&self, id: BufferId) -> Result<Buffer, BackendError> {
+        self.buffers
+            .get(&id.0)
+            .copied()
+            .ok_or_else(|| BackendError::Other(format!("unknown CUDA buffer {}", id.0)))
+    }
+
+    fn range(&self, id: BufferId, offset: u64, len: u64) -> Result<Buffer, BackendError> {
+        let b = self.buffer(id)?;
+        match offset.checked_add(len) {
+            Some(end) if end <= b.bytes => Ok(b),
+            _ => Err(BackendError::Other(format!(
+                "range {offset}+{len} is outside CUDA buffer {} of {} bytes",
+                id.0, b.bytes
+            ))),
+        }
+    }
+
+    /// Compiles (NVRTC) and loads a kernel on first use.
+    fn load(&mut self, kernel: KernelId) -> Result<(), BackendError> {
+        if self.kernels.contains_key(&kernel) {
+            return Ok(());
+        }
+        let compiled = nvrtc::compile(kernel, self.arch).map_err(BackendError::Other)?;
+        if !compiled.log.trim().is_empty() {
+            log::debug!("NVRTC log for {}: {}", kernel.label(), compiled.log.trim());
+        }
+        let ctx = self.ctx.clone();
+        let loaded = loader::guarded("cuModuleLoadData", || {
+            ctx.load_module(Ptx::from_src(compiled.ptx))
+                .and_then(|m| m.load_function(nvrtc::entry_point(kernel.op)))
+        })
+        .map_err(BackendError::Other)?;
+        let func = match loaded {
+            Ok(f) => f,
+            Err(e) => {
+                let mut err = self.backend_error(&format!("loading kernel {}", kernel.label()), e);
+                if err_name(e) == "CUDA_ERROR_UNSUPPORTED_PTX_VERSION" {
+                    let hint = format!(
+                        "; the NVRTC in use emits PTX newer than this driver (CUDA {}.{}) \
+                         accepts: install a matching NVRTC, e.g. `pip install \
+                         nvidia-cuda-nvrtc-cu12=={}.{}.*`",
+                        self.driver_version / 1000,
+                        (self.driver_version % 1000) / 10,
+                        self.driver_version / 1000,
+                        (self.driver_version % 1000) / 10
+                    );
+                    if let BackendError::Other(m) = &mut err {
+                        m.push_str(&hint);
+                    }
+                }
+                return Err(err);
+            }
+        };
+        let signature = if self.driver_version >= 12040 {
+            loader::guarded("cuFuncGetParamInfo", || signature(&func)).unwrap_or(None)
+        } else {
+            None
+        };
+        self.kernels.insert(kernel, Loaded { func, signature });
+        Ok(())
+    }
+}
+
+/// (size of parameter 0, number of parameters) of a kernel, where the driver tells.
+fn signature(func: &CudaFunction) -> Option<(usize, usize)> {
+    let f = func.cu_function();
+    let mut first = 0usize;
+    let mut count = 0usize;
+    for index in 0..64usize {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: `f` is a live function handle; out-pointers to live locals.
+        let r = unsafe { sys::cuFuncGetParamInfo(f, index, &mut offset, &mut size) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            break;
+        }
+        if index == 0 {
+            first = size;
+        }
+        count = index + 1;
+    }
+    (count > 0).then_some((first, count))
+}
+
+impl Backend for CudaBackend {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn memory(&self) -> MemoryInfo {
+        let got = loader::guarded("cuMemGetInfo", || {
+            self.bind()?;
+            cu::mem_get_info()
+        });
+        match got {
+            Ok(Ok((free, total))) => MemoryInfo {
+                total_bytes: Some(total as u64),
+                free_bytes: Some(free as u64),
+            },
+            _ => MemoryInfo {
+                total_bytes: self.info.memory_total_bytes,
+                free_bytes: None,
+            },
+        }
+    }
+
+    fn alloc_buffer(&mut self, bytes: u64) -> Result<BufferId, AllocError> {
+        if let Some(m) = &self.lost {
+            return Err(AllocError::DeviceLost(m.clone()));
+        }
+        if bytes > self.info.max_buffer_size {
+            return Err(AllocError::ExceedsLimit {
+                requested: bytes,
+                limit: self.info.max_buffer_size,
+            });
+        }
+        let size = usize::try_from(bytes).map_err(|_| AllocError::ExceedsLimit {
+            requested: bytes,
+            limit: usize::MAX as u64,
+        })?;
+        let ptr = if size == 0 {
+            0
+        } else {
+            let got = loader::guarded("cuMemAlloc", || {
+                self.bind()?;
+                // SAFETY: a plain allocation in the bound context.
+                unsafe { cu::malloc_sync(size) }
+            })
+            .map_err(AllocError::Other)?;
+            match got {
+                Ok(p) => p,
+                Err(e) => {
+                    return Err(match classify(e) {
+                        Class::OutOfMemory => {
+                            let free = self
+                                .memory()
+                                .free_bytes
+                                .map(|f| format!("; {f} bytes free"))
+                                .unwrap_or_default();
+                            AllocError::OutOfMemory {
+                                requested: bytes,
+                                detail: format!("cuMemAlloc: {}{free}", err_name(e)),
+                            }
+                        }
+                        Class::Lost => {
+                            let m = format!("cuMemAlloc: {}", err_text(e));
+                            self.lost = Some(m.clone());
+                            AllocError::DeviceLost(m)
+                        }
+                        Class::Other => {
+                            AllocError::Other(format!("cuMemAlloc({bytes}): {}", err_text(e)))
+                        }
+                    })
+                }
+            }
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        self.buffers.insert(id, Buffer { ptr, bytes });
+        self.allocated += bytes;
+        Ok(BufferId(id))
+    }
+
+    fn free_buffer(&mut self, id: BufferId) {
+        let Some(b) = self.buffers.remove(&id.0) else {
+            return;
+        };
+        self.allocated = self.allocated.saturating_sub(b.bytes);
+        if b.ptr != 0 {
+            let r = loader::guarded("cuMemFree", || {
+                self.bind()?;
+                // SAFETY: `b.ptr` came from cuMemAlloc in this context and is freed once.
+                unsafe { cu::free_sync(b.ptr) }
+            });
+            if let Ok(Err(e)) = r {
+                log::warn!("cuMemFree: {}", err_text(e));
+            }
+        }
+    }
+
+    fn write_buffer(&mut self, id: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        self.check_lost()?;
+        let b = self.range(id, offset, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let r = loader::guarded("cuMemcpyHtoD", || {
+            self.bind()?;
+            // SAFETY: the destination range lies inside a live allocation (checked above).
+            unsafe { cu::memcpy_htod_sync(b.ptr + offset, data) }
+        })
+        .map_err(BackendError::Other)?;
+        r.map_err(|e| self.backend_error("cuMemcpyHtoD", e))
+    }
+
+    fn read_buffer(
+        &mut self,
+        id: BufferId,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, BackendError> {
+        self.check_lost()?;
+        let b = self.range(id, offset, len)?;
+        let n = usize::try_from(len)
+            .map_err(|_| BackendError::Other(format!("cannot read {len} bytes")))?;
+        let mut out = vec![0u8; n];
+        if n == 0 {
+            return Ok(out);
+        }
+        let r = loader::guarded("cuMemcpyDtoH", || {
+            self.bind()?;
+            // SAFETY: the source range lies inside a live allocation (checked above); the copy
+            // is synchronous, so `out` is complete when it returns.
+            unsafe { cu::memcpy_dtoh_sync(&mut out, b.ptr + offset) }
+        })
+        .map_err(BackendError::Other)?;
+        r.map_err(|e| self.backend_error("cuMemcpyDtoH", e))?;
+        Ok(out)
+    }
+
+    fn dispatch(
+        &mut self,
+        kernel: KernelId,
+        params: &[u8],
+        buffers: &[BufferId],
+        workgroups: [u32; 3],
+    ) -> Result<(), BackendError> {
+        self.check_lost()?;
+        if params.len() > MAX_PARAM_BYTES {
+            return Err(BackendError::Other(format!(
+                "{}: {} bytes of params exceed the {MAX_PARAM_BYTES}-byte limit",
+                kernel.label(),
+                params.len()
+            )));
+        }
+        for (axis, (&n, &max)) in workgroups.iter().zip(MAX_GRID.iter()).enumerate() {
+            if n > max {
+                return Err(BackendError::Other(format!(
+                    "{}: {n} workgroups on axis {axis} exceed CUDA's grid limit {max}",
+                    kernel.label()
+                )));
+            }
+        }
+        let ptrs: Vec<sys::CUdeviceptr> = buffers
+            .iter()
+            .map(|&id| self.buffer(id).map(|b| b.ptr))
+            .collect::<Result<_, _>>()?;
+        if workgroups.contains(&0) {
+            return Ok(());
+        }
+        self.load(kernel)?;
+        let Some(loaded) = self.kernels.get(&kernel) else {
+            return Err(BackendError::Other(format!(
+                "{}: kernel not loaded",
+                kernel.label()
+            )));
+        };
+        if let Some((param_bytes, count)) = loaded.signature {
+            if param_bytes != params.len() || count != 1 + buffers.len() {
+                return Err(BackendError::Other(format!(
+                    "{}: the kernel takes a {param_bytes}-byte params struct and {} buffers, \
+                     the dispatch gave {} bytes and {} buffers",
+                    kernel.label(),
+                    count.saturating_sub(1),
+                    params.len(),
+                    buffers.len()
+                )));
+            }
+        }
+        let mut block = ParamBlock([0u8; MAX_PARAM_BYTES]);
+        block.0[..params.len()].copy_from_slice(params);
+        let mut args: Vec<*mut c_void> = Vec::with_capacity(1 + ptrs.len());
+        args.push(&mut block as *mut ParamBlock as *mut c_void);
+        let mut ptrs = ptrs;
+        for p in ptrs.iter_mut() {
+            args.push(p as *mut sys::CUdeviceptr as *mut c_void);
+        }
+        let [bx, by, bz] = kernel.workgroup_size();
+        let f = loaded.func.cu_function();
+        let r = loader::guarded("cuLaunchKernel", || {
+            self.bind()?;
+            // SAFETY: `f` is a loaded kernel whose parameters are the params struct (copied
+            // from `block`, at least as many bytes as declared) and one device pointer per
+            // buffer; every pointer refers to a live allocation; `args` outlives the call
+            // (the driver copies argument values at launch).
+            unsafe {
+                cu::launch_kernel(
+                    f,
+                    (workgroups[0], workgroups[1], workgroups[2]),
+                    (bx, by, bz),
+                    0,
+                    std::ptr::null_mut(),
+                    &mut args,
+                )
+            }
+        })
+        .map_err(BackendError::Other)?;
+        r.map_err(|e| self.backend_error(&format!("launching {}", kernel.label()), e))
+    }
+
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        self.check_lost()?;
+        let r = loader::guarded("cuCtxSynchronize", || self.ctx.synchronize())
+            .map_err(BackendError::Other)?;
+        r.map_err(|e| self.backend_error("cuCtxSynchronize", e))
+    }
+
+    fn allocated_bytes(&self) -> u64 {
+        self.allocated
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        let ids: Vec<u64> = self.buffers.keys().copied().collect();
+        for id in ids {
+            self.free_buffer(BufferId(id));
+        }
+        // Modules unload (and the context is released) when the fields drop, after this.
+        self.kernels.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_classified() {
+        assert_eq!(
+            classify_name("CUDA_ERROR_OUT_OF_MEMORY"),
+            Class::OutOfMemory
+        );
+        assert_eq!(classify_name("CUDA_ERROR_ILLEGAL_ADDRESS"), Class::Lost);
+        assert_eq!(
+            classify_name("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
+            Class::Other
+        );
+        assert_eq!(classify_name("CUDA_ERROR_INVALID_VALUE"), Class::Other);
+    }
+
+    #[test]
+    fn param_block_holds_every_params_struct() {
+        use crate::kernels::params::WordParams;
+        assert!(std::mem::size_of::<WordParams>() <= MAX_PARAM_BYTES);
+        assert_eq!(std::mem::align_of::<ParamBlock>(), 16);
+    }
+}

@@ -1,1 +1,364 @@
 //! A host-memory backend with a set capacity, for fast deterministic tests.
+//!
+//! Buffers are host byte vectors; allocating past the capacity is `OutOfMemory`, a buffer over
+//! the configured limits is `ExceedsLimit`. The word kernels (fill, verify, checksum) run on
+//! the host with the same pattern as the WGSL, so probe logic can be tested without a device.
+//! Other kernels are refused with an error.
+
+use std::collections::HashMap;
+
+use super::{
+    AllocError, Backend, BackendError, BackendKind, BufferId, DeviceInfo, DeviceType, MemoryInfo,
+};
+use crate::kernels::params::WordParams;
+use crate::kernels::{KernelId, Op};
+use crate::ops::words::pattern;
+
+/// A host-memory device.
+#[derive(Debug, Clone)]
+pub struct MockBackend {
+    info: DeviceInfo,
+    capacity: u64,
+    buffers: HashMap<BufferId, Vec<u8>>,
+    next_id: u64,
+    allocated: u64,
+    /// Count of dispatches run (for tests).
+    pub dispatches: u64,
+    lost: Option<String>,
+}
+
+impl MockBackend {
+    /// A device with `capacity` bytes; buffers and bindings limited to 128 MiB by default.
+    pub fn new(capacity: u64) -> Self {
+        Self::with_limits(capacity, 128 << 20, 128 << 20)
+    }
+
+    /// A device with explicit buffer and storage-binding limits.
+    pub fn with_limits(capacity: u64, max_buffer_size: u64, max_storage_binding_size: u64) -> Self {
+        MockBackend {
+            info: DeviceInfo {
+                index: 0,
+                name: "mock".to_string(),
+                backend: BackendKind::Mock,
+                device_type: DeviceType::Virtual,
+                driver: "host memory".to_string(),
+                memory_total_bytes: Some(capacity),
+                memory_free_bytes: Some(capacity),
+                max_buffer_size,
+                max_storage_binding_size,
+            },
+            capacity,
+            buffers: HashMap::new(),
+            next_id: 1,
+            allocated: 0,
+            dispatches: 0,
+            lost: None,
+        }
+    }
+
+    /// The set capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Simulate a device loss: every later call fails with `DeviceLost`.
+    pub fn lose_device(&mut self, reason: &str) {
+        self.lost = Some(reason.to_string());
+    }
+
+    /// Host view of a buffer (for tests).
+    pub fn buffer_bytes(&self, id: BufferId) -> Option<&[u8]> {
+        self.buffers.get(&id).map(Vec::as_slice)
+    }
+
+    fn check_lost(&self) -> Result<(), BackendError> {
+        match &self.lost {
+            Some(m) => Err(BackendError::DeviceLost(m.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn words_of(&self, id: BufferId) -> Result<&Vec<u8>, BackendError> {
+        self.buffers
+            .get(&id)
+            .ok_or_else(|| BackendError::Other(format!("unknown buffer {}", id.0)))
+    }
+
+    fn run_word_kernel(
+        &mut self,
+        op: Op,
+        p: WordParams,
+        buffers: &[BufferId],
+    ) -> Result<(), BackendError> {
+        let first = u64::from(p.first_word_lo) | (u64::from(p.first_word_hi) << 32);
+        let len = p.len_words as usize;
+        let data_id = *buffers
+            .first()
+            .ok_or_else(|| BackendError::Other("word kernel without a data buffer".into()))?;
+        let data_len = self.words_of(data_id)?.len() / 4;
+        if len > data_len {
+            return Err(BackendError::Other(format!(
+                "{len} words requested from a {data_len}-word buffer"
+            )));
+        }
+        match op {
+            Op::Fill => {
+                let data = self
+                    .buffers
+                    .get_mut(&data_id)
+                    .ok_or_else(|| BackendError::Other("unknown buffer".into()))?;
+                for (i, w) in data.chunks_exact_mut(4).take(len).enumerate() {
+                    w.copy_from_slice(&pattern(first + i as u64, p.seed).to_le_bytes());
+                }
+                Ok(())
+            }
+            Op::Verify | Op::Checksum => {
+                let result_id = *buffers
+                    .get(1)
+                    .ok_or_else(|| BackendError::Other("word kernel without a result".into()))?;
+                let data = self.words_of(data_id)?;
+                let words = data
+                    .chunks_exact(4)
+                    .take(len)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                let add: [u32; 4] = if op == Op::Verify {
+                    let mut bad = 0u32;
+                    for (i, w) in words.enumerate() {
+                        if w != pattern(first + i as u64, p.seed) {
+                            bad = bad.wrapping_add(1);
+                        }
+                    }
+                    [len as u32, bad, 0, 0]
+                } else {
+                    let sum = words.fold(0u64, |s, w| s.wrapping_add(u64::from(w)));
+                    [sum as u32, (sum >> 32) as u32, len as u32, 0]
+                };
+                let result = self
+                    .buffers
+                    .get_mut(&result_id)
+                    .ok_or_else(|| BackendError::Other("unknown result buffer".into()))?;
+                // Same semantics as the atomics: add into what is there (64-bit for checksum).
+                let get = |r: &[u8], i: usize| {
+                    r.get(i * 4..i * 4 + 4)
+                        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .unwrap_or(0)
+                };
+                let mut cur = [0u32; 4];
+                for (i, c) in cur.iter_mut().enumerate() {
+                    *c = get(result, i);
+                }
+                let new = if op == Op::Checksum {
+                    let s = (u64::from(cur[0]) | (u64::from(cur[1]) << 32))
+                        .wrapping_add(u64::from(add[0]) | (u64::from(add[1]) << 32));
+                    [
+                        s as u32,
+                        (s >> 32) as u32,
+                        cur[2].wrapping_add(add[2]),
+                        cur[3],
+                    ]
+                } else {
+                    [
+                        cur[0].wrapping_add(add[0]),
+                        cur[1].wrapping_add(add[1]),
+                        cur[2],
+                        cur[3],
+                    ]
+                };
+                for (i, v) in new.iter().enumerate() {
+                    if let Some(slot) = result.get_mut(i * 4..i * 4 + 4) {
+                        slot.copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+                Ok(())
+            }
+            _ => Err(BackendError::Other(
+                "mock backend runs word kernels only".into(),
+            )),
+        }
+    }
+}
+
+impl Backend for MockBackend {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn memory(&self) -> MemoryInfo {
+        MemoryInfo {
+            total_bytes: Some(self.capacity),
+            free_bytes: Some(self.capacity.saturating_sub(self.allocated)),
+        }
+    }
+
+    fn alloc_buffer(&mut self, bytes: u64) -> Result<BufferId, AllocError> {
+        let limit = self.info.max_chunk_bytes();
+        if bytes > limit {
+            return Err(AllocError::ExceedsLimit {
+                requested: bytes,
+                limit,
+            });
+        }
+        if let Some(m) = &self.lost {
+            return Err(AllocError::DeviceLost(m.clone()));
+        }
+        let size = bytes.div_ceil(4).max(1) * 4;
+        if self.allocated.saturating_add(size) > self.capacity {
+            return Err(AllocError::OutOfMemory {
+                requested: size,
+                detail: format!(
+                    "mock device: {} of {} bytes in use",
+                    self.allocated, self.capacity
+                ),
+            });
+        }
+        let id = BufferId(self.next_id);
+        self.next_id += 1;
+        // Contents undefined on a real device; poison here so unwritten bytes show.
+        self.buffers.insert(id, vec![0xA5; size as usize]);
+        self.allocated += size;
+        Ok(id)
+    }
+
+    fn free_buffer(&mut self, id: BufferId) {
+        if let Some(b) = self.buffers.remove(&id) {
+            self.allocated -= b.len() as u64;
+        }
+    }
+
+    fn write_buffer(&mut self, id: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        self.check_lost()?;
+        let buf = self
+            .buffers
+            .get_mut(&id)
+            .ok_or_else(|| BackendError::Other(format!("unknown buffer {}", id.0)))?;
+        let start = usize::try_from(offset).map_err(|_| BackendError::Other("offset".into()))?;
+        let slot = start
+            .checked_add(data.len())
+            .and_then(|end| buf.get_mut(start..end))
+            .ok_or_else(|| BackendError::Other("write past the end of the buffer".into()))?;
+        slot.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn read_buffer(
+        &mut self,
+        id: BufferId,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, BackendError> {
+        self.check_lost()?;
+        let buf = self.words_of(id)?;
+        let start = usize::try_from(offset).map_err(|_| BackendError::Other("offset".into()))?;
+        let len = usize::try_from(len).map_err(|_| BackendError::Other("length".into()))?;
+        start
+            .checked_add(len)
+            .and_then(|end| buf.get(start..end))
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| BackendError::Other("read past the end of the buffer".into()))
+    }
+
+    fn dispatch(
+        &mut self,
+        kernel: KernelId,
+        params: &[u8],
+        buffers: &[BufferId],
+        _workgroups: [u32; 3],
+    ) -> Result<(), BackendError> {
+        self.check_lost()?;
+        self.dispatches += 1;
+        match kernel.op {
+            Op::Fill | Op::Verify | Op::Checksum => {
+                let n = std::mem::size_of::<WordParams>();
+                let bytes = params
+                    .get(..n)
+                    .ok_or_else(|| BackendError::Other("word params too short".into()))?;
+                let p: WordParams = bytemuck::pod_read_unaligned(bytes);
+                self.run_word_kernel(kernel.op, p, buffers)
+            }
+            _ => Err(BackendError::Other(
+                "mock backend runs word kernels only".into(),
+            )),
+        }
+    }
+
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        self.check_lost()
+    }
+
+    fn allocated_bytes(&self) -> u64 {
+        self.allocated
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::words::{checksum_tensor, fill_tensor, verify_tensor, Checksum};
+    use crate::plan::DType;
+    use crate::tensor::{allocate, free_tensor};
+
+    #[test]
+    fn out_of_memory_then_free_then_fits() {
+        let mut m = MockBackend::new(1000);
+        let a = m.alloc_buffer(600).unwrap();
+        let e = m.alloc_buffer(600).unwrap_err();
+        assert!(matches!(e, AllocError::OutOfMemory { requested: 600, .. }));
+        m.free_buffer(a);
+        assert_eq!(m.allocated_bytes(), 0);
+        assert!(m.alloc_buffer(600).is_ok());
+    }
+
+    #[test]
+    fn exceeds_limit_is_not_oom() {
+        let mut m = MockBackend::with_limits(1 << 30, 1024, 512);
+        let e = m.alloc_buffer(513).unwrap_err();
+        assert_eq!(
+            e,
+            AllocError::ExceedsLimit {
+                requested: 513,
+                limit: 512
+            }
+        );
+    }
+
+    #[test]
+    fn chunked_fill_verify_checksum_round_trip() {
+        // 1000 f32 in rows of 10, 256-byte buffers -> 16 chunks of 6 rows (240 B) and a tail.
+        let mut m = MockBackend::with_limits(1 << 20, 256, 256);
+        let t = allocate(&mut m, "t", DType::F32, 1000, 10).unwrap();
+        assert_eq!(t.chunks.len(), 17);
+        fill_tensor(&mut m, &t, 9).unwrap();
+        let v = verify_tensor(&mut m, &t, 9).unwrap();
+        assert_eq!((v.words_seen, v.mismatches), (1000, 0));
+        assert_eq!(verify_tensor(&mut m, &t, 10).unwrap().mismatches, 1000);
+        let c = checksum_tensor(&mut m, &t).unwrap();
+        assert_eq!(c, Checksum::of_pattern(0, 1000, 9));
+        // Corrupt one word in the third chunk.
+        m.write_buffer(t.chunks[2].buffer, 8, &[0, 0, 0, 0])
+            .unwrap();
+        assert_eq!(verify_tensor(&mut m, &t, 9).unwrap().mismatches, 1);
+        free_tensor(&mut m, t);
+        assert_eq!(m.allocated_bytes(), 0);
+    }
+
+    #[test]
+    fn failed_tensor_allocation_frees_its_chunks() {
+        let mut m = MockBackend::with_limits(1000, 256, 256);
+        let e = allocate(&mut m, "t", DType::F32, 300, 1).unwrap_err();
+        assert!(matches!(e, AllocError::OutOfMemory { .. }));
+        assert_eq!(m.allocated_bytes(), 0);
+    }
+
+    #[test]
+    fn other_kernels_are_refused_and_loss_is_reported() {
+        let mut m = MockBackend::new(1 << 20);
+        let id = m.alloc_buffer(64).unwrap();
+        let e = m
+            .dispatch(KernelId::words(Op::Matmul), &[0; 16], &[id], [1, 1, 1])
+            .unwrap_err();
+        assert!(e.to_string().contains("word kernels only"));
+        m.lose_device("test");
+        assert!(matches!(m.synchronize(), Err(BackendError::DeviceLost(_))));
+        assert!(matches!(m.alloc_buffer(4), Err(AllocError::DeviceLost(_))));
+    }
+}

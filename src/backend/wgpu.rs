@@ -262,7 +262,8 @@ impl WgpuBackend {
         Self::from_adapter(instance, adapter, index)
     }
 
-    fn from_adapter(
+    /// Open the device of an adapter found by `enumerate_adapters` (index = its position).
+    pub fn from_adapter(
         instance: wgpu::Instance,
         adapter: wgpu::Adapter,
         index: usize,

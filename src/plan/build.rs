@@ -1,1 +1,328 @@
 //! Plan::for_value: dispatch to the builder of the workload's architecture and scenario.
+//!
+//! The scenario decides which dimension x sets: `params` → the parameter count of a bare
+//! (Dense) model whose plan holds only model states (and the optimizer step over them); `batch`
+//! and `activations` → the batch; `seq` → the sequence length (text transformers only). All byte
+//! counts use checked u64 arithmetic; an overflow is `PlanError::Overflow` naming the tensor, its
+//! shape and the dimension that was set.
+
+use thiserror::Error;
+
+use super::{params, resnet, transformer, DType, Plan, Role, Step, TensorIx, TensorSpec};
+use crate::scenario::Scenario;
+use crate::workload::{presets, Arch, Workload};
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PlanError {
+    /// A size does not fit in 64 bits.
+    #[error("{what} is too large: its size overflows 64 bits")]
+    Overflow { what: String },
+    /// The scenario does not apply to this workload (e.g. `seq` on a CNN).
+    #[error("{0}")]
+    Unsupported(String),
+    /// The workload's shape is inconsistent (zero sizes, heads not dividing hidden, ...).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Checked product of `dims`; `what` names the quantity in the error.
+pub fn prod(dims: &[u64], what: &str) -> Result<u64, PlanError> {
+    dims.iter().try_fold(1u64, |acc, &d| {
+        acc.checked_mul(d).ok_or_else(|| PlanError::Overflow {
+            what: what.to_string(),
+        })
+    })
+}
+
+/// Checked sum of `terms`.
+pub fn sum(terms: &[u64], what: &str) -> Result<u64, PlanError> {
+    terms.iter().try_fold(0u64, |acc, &d| {
+        acc.checked_add(d).ok_or_else(|| PlanError::Overflow {
+            what: what.to_string(),
+        })
+    })
+}
+
+/// Placeholder tensor indices in steps, patched once the workspace tensors exist.
+pub(crate) const PENDING_SCORES: TensorIx = usize::MAX;
+pub(crate) const PENDING_WEIGHTS: TensorIx = usize::MAX - 1;
+
+/// Accumulates tensors (with a checked running total), steps and notes.
+#[derive(Debug, Default)]
+pub struct Builder {
+    pub(crate) tensors: Vec<TensorSpec>,
+    pub(crate) steps: Vec<Step>,
+    pub(crate) notes: Vec<String>,
+    total: u64,
+}
+
+impl Builder {
+    /// Push a tensor of `shape` (elements) and return its index.
+    pub fn push(
+        &mut self,
+        name: &str,
+        role: Role,
+        dtype: DType,
+        shape: &[u64],
+        row_elems: u64,
+    ) -> Result<TensorIx, PlanError> {
+        let what = || {
+            let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+            format!("tensor '{name}' [{}]", dims.join(" x "))
+        };
+        let elems = prod(shape, "").map_err(|_| PlanError::Overflow { what: what() })?;
+        let bytes = elems
+            .checked_mul(dtype.bytes())
+            .ok_or_else(|| PlanError::Overflow { what: what() })?;
+        self.total = self
+            .total
+            .checked_add(bytes)
+            .ok_or_else(|| PlanError::Overflow {
+                what: format!("the plan total (at {})", what()),
+            })?;
+        self.tensors.push(TensorSpec {
+            name: name.to_string(),
+            role,
+            dtype,
+            shape: shape.to_vec(),
+            bytes,
+            row_elems: row_elems.max(1),
+        });
+        Ok(self.tensors.len() - 1)
+    }
+    pub fn tensor(&self, ix: TensorIx) -> &TensorSpec {
+        &self.tensors[ix]
+    }
+    pub fn step(&mut self, s: Step) {
+        self.steps.push(s);
+    }
+    pub fn note(&mut self, n: impl Into<String>) {
+        self.notes.push(n.into());
+    }
+    /// Replace a placeholder index in every step.
+    pub(crate) fn patch(&mut self, placeholder: TensorIx, ix: TensorIx) {
+        let fix = |t: &mut TensorIx| {
+            if *t == placeholder {
+                *t = ix;
+            }
+        };
+        for s in &mut self.steps {
+            match s {
+                Step::Matmul { a, b, c, .. } => [a, b, c].into_iter().for_each(fix),
+                Step::Softmax { x, y, .. }
+                | Step::LayerNorm { x, y, .. }
+                | Step::Gelu { x, y, .. }
+                | Step::Relu { x, y, .. } => [x, y].into_iter().for_each(fix),
+                Step::Attention {
+                    q,
+                    k,
+                    v,
+                    scores,
+                    probs,
+                    out,
+                    ..
+                } => [q, k, v, scores, probs, out].into_iter().for_each(fix),
+                Step::FlashAttention {
+                    q,
+                    k,
+                    v,
+                    out,
+                    stats,
+                    ..
+                } => [q, k, v, out, stats].into_iter().for_each(fix),
+                Step::Conv2d { x, w, y, .. } => [x, w, y].into_iter().for_each(fix),
+                Step::Adam { p, g, m, v, .. } => [p, g, m, v].into_iter().for_each(fix),
+            }
+        }
+    }
+    pub(crate) fn finish(self, workload: Workload, scenario: Scenario, value: u64) -> Plan {
+        Plan {
+            workload,
+            scenario,
+            value,
+            tensors: self.tensors,
+            steps: self.steps,
+            notes: self.notes,
+        }
+    }
+}
+
+/// Total trainable parameters of a workload's model (Dense: its `params`).
+pub fn param_count(w: &Workload) -> Result<u64, PlanError> {
+    match w.arch {
+        Arch::Dense => w
+            .params
+            .filter(|&p| p > 0)
+            .ok_or_else(|| PlanError::Invalid("a dense workload needs --params N".into())),
+        Arch::Resnet => resnet::param_count(w),
+        _ => transformer::param_count(w),
+    }
+}
+
+/// Check the shape fields the architecture uses.
+pub fn validate(w: &Workload) -> Result<(), PlanError> {
+    let need = |v: u64, what: &str| {
+        if v == 0 {
+            Err(PlanError::Invalid(format!(
+                "{what} must be greater than zero"
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    need(w.batch, "batch")?;
+    need(w.gpus, "gpus")?;
+    if w.zero > 3 {
+        return Err(PlanError::Invalid(format!(
+            "ZeRO stage {} does not exist (0..3)",
+            w.zero
+        )));
+    }
+    if let crate::workload::Checkpoint::Every(0) = w.checkpoint {
+        return Err(PlanError::Invalid("checkpoint every:K needs K >= 1".into()));
+    }
+    match w.arch {
+        Arch::Dense => {
+            param_count(w)?;
+        }
+        Arch::Resnet => {
+            need(w.layers, "layers (ResNet depth)")?;
+            need(w.hidden, "hidden (ResNet stem width)")?;
+            need(w.image, "image")?;
+            need(w.vocab, "classes (vocab)")?;
+            resnet::stage_blocks(w.layers)?;
+        }
+        _ => {
+            need(w.layers, "layers")?;
+            need(w.hidden, "hidden")?;
+            need(w.heads, "heads")?;
+            need(w.ffn, "ffn")?;
+            need(w.vocab, "vocab")?;
+            need(w.seq, "seq")?;
+            if !w.hidden.is_multiple_of(w.heads) {
+                return Err(PlanError::Invalid(format!(
+                    "heads ({}) must divide hidden ({})",
+                    w.heads, w.hidden
+                )));
+            }
+            if w.arch == Arch::Vit {
+                need(w.patch, "patch")?;
+                if w.image < w.patch {
+                    return Err(PlanError::Invalid(format!(
+                        "image ({}) must be at least the patch size ({})",
+                        w.image, w.patch
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Plan {
+    /// The plan of `workload` under `scenario` with the varied dimension set to `x`.
+    pub fn for_value(workload: &Workload, scenario: Scenario, x: u64) -> Result<Plan, PlanError> {
+        if x == 0 {
+            return Err(PlanError::Invalid(format!(
+                "{} must be greater than zero",
+                scenario.dimension()
+            )));
+        }
+        let mut w = workload.clone();
+        match scenario {
+            Scenario::Params => {
+                w.arch = Arch::Dense;
+                w.params = Some(x);
+            }
+            Scenario::Batch | Scenario::Activations => {
+                if w.arch == Arch::Dense {
+                    return Err(PlanError::Unsupported(format!(
+                        "the {} scenario needs a model with layers (a bare parameter count has no activations)",
+                        scenario.name()
+                    )));
+                }
+                w.batch = x;
+            }
+            Scenario::Seq => {
+                if !w.is_text_transformer() {
+                    return Err(PlanError::Unsupported(format!(
+                        "the seq scenario needs a text transformer (gpt2, bert, llama), not {}",
+                        w.name
+                    )));
+                }
+                w.seq = x;
+            }
+        }
+        validate(&w)?;
+        let with_dim = |e: PlanError| match e {
+            PlanError::Overflow { what } => PlanError::Overflow {
+                what: format!("at {}={x}, {what}", scenario.dimension()),
+            },
+            other => other,
+        };
+        let mut b = Builder::default();
+        match w.arch {
+            Arch::Dense => {
+                params::push_states(&mut b, &w, x, 1).map_err(with_dim)?;
+            }
+            Arch::Resnet => resnet::build(&mut b, &w).map_err(with_dim)?,
+            _ => transformer::build(&mut b, &w).map_err(with_dim)?,
+        }
+        Ok(b.finish(w, scenario, x))
+    }
+
+    /// The plan of a workload at its own batch and sequence (Dense: at its parameter count).
+    pub fn for_workload(w: &Workload) -> Result<Plan, PlanError> {
+        match w.arch {
+            Arch::Dense => Plan::for_value(w, Scenario::Params, param_count(w)?),
+            _ => Plan::for_value(w, Scenario::Batch, w.batch),
+        }
+    }
+
+    /// The value x a scenario starts from for this workload (its params, batch or seq).
+    pub fn current_value(w: &Workload, scenario: Scenario) -> Result<u64, PlanError> {
+        Ok(match scenario {
+            Scenario::Params => param_count(w)?,
+            Scenario::Batch | Scenario::Activations => w.batch,
+            Scenario::Seq => w.seq,
+        })
+    }
+}
+
+/// The scenarios that make sense for a workload (estimate's boundaries, the probe suite).
+pub fn scenarios_for(w: &Workload) -> Vec<Scenario> {
+    match w.arch {
+        Arch::Dense => vec![Scenario::Params],
+        Arch::Resnet | Arch::Vit => vec![Scenario::Params, Scenario::Batch],
+        _ => vec![
+            Scenario::Params,
+            Scenario::Batch,
+            Scenario::Seq,
+            Scenario::Activations,
+        ],
+    }
+}
+
+/// The default workload of a scenario (design.md's table): params → a dense fp32 Adam model
+/// (1B parameters to start from); batch → resnet50 at 224 px; seq → one GPT-2-small layer
+/// (hidden 768, 12 heads) at batch 1 with naive attention; activations → gpt2 (12 layers) at
+/// seq 1024, no checkpointing. The probe scales these for small budgets.
+pub fn default_workload(scenario: Scenario) -> Workload {
+    let get = |n: &str| presets::get(n).unwrap_or_else(|_| presets::base(n, Arch::Dense));
+    match scenario {
+        Scenario::Params => get("dense"),
+        Scenario::Batch => get("resnet50"),
+        Scenario::Seq => {
+            let mut w = get("gpt2");
+            w.name = "gpt2-block".into();
+            w.layers = 1;
+            w.batch = 1;
+            w
+        }
+        Scenario::Activations => {
+            let mut w = get("gpt2");
+            w.seq = 1024;
+            w
+        }
+    }
+}

@@ -1,1 +1,690 @@
 //! Read a Hugging Face config.json or an oomprobe TOML case file into a Workload.
+//!
+//! config.json styles (by `model_type`, or GPT-2 by its `n_embd` key):
+//! - GPT-2: `n_embd`, `n_layer`, `n_head`, `vocab_size`, `n_positions` (or `n_ctx`), `n_inner`
+//!   (null → 4·n_embd), `resid_pdrop` (dropout when > 0).
+//! - BERT (`"bert"`): `hidden_size`, `num_hidden_layers`, `num_attention_heads`,
+//!   `intermediate_size`, `max_position_embeddings`, `vocab_size`, `hidden_dropout_prob`.
+//! - LLaMA (`"llama"`): as BERT plus `rms_norm_eps`, `tie_word_embeddings`;
+//!   `num_key_value_heads` different from the head count (grouped-query attention) is rejected:
+//!   it is not modelled.
+//! - ViT (`"vit"`): as BERT plus `image_size`, `patch_size`, `num_channels` (3), classes from
+//!   `id2label` (default 1000).
+//!
+//! Other keys of a config.json are ignored (they carry tokenizer and training settings).
+//!
+//! A case file (`.toml`) is strict: unknown keys, wrong types and missing required fields are
+//! errors naming the field and the file. Format:
+//! ```toml
+//! name = "LLaMA-13B full training on an 80 GB card"   # required
+//! description = "..."                                   # optional
+//! memory = "80GB"                                       # optional SIZE
+//! [workload]       # required: `model` or `params`, and any override key of the CLI
+//! model = "llama-13b"
+//! [[expect]]       # one or more; each may override workload keys
+//! verdict = "oom"  # "oom" | "fits"
+//! cause = "model_too_large"   # optional
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value as Json;
+use thiserror::Error;
+
+use crate::cli::WorkloadArgs;
+use crate::error::CliError;
+use crate::units::parse_size;
+
+use super::presets::{self, vit_tokens};
+use super::{Arch, Workload};
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    #[error("config file '{0}' not found")]
+    NotFound(String),
+    #[error("cannot read config file '{path}': {msg}")]
+    Read { path: String, msg: String },
+    #[error("config file '{path}' is not valid {format}: {msg}")]
+    Syntax {
+        path: String,
+        format: &'static str,
+        msg: String,
+    },
+    #[error("config file '{path}': field '{field}': {msg}")]
+    Field {
+        path: String,
+        field: String,
+        msg: String,
+    },
+}
+
+/// What a config file holds.
+#[derive(Debug, Clone)]
+pub enum LoadedConfig {
+    /// A Hugging Face config.json.
+    Hf(Workload),
+    /// An oomprobe case file.
+    Case(Box<CaseFile>),
+}
+
+/// The outcome a case expects of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Oom,
+    Fits,
+}
+
+/// One `[[expect]]` run of a case.
+#[derive(Debug, Clone)]
+pub struct Expectation {
+    /// The run's workload keys (strings as on the command line), applied over `[workload]`.
+    pub overrides: WorkloadArgs,
+    pub verdict: Verdict,
+    /// diagnose's expected cause (model_too_large | batch_too_large | sequence_too_long |
+    /// activations_explode | fits).
+    pub cause: Option<String>,
+}
+
+/// An oomprobe TOML case file.
+#[derive(Debug, Clone)]
+pub struct CaseFile {
+    pub path: PathBuf,
+    pub name: String,
+    pub description: Option<String>,
+    /// The card's memory in bytes.
+    pub memory: Option<u64>,
+    /// The `[workload]` keys as command-line arguments.
+    pub base: WorkloadArgs,
+    /// The resolved `[workload]`.
+    pub workload: Workload,
+    pub expects: Vec<Expectation>,
+}
+
+/// The causes diagnose names (JSON `cause`).
+pub const CAUSES: [&str; 5] = [
+    "model_too_large",
+    "batch_too_large",
+    "sequence_too_long",
+    "activations_explode",
+    "fits",
+];
+
+impl CaseFile {
+    /// The command-line arguments of expectation `i`: `[workload]` with the run's keys over it.
+    pub fn args_for(&self, i: usize) -> Option<WorkloadArgs> {
+        let e = self.expects.get(i)?;
+        Some(merge(&self.base, &e.overrides))
+    }
+    /// The resolved workload of expectation `i`.
+    pub fn workload_for(&self, i: usize) -> Result<Workload, CliError> {
+        let args = self.args_for(i).ok_or_else(|| {
+            CliError::usage(format!("case '{}' has no expectation {i}", self.name))
+        })?;
+        super::overrides::resolve(&args, "gpt2").map(|r| r.workload)
+    }
+}
+
+/// `over`'s fields where set, else `base`'s.
+pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
+    macro_rules! pick {
+        ($($f:ident),*) => { WorkloadArgs { $($f: over.$f.clone().or_else(|| base.$f.clone()),)* } };
+    }
+    pick!(
+        model, config, batch, seq, layers, hidden, heads, ffn, vocab, image, params, precision,
+        optimizer, attention, checkpoint, dropout, zero, gpus
+    )
+}
+
+/// Load a config.json (any extension but `.toml`) or a case file (`.toml`).
+pub fn load_config(path: &Path) -> Result<LoadedConfig, ConfigError> {
+    let p = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ConfigError::NotFound(p.clone()),
+        _ => ConfigError::Read {
+            path: p.clone(),
+            msg: e.to_string(),
+        },
+    })?;
+    if path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("toml"))
+    {
+        load_case(path, &text).map(|c| LoadedConfig::Case(Box::new(c)))
+    } else {
+        load_hf(&p, &text).map(LoadedConfig::Hf)
+    }
+}
+
+fn field_err(path: &str, field: &str, msg: impl Into<String>) -> ConfigError {
+    ConfigError::Field {
+        path: path.to_string(),
+        field: field.to_string(),
+        msg: msg.into(),
+    }
+}
+
+/// Read a Hugging Face config.json.
+pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
+    let v: Json = serde_json::from_str(text).map_err(|e| ConfigError::Syntax {
+        path: path.to_string(),
+        format: "JSON",
+        msg: e.to_string(),
+    })?;
+    let obj = v.as_object().ok_or_else(|| ConfigError::Syntax {
+        path: path.into(),
+        format: "JSON",
+        msg: "expected an object".into(),
+    })?;
+    let get_u = |key: &str| -> Result<Option<u64>, ConfigError> {
+        match obj.get(key) {
+            None | Some(Json::Null) => Ok(None),
+            Some(x) => match x.as_u64() {
+                Some(0) => Err(field_err(path, key, "must be greater than zero")),
+                Some(n) => Ok(Some(n)),
+                None => Err(field_err(
+                    path,
+                    key,
+                    format!("expected a positive integer, found {x}"),
+                )),
+            },
+        }
+    };
+    let req_u = |key: &str| get_u(key)?.ok_or_else(|| field_err(path, key, "missing (required)"));
+    let get_f = |key: &str| -> Result<Option<f64>, ConfigError> {
+        match obj.get(key) {
+            None | Some(Json::Null) => Ok(None),
+            Some(x) => x
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| field_err(path, key, format!("expected a number, found {x}"))),
+        }
+    };
+    let model_type = match obj.get("model_type") {
+        None => None,
+        Some(Json::String(s)) => Some(s.clone()),
+        Some(x) => {
+            return Err(field_err(
+                path,
+                "model_type",
+                format!("expected a string, found {x}"),
+            ))
+        }
+    };
+    let kind = match model_type.as_deref() {
+        Some(t) => t.to_string(),
+        None if obj.contains_key("n_embd") => "gpt2".into(),
+        None => {
+            return Err(field_err(
+                path,
+                "model_type",
+                "missing (required unless the config is GPT-2 style)",
+            ))
+        }
+    };
+    let name = match obj.get("_name_or_path") {
+        Some(Json::String(s)) if !s.is_empty() => s.clone(),
+        _ => kind.clone(),
+    };
+    let dropout =
+        |key: &str| -> Result<bool, ConfigError> { Ok(get_f(key)?.is_none_or(|p| p > 0.0)) };
+    let arch = match kind.as_str() {
+        "gpt2" => Arch::Gpt2,
+        "bert" => Arch::Bert,
+        "llama" => Arch::Llama,
+        "vit" => Arch::Vit,
+        other => {
+            return Err(field_err(
+                path,
+                "model_type",
+                format!("unsupported model_type '{other}' (gpt2, bert, llama, vit)"),
+            ))
+        }
+    };
+    let mut w = presets::base(&name, arch);
+    match arch {
+        Arch::Gpt2 => {
+            w.hidden = req_u("n_embd")?;
+            w.layers = req_u("n_layer")?;
+            w.heads = req_u("n_head")?;
+            w.vocab = req_u("vocab_size")?;
+            w.max_positions = match get_u("n_positions")? {
+                Some(n) => n,
+                None => req_u("n_ctx")?,
+            };
+            w.ffn = match get_u("n_inner")? {
+                Some(n) => n,
+                None => w
+                    .hidden
+                    .checked_mul(4)
+                    .ok_or_else(|| field_err(path, "n_embd", "too large"))?,
+            };
+            w.dropout = dropout("resid_pdrop")?;
+        }
+        _ => {
+            w.hidden = req_u("hidden_size")?;
+            w.layers = req_u("num_hidden_layers")?;
+            w.heads = req_u("num_attention_heads")?;
+            w.ffn = req_u("intermediate_size")?;
+            w.dropout = dropout("hidden_dropout_prob")?;
+        }
+    }
+    match arch {
+        Arch::Bert => {
+            w.vocab = req_u("vocab_size")?;
+            w.max_positions = req_u("max_position_embeddings")?;
+        }
+        Arch::Llama => {
+            w.vocab = req_u("vocab_size")?;
+            w.max_positions = get_u("max_position_embeddings")?.unwrap_or(2048);
+            w.precision = super::Precision::Mixed;
+            w.dropout = get_f("attention_dropout")?.is_some_and(|p| p > 0.0);
+            get_f("rms_norm_eps")?;
+            match obj.get("tie_word_embeddings") {
+                None | Some(Json::Null) => {}
+                Some(Json::Bool(b)) => w.tie_embeddings = Some(*b),
+                Some(x) => {
+                    return Err(field_err(
+                        path,
+                        "tie_word_embeddings",
+                        format!("expected true or false, found {x}"),
+                    ))
+                }
+            }
+            if let Some(kv) = get_u("num_key_value_heads")? {
+                if kv != w.heads {
+                    return Err(field_err(
+                        path,
+                        "num_key_value_heads",
+                        format!("{kv} != num_attention_heads {}: grouped-query attention is not modelled", w.heads),
+                    ));
+                }
+            }
+        }
+        Arch::Vit => {
+            w.image = req_u("image_size")?;
+            w.patch = req_u("patch_size")?;
+            if let Some(c) = get_u("num_channels")? {
+                if c != 3 {
+                    return Err(field_err(
+                        path,
+                        "num_channels",
+                        format!("only 3-channel images are modelled, not {c}"),
+                    ));
+                }
+            }
+            if w.image < w.patch {
+                return Err(field_err(path, "image_size", "smaller than patch_size"));
+            }
+            w.vocab = match obj.get("id2label") {
+                Some(Json::Object(m)) if !m.is_empty() => m.len() as u64,
+                _ => 1000,
+            };
+            w.seq = vit_tokens(w.image, w.patch);
+            w.max_positions = w.seq;
+        }
+        _ => {}
+    }
+    if w.arch != Arch::Vit {
+        w.seq = w.max_positions;
+    }
+    let heads_key = if arch == Arch::Gpt2 {
+        "n_head"
+    } else {
+        "num_attention_heads"
+    };
+    if !w.hidden.is_multiple_of(w.heads) {
+        return Err(field_err(
+            path,
+            heads_key,
+            format!(
+                "{} heads do not divide the hidden size {}",
+                w.heads, w.hidden
+            ),
+        ));
+    }
+    Ok(w)
+}
+
+/// Workload keys of a case file and how each is typed.
+const STRING_KEYS: [&str; 5] = ["precision", "optimizer", "attention", "checkpoint", "model"];
+const NUMBER_KEYS: [&str; 11] = [
+    "batch", "seq", "layers", "hidden", "heads", "ffn", "vocab", "image", "params", "zero", "gpus",
+];
+
+fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
+    let slot = match key {
+        "model" => &mut args.model,
+        "batch" => &mut args.batch,
+        "seq" => &mut args.seq,
+        "layers" => &mut args.layers,
+        "hidden" => &mut args.hidden,
+        "heads" => &mut args.heads,
+        "ffn" => &mut args.ffn,
+        "vocab" => &mut args.vocab,
+        "image" => &mut args.image,
+        "params" => &mut args.params,
+        "precision" => &mut args.precision,
+        "optimizer" => &mut args.optimizer,
+        "attention" => &mut args.attention,
+        "checkpoint" => &mut args.checkpoint,
+        "dropout" => &mut args.dropout,
+        "zero" => &mut args.zero,
+        _ => &mut args.gpus,
+    };
+    *slot = Some(v);
+}
+
+/// Read one workload key of a case file into `args`; `Ok(false)` if `key` is not a workload key.
+fn workload_key(
+    path: &str,
+    field: &str,
+    key: &str,
+    v: &toml::Value,
+    args: &mut WorkloadArgs,
+) -> Result<bool, ConfigError> {
+    use toml::Value as T;
+    if STRING_KEYS.contains(&key) {
+        match v {
+            T::String(s) => set_arg(args, key, s.clone()),
+            other => {
+                return Err(field_err(
+                    path,
+                    field,
+                    format!("expected a string, found {}", other.type_str()),
+                ))
+            }
+        }
+    } else if NUMBER_KEYS.contains(&key) {
+        match v {
+            T::Integer(i) if *i > 0 || key == "zero" && *i == 0 => {
+                set_arg(args, key, i.to_string())
+            }
+            T::Integer(i) => {
+                return Err(field_err(
+                    path,
+                    field,
+                    format!("must be greater than zero, found {i}"),
+                ))
+            }
+            T::Float(f) if *f >= 1.0 && f.fract() == 0.0 && *f < 1.8e19 => {
+                set_arg(args, key, format!("{}", *f as u64))
+            }
+            T::String(s) => set_arg(args, key, s.clone()),
+            other => {
+                return Err(field_err(
+                    path,
+                    field,
+                    format!("expected a positive integer, found {}", other.type_str()),
+                ))
+            }
+        }
+    } else if key == "dropout" {
+        match v {
+            T::Boolean(b) => set_arg(args, key, if *b { "on" } else { "off" }.to_string()),
+            other => {
+                return Err(field_err(
+                    path,
+                    field,
+                    format!("expected true or false, found {}", other.type_str()),
+                ))
+            }
+        }
+    } else {
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// Check that `args` resolves; a failure names the table and the file.
+fn check_args(path: &str, table: &str, args: &WorkloadArgs) -> Result<Workload, ConfigError> {
+    super::overrides::resolve(args, "gpt2")
+        .map(|r| r.workload)
+        .map_err(|e| field_err(path, table, e.to_string()))
+}
+
+/// Read an oomprobe case file.
+pub fn load_case(file: &Path, text: &str) -> Result<CaseFile, ConfigError> {
+    let path = file.display().to_string();
+    let path = path.as_str();
+    let root: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+        path: path.into(),
+        format: "TOML",
+        msg: e.to_string().lines().next().unwrap_or("").to_string(),
+    })?;
+    for key in root.keys() {
+        if !["name", "description", "memory", "workload", "expect"].contains(&key.as_str()) {
+            return Err(field_err(
+                path,
+                key,
+                "unknown key (name, description, memory, [workload], [[expect]])",
+            ));
+        }
+    }
+    let string = |key: &str| -> Result<Option<String>, ConfigError> {
+        match root.get(key) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(field_err(
+                path,
+                key,
+                format!("expected a string, found {}", v.type_str()),
+            )),
+        }
+    };
+    let name = string("name")?.ok_or_else(|| field_err(path, "name", "missing (required)"))?;
+    let description = string("description")?;
+    let memory = match root.get("memory") {
+        None => None,
+        Some(toml::Value::String(s)) => {
+            Some(parse_size(s).map_err(|e| field_err(path, "memory", e.to_string()))?)
+        }
+        Some(toml::Value::Integer(i)) if *i > 0 => Some(*i as u64),
+        Some(v) => {
+            return Err(field_err(
+                path,
+                "memory",
+                format!("expected a SIZE such as \"80GB\", found {}", v.type_str()),
+            ))
+        }
+    };
+    let wt = match root.get("workload") {
+        None => return Err(field_err(path, "workload", "missing (required table)")),
+        Some(toml::Value::Table(t)) => t,
+        Some(v) => {
+            return Err(field_err(
+                path,
+                "workload",
+                format!("expected a table, found {}", v.type_str()),
+            ))
+        }
+    };
+    let mut base = WorkloadArgs::default();
+    for (k, v) in wt {
+        let field = format!("workload.{k}");
+        if !workload_key(path, &field, k, v, &mut base)? {
+            return Err(field_err(path, &field, "unknown key"));
+        }
+    }
+    if base.model.is_none() && base.params.is_none() {
+        return Err(field_err(
+            path,
+            "workload.model",
+            "missing (required unless workload.params is given)",
+        ));
+    }
+    let workload = check_args(path, "workload", &base)?;
+    let list = match root.get("expect") {
+        None => {
+            return Err(field_err(
+                path,
+                "expect",
+                "missing: at least one [[expect]] table is required",
+            ))
+        }
+        Some(toml::Value::Array(a)) if !a.is_empty() => a,
+        Some(v) => {
+            return Err(field_err(
+                path,
+                "expect",
+                format!(
+                    "expected one or more [[expect]] tables, found {}",
+                    v.type_str()
+                ),
+            ))
+        }
+    };
+    let mut expects = Vec::new();
+    for (i, e) in list.iter().enumerate() {
+        let t = e.as_table().ok_or_else(|| {
+            field_err(
+                path,
+                &format!("expect[{i}]"),
+                format!("expected a table, found {}", e.type_str()),
+            )
+        })?;
+        let mut overrides = WorkloadArgs::default();
+        let mut verdict = None;
+        let mut cause = None;
+        for (k, v) in t {
+            let field = format!("expect[{i}].{k}");
+            match (k.as_str(), v) {
+                ("verdict", toml::Value::String(s)) => {
+                    verdict = Some(match s.as_str() {
+                        "oom" => Verdict::Oom,
+                        "fits" => Verdict::Fits,
+                        _ => {
+                            return Err(field_err(
+                                path,
+                                &field,
+                                format!("'{s}' is not a verdict (oom, fits)"),
+                            ))
+                        }
+                    })
+                }
+                ("cause", toml::Value::String(s)) => {
+                    if !CAUSES.contains(&s.as_str()) {
+                        return Err(field_err(
+                            path,
+                            &field,
+                            format!("'{s}' is not a cause ({})", CAUSES.join(", ")),
+                        ));
+                    }
+                    cause = Some(s.clone());
+                }
+                ("verdict" | "cause", v) => {
+                    return Err(field_err(
+                        path,
+                        &field,
+                        format!("expected a string, found {}", v.type_str()),
+                    ))
+                }
+                _ => {
+                    if !workload_key(path, &field, k, v, &mut overrides)? {
+                        return Err(field_err(path, &field, "unknown key"));
+                    }
+                }
+            }
+        }
+        let verdict = verdict.ok_or_else(|| {
+            field_err(path, &format!("expect[{i}].verdict"), "missing (required)")
+        })?;
+        check_args(path, &format!("expect[{i}]"), &merge(&base, &overrides))?;
+        expects.push(Expectation {
+            overrides,
+            verdict,
+            cause,
+        });
+    }
+    Ok(CaseFile {
+        path: file.to_path_buf(),
+        name,
+        description,
+        memory,
+        base,
+        workload,
+        expects,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CASE: &str = r#"
+name = "LLaMA-13B full training on an 80 GB card"
+memory = "80GB"
+[workload]
+model = "llama-13b"
+precision = "mixed"
+optimizer = "adam"
+batch = 1
+seq = 2048
+[[expect]]
+verdict = "oom"
+cause = "model_too_large"
+[[expect]]
+batch = 8
+seq = 512
+dropout = false
+verdict = "fits"
+"#;
+
+    #[test]
+    fn case_file_parses() {
+        let c = load_case(Path::new("c.toml"), CASE).unwrap();
+        assert_eq!(c.memory, Some(80_000_000_000));
+        assert_eq!(c.expects.len(), 2);
+        assert_eq!(c.expects[0].cause.as_deref(), Some("model_too_large"));
+        let w1 = c.workload_for(1).unwrap();
+        assert_eq!((w1.batch, w1.seq), (8, 512));
+        assert_eq!(c.workload_for(0).unwrap().seq, 2048);
+    }
+
+    #[test]
+    fn case_file_errors_name_the_field() {
+        let bad = CASE.replace("batch = 8", "batchh = 8");
+        let e = load_case(Path::new("c.toml"), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("expect[1].batchh") && e.contains("c.toml"),
+            "{e}"
+        );
+        let bad = CASE.replace("batch = 1\n", "batch = \"x\"\n");
+        let e = load_case(Path::new("c.toml"), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'workload'") && e.contains("--batch"), "{e}");
+        let bad = CASE.replace("seq = 2048", "seq = true");
+        let e = load_case(Path::new("c.toml"), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("workload.seq"), "{e}");
+        let bad = CASE.replace("name = ", "title = ");
+        let e = load_case(Path::new("c.toml"), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'title'"), "{e}");
+        let bad = CASE.replace("verdict = \"oom\"\n", "");
+        let e = load_case(Path::new("c.toml"), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expect[0].verdict"), "{e}");
+    }
+
+    #[test]
+    fn hf_styles() {
+        let g = load_hf("g.json", r#"{"model_type":"gpt2","n_embd":768,"n_layer":12,"n_head":12,"n_positions":1024,"vocab_size":50257,"n_inner":null}"#).unwrap();
+        assert_eq!((g.arch, g.ffn, g.seq), (Arch::Gpt2, 3072, 1024));
+        let v = load_hf("v.json", r#"{"model_type":"vit","hidden_size":768,"num_hidden_layers":12,"num_attention_heads":12,"intermediate_size":3072,"image_size":224,"patch_size":16}"#).unwrap();
+        assert_eq!((v.seq, v.vocab), (197, 1000));
+        let e = load_hf("b.json", r#"{"model_type":"bert","hidden_size":"768"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'hidden_size'") && e.contains("b.json"), "{e}");
+        let e = load_hf("l.json", r#"{"model_type":"llama","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"intermediate_size":11008,"vocab_size":32000}"#).unwrap_err().to_string();
+        assert!(e.contains("num_key_value_heads"), "{e}");
+    }
+}

@@ -91,4 +91,24 @@ pub struct Workload {
     /// ZeRO stage 0..=3 and the data-parallel degree it shards over.
     pub zero: u8,
     pub gpus: u64,
+    /// Whether the output head shares the token embedding. `None`: the architecture's default
+    /// (GPT-2 and BERT tied, LLaMA untied). Set from a config.json's `tie_word_embeddings`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tie_embeddings: Option<bool>,
+}
+
+impl Workload {
+    /// Whether the output head shares the token embedding (see `tie_embeddings`).
+    pub fn tied_head(&self) -> bool {
+        self.tie_embeddings
+            .unwrap_or(matches!(self.arch, Arch::Gpt2 | Arch::Bert))
+    }
+    /// A transformer that reads token sequences (GPT-2, BERT, LLaMA): `--seq` applies.
+    pub fn is_text_transformer(&self) -> bool {
+        matches!(self.arch, Arch::Gpt2 | Arch::Bert | Arch::Llama)
+    }
+    /// Any transformer stack (text or ViT).
+    pub fn is_transformer(&self) -> bool {
+        self.is_text_transformer() || self.arch == Arch::Vit
+    }
 }

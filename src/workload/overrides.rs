@@ -1,1 +1,351 @@
 //! Apply command-line overrides to a workload, with checked parsing (exit 2 on bad input).
+//!
+//! Order: `--config FILE` (a Hugging Face config.json or an oomprobe case file), else `--model`,
+//! else `--params` alone (a bare "dense" parameter count), else the caller's default preset; then
+//! every override, each parsed and checked; then the shape is validated as a whole. Every error is
+//! a `CliError::Usage` naming the flag. Things that are allowed but worth a word (a `--seq` longer
+//! than the preset's context, ZeRO on one GPU) come back as warnings for the caller to print.
+
+use crate::cli::WorkloadArgs;
+use crate::error::CliError;
+use crate::plan::build::validate;
+use crate::units::parse_count;
+
+use super::config::{load_config, LoadedConfig};
+use super::presets::{self, vit_tokens};
+use super::{Arch, Attention, Checkpoint, Optimizer, Precision, Workload};
+
+/// A resolved workload and the warnings a person should see.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub workload: Workload,
+    pub warnings: Vec<String>,
+}
+
+fn usage(flag: &str, msg: impl std::fmt::Display) -> CliError {
+    CliError::usage(format!("--{flag}: {msg}"))
+}
+
+/// Parse a positive count for `--flag`.
+pub fn count(flag: &str, v: &str) -> Result<u64, CliError> {
+    parse_count(v).map_err(|e| usage(flag, e))
+}
+
+pub fn parse_precision(v: &str) -> Result<Precision, CliError> {
+    match v.to_ascii_lowercase().as_str() {
+        "fp32" | "f32" | "float32" => Ok(Precision::Fp32),
+        "fp16" | "f16" | "float16" => Ok(Precision::Fp16),
+        "bf16" | "bfloat16" => Ok(Precision::Bf16),
+        "mixed" | "amp" => Ok(Precision::Mixed),
+        _ => Err(usage(
+            "precision",
+            format!("unknown precision '{v}' (fp32, fp16, bf16, mixed)"),
+        )),
+    }
+}
+
+pub fn parse_optimizer(v: &str) -> Result<Optimizer, CliError> {
+    match v.to_ascii_lowercase().as_str() {
+        "adam" | "adamw" => Ok(Optimizer::Adam),
+        "sgd" => Ok(Optimizer::Sgd),
+        "sgd-momentum" | "momentum" => Ok(Optimizer::SgdMomentum),
+        "none" | "inference" => Ok(Optimizer::None),
+        _ => Err(usage(
+            "optimizer",
+            format!("unknown optimizer '{v}' (adam, sgd, sgd-momentum, none)"),
+        )),
+    }
+}
+
+pub fn parse_attention(v: &str) -> Result<Attention, CliError> {
+    match v.to_ascii_lowercase().as_str() {
+        "naive" => Ok(Attention::Naive),
+        "flash" => Ok(Attention::Flash),
+        _ => Err(usage(
+            "attention",
+            format!("unknown attention '{v}' (naive, flash)"),
+        )),
+    }
+}
+
+pub fn parse_checkpoint(v: &str) -> Result<Checkpoint, CliError> {
+    let l = v.to_ascii_lowercase();
+    match l.as_str() {
+        "none" | "off" => Ok(Checkpoint::None),
+        "full" => Ok(Checkpoint::Full),
+        "sqrt" => Ok(Checkpoint::Sqrt),
+        _ => match l.strip_prefix("every:") {
+            Some(k) => {
+                let k = parse_count(k)
+                    .map_err(|e| usage("checkpoint", format!("every:K needs K >= 1 ({e})")))?;
+                let k = u32::try_from(k).map_err(|_| {
+                    usage("checkpoint", format!("every:K: K = {k} is absurdly large"))
+                })?;
+                Ok(Checkpoint::Every(k))
+            }
+            None => Err(usage(
+                "checkpoint",
+                format!("unknown mode '{v}' (none, full, sqrt, every:K)"),
+            )),
+        },
+    }
+}
+
+pub fn parse_dropout(v: &str) -> Result<bool, CliError> {
+    match v.to_ascii_lowercase().as_str() {
+        "on" | "true" | "yes" | "1" => Ok(true),
+        "off" | "false" | "no" | "0" => Ok(false),
+        _ => Err(usage("dropout", format!("expected on or off, not '{v}'"))),
+    }
+}
+
+pub fn parse_zero(v: &str) -> Result<u8, CliError> {
+    match v.trim() {
+        "0" => Ok(0),
+        "1" => Ok(1),
+        "2" => Ok(2),
+        "3" => Ok(3),
+        _ => Err(usage(
+            "zero",
+            format!("ZeRO stage must be 0, 1, 2 or 3, not '{v}'"),
+        )),
+    }
+}
+
+/// The largest layer count or GPU count we accept (anything above is a typo).
+const MAX_LAYERS: u64 = 1_000_000;
+const MAX_GPUS: u64 = 1 << 24;
+
+/// Resolve the workload of `args` (see the module doc), with warnings.
+pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, CliError> {
+    let mut warnings = Vec::new();
+    let mut w = if let Some(path) = &args.config {
+        if args.model.is_some() {
+            return Err(CliError::usage(
+                "--model and --config cannot be used together",
+            ));
+        }
+        match load_config(path).map_err(|e| CliError::usage(e.to_string()))? {
+            LoadedConfig::Hf(w) => w,
+            LoadedConfig::Case(c) => c.workload.clone(),
+        }
+    } else if let Some(m) = &args.model {
+        presets::get(m).map_err(|e| usage("model", e))?
+    } else if args.params.is_some() {
+        presets::get("dense").map_err(|e| usage("model", e))?
+    } else {
+        presets::get(default_preset).map_err(|e| usage("model", e))?
+    };
+    let name = w.name.clone();
+    let arch = w.arch;
+    let text = w.is_text_transformer();
+    let not_for = |flag: &str, why: &str| usage(flag, format!("does not apply to {name}: {why}"));
+
+    if let Some(v) = &args.batch {
+        w.batch = count("batch", v)?;
+    }
+    if let Some(v) = &args.layers {
+        let n = count("layers", v)?;
+        if n > MAX_LAYERS {
+            return Err(usage(
+                "layers",
+                format!("{n} layers is absurd (at most {MAX_LAYERS})"),
+            ));
+        }
+        if arch == Arch::Dense {
+            return Err(not_for("layers", "a bare parameter count has no layers"));
+        }
+        w.layers = n;
+    }
+    if let Some(v) = &args.hidden {
+        if arch == Arch::Dense {
+            return Err(not_for("hidden", "a bare parameter count has no layers"));
+        }
+        w.hidden = count("hidden", v)?;
+    }
+    for (flag, val, field) in [("heads", &args.heads, 0), ("ffn", &args.ffn, 1)] {
+        if let Some(v) = val {
+            if !w.is_transformer() {
+                return Err(not_for(flag, "it is not a transformer"));
+            }
+            let n = count(flag, v)?;
+            if field == 0 {
+                w.heads = n;
+            } else {
+                w.ffn = n;
+            }
+        }
+    }
+    if let Some(v) = &args.vocab {
+        if arch == Arch::Dense {
+            return Err(not_for("vocab", "a bare parameter count has no vocabulary"));
+        }
+        w.vocab = count("vocab", v)?;
+    }
+    if let Some(v) = &args.image {
+        let n = count("image", v)?;
+        match arch {
+            Arch::Resnet => w.image = n,
+            Arch::Vit => {
+                if n < w.patch {
+                    return Err(usage(
+                        "image",
+                        format!("{n} px is smaller than the {} px patch", w.patch),
+                    ));
+                }
+                w.image = n;
+                w.seq = vit_tokens(n, w.patch);
+                w.max_positions = w.seq;
+            }
+            _ => return Err(not_for("image", "it does not read images")),
+        }
+    }
+    if let Some(v) = &args.seq {
+        if !text {
+            return Err(not_for(
+                "seq",
+                if arch == Arch::Vit {
+                    "a ViT's sequence is (image/patch)² + 1; use --image"
+                } else {
+                    "it has no sequence"
+                },
+            ));
+        }
+        w.seq = count("seq", v)?;
+    }
+    if let Some(v) = &args.params {
+        if arch != Arch::Dense {
+            return Err(usage(
+                "params",
+                format!("a bare parameter count cannot be combined with the {name} model (resize it with --layers/--hidden)"),
+            ));
+        }
+        w.params = Some(count("params", v)?);
+    }
+    if let Some(v) = &args.precision {
+        w.precision = parse_precision(v)?;
+    }
+    if let Some(v) = &args.optimizer {
+        w.optimizer = parse_optimizer(v)?;
+    }
+    if let Some(v) = &args.attention {
+        w.attention = parse_attention(v)?;
+        if !w.is_transformer() {
+            warnings.push(format!(
+                "--attention does not apply to {name} (no attention layers); ignored"
+            ));
+        }
+    }
+    if let Some(v) = &args.checkpoint {
+        w.checkpoint = parse_checkpoint(v)?;
+        if !w.is_transformer() && w.checkpoint != Checkpoint::None {
+            warnings.push(format!(
+                "--checkpoint is not modelled for {name}; all activations are stored"
+            ));
+        }
+    }
+    if let Some(v) = &args.dropout {
+        w.dropout = parse_dropout(v)?;
+    }
+    if let Some(v) = &args.zero {
+        w.zero = parse_zero(v)?;
+    }
+    if let Some(v) = &args.gpus {
+        let n = count("gpus", v)?;
+        if n > MAX_GPUS {
+            return Err(usage(
+                "gpus",
+                format!("{n} GPUs is absurd (at most {MAX_GPUS})"),
+            ));
+        }
+        w.gpus = n;
+    }
+    validate(&w).map_err(|e| CliError::usage(format!("invalid workload {name}: {e}")))?;
+    if text && w.max_positions > 0 && w.seq > w.max_positions {
+        warnings.push(format!(
+            "seq {} is longer than {name}'s context of {} tokens (allowed: a preset's context is a default, not a cap)",
+            w.seq, w.max_positions
+        ));
+    }
+    if w.zero > 0 && w.gpus == 1 {
+        warnings.push(format!(
+            "ZeRO stage {} with --gpus 1 shards nothing",
+            w.zero
+        ));
+    }
+    Ok(Resolved {
+        workload: w,
+        warnings,
+    })
+}
+
+/// Resolve the workload and print its warnings to stderr (`log::warn`).
+pub fn resolve_workload(args: &WorkloadArgs, default_preset: &str) -> Result<Workload, CliError> {
+    let r = resolve(args, default_preset)?;
+    for w in &r.warnings {
+        log::warn!("{w}");
+    }
+    Ok(r.workload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> WorkloadArgs {
+        WorkloadArgs::default()
+    }
+
+    #[test]
+    fn overrides_apply_and_check() {
+        let mut a = args();
+        a.model = Some("gpt2".into());
+        a.batch = Some("8".into());
+        a.seq = Some("2048".into());
+        a.checkpoint = Some("every:4".into());
+        let r = resolve(&a, "gpt2").unwrap();
+        assert_eq!(r.workload.batch, 8);
+        assert_eq!(r.workload.seq, 2048);
+        assert_eq!(r.workload.checkpoint, Checkpoint::Every(4));
+        assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+
+        let mut a = args();
+        a.heads = Some("7".into());
+        let e = resolve(&a, "gpt2").unwrap_err().to_string();
+        assert!(e.contains("heads (7) must divide hidden (768)"), "{e}");
+
+        let mut a = args();
+        a.checkpoint = Some("every:0".into());
+        let e = resolve(&a, "gpt2").unwrap_err().to_string();
+        assert!(e.starts_with("--checkpoint"), "{e}");
+
+        let mut a = args();
+        a.batch = Some("0".into());
+        assert!(resolve(&a, "gpt2")
+            .unwrap_err()
+            .to_string()
+            .starts_with("--batch"));
+
+        let mut a = args();
+        a.model = Some("resnet50".into());
+        a.seq = Some("10".into());
+        assert!(resolve(&a, "gpt2")
+            .unwrap_err()
+            .to_string()
+            .starts_with("--seq"));
+
+        let mut a = args();
+        a.params = Some("7B".into());
+        let r = resolve(&a, "gpt2").unwrap();
+        assert_eq!(r.workload.arch, Arch::Dense);
+        assert_eq!(r.workload.params, Some(7_000_000_000));
+    }
+
+    #[test]
+    fn vit_image_sets_tokens() {
+        let mut a = args();
+        a.model = Some("vit-b16".into());
+        a.image = Some("384".into());
+        assert_eq!(resolve(&a, "gpt2").unwrap().workload.seq, 577);
+    }
+}

@@ -172,13 +172,13 @@ pub fn sample_report(budget: u64) -> ProbeReport {
     let params_bytes = |x: u64| x * 16 + 4 * MB;
     let params_step = |x: u64| 0.01 + x as f64 * 2e-9;
     let share0 = |_x: u64| 0.0;
-    // ResNet-50 at 64 px: model states ~410 MB, ~8.6 MB per sample.
-    let cnn_bytes = |b: u64| 410 * MB + b * 8_600_000;
-    // Step time grows faster than linear past 12 (cache pressure): best throughput below max.
-    let cnn_step = |b: u64| 0.05 + 0.01 * b as f64 + 0.004 * (b.saturating_sub(12) as f64).powi(2);
+    // A ResNet-like CNN at 64 px: model states ~200 MB, ~3 MB per sample.
+    let cnn_bytes = |b: u64| 200 * MB + b * 3_000_000;
+    // Step time grows faster than linear past 32 (cache pressure): best throughput below max.
+    let cnn_step = |b: u64| 0.05 + 0.01 * b as f64 + 0.0004 * (b.saturating_sub(32) as f64).powi(2);
     let cnn_share = |b: u64| {
-        let a = b as f64 * 8.6e6;
-        a / (a + 410.0 * MB as f64)
+        let a = b as f64 * 3e6;
+        a / (a + 200.0 * MB as f64)
     };
     // A wide attention block at batch 1: s² scores (naive) vs linear (flash).
     let naive_bytes = |s: u64| 60 * MB + s * 12 * 768 * 4 * 4 + s * s * 12 * 4 * 2;

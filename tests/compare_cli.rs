@@ -1,0 +1,214 @@
+//! `oomprobe compare` end to end: two probe files in every format, the workload-differs warning,
+//! and bad files (exit 2, one line naming the file).
+
+mod report_support;
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use oomprobe::report::sample::sample_report;
+use oomprobe::report::ProbeReport;
+use predicates::prelude::*;
+use report_support::{check_xml, count, split_csv};
+
+const MIB: u64 = 1 << 20;
+
+fn write(dir: &Path, name: &str, r: &ProbeReport) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, serde_json::to_string_pretty(r).expect("json")).expect("write");
+    p
+}
+
+fn two_files(dir: &Path) -> (PathBuf, PathBuf) {
+    let a = write(dir, "small.json", &sample_report(512 * MIB));
+    let b = write(dir, "large.json", &sample_report(1024 * MIB));
+    (a, b)
+}
+
+fn oomprobe() -> Command {
+    Command::cargo_bin("oomprobe").expect("binary")
+}
+
+#[test]
+fn table_has_a_column_per_file_and_ratios() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (a, b) = two_files(dir.path());
+    let out = oomprobe()
+        .arg("compare")
+        .arg(&a)
+        .arg(&b)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("warning").not())
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(out).expect("utf8");
+    assert!(text.contains("budget 512 MiB"));
+    assert!(text.contains("budget 1.00 GiB"));
+    for m in oomprobe::report::compare::MEASURES {
+        assert!(text.contains(m), "missing measure {m}");
+    }
+    assert!(text.contains("1.00\u{00d7}"));
+}
+
+#[test]
+fn json_output_is_the_documented_object() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (a, b) = two_files(dir.path());
+    let out = oomprobe()
+        .args(["compare", "--format", "json"])
+        .arg(&a)
+        .arg(&b)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["files"].as_array().map(Vec::len), Some(2));
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 6);
+    for row in rows {
+        let cells = row["cells"].as_array().expect("cells");
+        assert_eq!(cells.len(), 2);
+        assert_eq!(cells[0]["ratio_to_first"], 1.0);
+        let m0 = cells[0]["max_fit"].as_f64().expect("max 0");
+        let m1 = cells[1]["max_fit"].as_f64().expect("max 1");
+        let r = cells[1]["ratio_to_first"].as_f64().expect("ratio");
+        assert!((r - m1 / m0).abs() < 1e-9);
+        // Twice the budget fits more.
+        assert!(r > 1.0, "{row}");
+    }
+}
+
+#[test]
+fn writes_markdown_csv_svg_html_by_extension() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (a, b) = two_files(dir.path());
+    for ext in ["md", "csv", "svg", "html", "json", "txt"] {
+        let out = dir.path().join(format!("cmp.{ext}"));
+        oomprobe()
+            .arg("compare")
+            .arg(&a)
+            .arg(&b)
+            .arg("--out")
+            .arg(&out)
+            .assert()
+            .success()
+            .stdout(predicate::str::is_empty());
+        let text = std::fs::read_to_string(&out).expect("read");
+        match ext {
+            "md" => {
+                assert!(text.starts_with("# oomprobe comparison"));
+                let table: Vec<&str> = text.lines().filter(|l| l.starts_with('|')).collect();
+                // header + separator + 7 measures x 6 rows
+                assert_eq!(table.len(), 2 + 7 * 6);
+            }
+            "csv" => {
+                let lines: Vec<&str> = text.lines().collect();
+                assert_eq!(lines.len(), 1 + 2 * 6);
+                let n = split_csv(lines[0]).len();
+                assert!(lines.iter().all(|l| split_csv(l).len() == n));
+                assert!(lines[0].ends_with("ratio_to_first"));
+            }
+            "svg" => {
+                check_xml(&text).unwrap_or_else(|e| panic!("svg: {e}"));
+                assert_eq!(count(&text, "class=\"chart\""), 6);
+                assert_eq!(count(&text, "class=\"series\""), 12);
+                if let Ok(d) = std::env::var("OOMPROBE_PREVIEW_DIR") {
+                    let _ = std::fs::create_dir_all(&d);
+                    std::fs::write(Path::new(&d).join("compare.svg"), &text).expect("preview");
+                }
+            }
+            "html" => {
+                assert!(text.starts_with("<!DOCTYPE html>"));
+                assert_eq!(count(&text, "<svg "), 6);
+                assert!(!text.contains("src=\"http") && !text.contains("href=\"http"));
+                if let Ok(d) = std::env::var("OOMPROBE_PREVIEW_DIR") {
+                    let _ = std::fs::create_dir_all(&d);
+                    std::fs::write(Path::new(&d).join("compare.html"), &text).expect("preview");
+                }
+            }
+            "json" => {
+                let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+                assert_eq!(v["rows"].as_array().map(Vec::len), Some(6));
+            }
+            _ => assert!(text.contains("max fit")),
+        }
+    }
+}
+
+#[test]
+fn warns_when_workloads_differ() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let a = write(dir.path(), "a.json", &sample_report(512 * MIB));
+    let mut other = sample_report(512 * MIB);
+    other.runs[1].workload.image = 112;
+    // The varied dimension itself may differ without a warning.
+    other.runs[2].workload.seq = 4096;
+    let b = write(dir.path(), "b.json", &other);
+    oomprobe()
+        .arg("compare")
+        .arg(&a)
+        .arg(&b)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("batch: workloads differ"))
+        .stderr(predicate::str::contains("image 64 vs 112"))
+        .stderr(predicate::str::contains("seq (naive)").not());
+}
+
+#[test]
+fn unknown_out_extension_is_a_usage_error() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (a, b) = two_files(dir.path());
+    oomprobe()
+        .arg("compare")
+        .arg(&a)
+        .arg(&b)
+        .arg("--out")
+        .arg(dir.path().join("x.xlsx"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("x.xlsx"));
+}
+
+fn assert_bad_file(content: Option<&str>, expect: &str) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let good = write(dir.path(), "good.json", &sample_report(512 * MIB));
+    let bad = dir.path().join("bad.json");
+    if let Some(c) = content {
+        std::fs::write(&bad, c).expect("write");
+    }
+    let out = oomprobe()
+        .arg("compare")
+        .arg(&good)
+        .arg(&bad)
+        .assert()
+        .code(2)
+        .stdout(predicate::str::is_empty())
+        .get_output()
+        .stderr
+        .clone();
+    let err = String::from_utf8(out).expect("utf8");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("bad.json"), "{err}");
+    assert!(err.contains(expect), "{err}");
+}
+
+#[test]
+fn bad_files_exit_2_naming_the_file() {
+    assert_bad_file(None, "cannot read");
+    assert_bad_file(Some("{ not json"), "invalid JSON");
+    assert_bad_file(Some("[1, 2]"), "expected a JSON object");
+    assert_bad_file(Some("{\"runs\": []}"), "schema_version");
+    assert_bad_file(
+        Some("{\"schema_version\": 1, \"runs\": []}"),
+        "not an oomprobe probe result",
+    );
+    let mut v = serde_json::to_value(sample_report(512 * MIB)).expect("v");
+    v["schema_version"] = 99.into();
+    assert_bad_file(Some(&v.to_string()), "schema_version 99");
+}

@@ -123,3 +123,82 @@ fn every_cu_file_in_shaders_is_compiled_by_the_check() {
         );
     }
 }
+
+/// `struct Params` fields as (name, type) with CUDA `float` spelled `f32`.
+fn params_fields(src: &str, cuda: bool) -> Vec<(String, String)> {
+    let start = src
+        .find("struct Params {")
+        .expect("a `struct Params` block");
+    let body = &src[start + "struct Params {".len()..];
+    let body = &body[..body.find('}').expect("end of struct Params")];
+    body.lines()
+        .map(|l| l.trim().trim_end_matches([',', ';']))
+        .filter(|l| !l.is_empty() && !l.starts_with("//"))
+        .map(|l| {
+            if cuda {
+                let (ty, name) = l.split_once(' ').expect("`type name`");
+                let ty = if ty == "float" { "f32" } else { ty };
+                (name.trim().to_string(), ty.to_string())
+            } else {
+                let (name, ty) = l.split_once(':').expect("`name: type`");
+                (name.trim().to_string(), ty.trim().to_string())
+            }
+        })
+        .collect()
+}
+
+/// The Rust params struct each op takes (kernels::params), by size.
+fn rust_params_size(op: Op) -> usize {
+    use oomprobe::kernels::params::*;
+    use std::mem::size_of;
+    match op {
+        Op::Fill | Op::Verify | Op::Checksum => size_of::<WordParams>(),
+        Op::Matmul => size_of::<MatmulParams>(),
+        Op::Softmax | Op::Attention => size_of::<SoftmaxParams>(),
+        Op::LayerNorm => size_of::<LayerNormParams>(),
+        Op::Relu | Op::Gelu => size_of::<ElemParams>(),
+        Op::Conv2d => size_of::<Conv2dParams>(),
+        Op::FlashAttention => size_of::<FlashParams>(),
+        Op::Adam => size_of::<AdamParams>(),
+    }
+}
+
+#[test]
+fn cuda_kernels_mirror_the_wgsl_params_and_buffers() {
+    use oomprobe::kernels::source::wgsl_source;
+    for id in nvrtc::all_kernel_ids() {
+        let wgsl = wgsl_source(id);
+        let cu = nvrtc::cuda_source(id);
+        let wf = params_fields(&wgsl, false);
+        let cf = params_fields(&cu, true);
+        assert_eq!(
+            cf,
+            wf,
+            "{}: CUDA Params differ from WGSL Params",
+            id.label()
+        );
+        assert!(
+            cf.iter().all(|(_, t)| t == "u32" || t == "f32"),
+            "{}: only 4-byte fields keep the C layout equal to WGSL's",
+            id.label()
+        );
+        assert_eq!(
+            cf.len() * 4,
+            rust_params_size(id.op),
+            "{}: size vs kernels::params",
+            id.label()
+        );
+        // Buffers: WGSL bindings 1.. vs the CUDA entry point's arguments after Params.
+        let wgsl_buffers = wgsl.matches("@binding(").count() - 1;
+        let sig = format!("void {}(", nvrtc::entry_point(id.op));
+        let at = cu.find(&sig).or_else(|| {
+            // attention: the entry point is spelled through SOFTMAX_ENTRY.
+            cu.find("void SOFTMAX_ENTRY(")
+        });
+        let at = at.unwrap_or_else(|| panic!("{}: no entry point in the CUDA source", id.label()));
+        let args = &cu[at..];
+        let args = &args[args.find('(').unwrap_or(0) + 1..args.find(')').unwrap_or(0)];
+        let cuda_buffers = args.split(',').count() - 1;
+        assert_eq!(cuda_buffers, wgsl_buffers, "{}: buffer count", id.label());
+    }
+}

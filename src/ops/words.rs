@@ -12,6 +12,10 @@ use crate::tensor::DeviceTensor;
 const GROUP: u64 = 256;
 /// Most workgroups along one dispatch dimension (WebGPU's default limit).
 const MAX_GROUPS_PER_DIM: u64 = 65535;
+/// Workgroups of a reducing dispatch (verify, checksum): enough threads to fill a large GPU
+/// (262,144), few enough that per-workgroup barriers and atomics stay cheap (lavapipe runs
+/// barriers slowly); each thread grid-strides over the rest.
+const MAX_REDUCE_GROUPS: u64 = 1024;
 
 /// murmur3's 32-bit finaliser (the same as `fmix32` in `shaders/fill.wgsl`).
 pub fn fmix32(x: u32) -> u32 {
@@ -88,6 +92,15 @@ pub fn word_workgroups(len_words: u64) -> [u32; 3] {
     }
 }
 
+/// The dispatch shape of verify and checksum: at most `MAX_REDUCE_GROUPS` workgroups.
+pub fn reduce_workgroups(len_words: u64) -> [u32; 3] {
+    [
+        len_words.div_ceil(GROUP).clamp(1, MAX_REDUCE_GROUPS) as u32,
+        1,
+        1,
+    ]
+}
+
 fn params(first_word: u64, len_words: u64, seed: u32) -> Result<WordParams, BackendError> {
     let len_words = u32::try_from(len_words)
         .map_err(|_| BackendError::Other(format!("{len_words} words in one buffer")))?;
@@ -137,7 +150,7 @@ fn reduce_buffer(
                 KernelId::words(op),
                 bytemuck::bytes_of(&p),
                 &[buffer, result],
-                word_workgroups(len_words),
+                reduce_workgroups(len_words),
             )?;
         }
         let bytes = backend.read_buffer(result, 0, 16)?;

@@ -1,1 +1,298 @@
 //! The seed's quick diagnosis: which cause dominates, and what each remedy buys.
+//!
+//! Rules, in order, for a workload at its batch and sequence on `memory` bytes:
+//! 1. model states (weights + gradients + optimizer) alone exceed memory → `model_too_large`;
+//! 2. the whole plan fits → `fits`;
+//! 3. the attention score terms (the s²-sized tensors: stored probabilities, dropout masks and
+//!    outputs, and the naive-attention scores workspace) are at least half of everything that is
+//!    not model state → `sequence_too_long`;
+//! 4. even batch 1 does not fit → `activations_explode` (one sample's stored activations overflow
+//!    what the model states leave; the seed's "drop the batch to 1 and it still OOMs" test);
+//! 5. batch 1 fits: a deep transformer stack (≥ 24 layers) whose stored per-layer activations
+//!    are ≥ 2/3 of the total and which full checkpointing would make fit at this batch →
+//!    `activations_explode`; otherwise → `batch_too_large`.
+//!
+//! Remedies, each with its effect computed from the same plans: the max batch at this sequence,
+//! the max sequence with flash attention, the max batch with full checkpointing, and the fewest
+//! GPUs with ZeRO-1/2/3 at this batch and sequence.
+
+use serde::{Deserialize, Serialize};
+
+use crate::estimate::{breakdown, largest_true, predicted_max, Breakdown};
+use crate::plan::build::PlanError;
+use crate::plan::{Plan, Role};
+use crate::scenario::Scenario;
+use crate::units::{fmt_bytes, fmt_count};
+use crate::workload::{Arch, Attention, Checkpoint, Workload};
+
+/// JSON `cause` (contract names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    ModelTooLarge,
+    BatchTooLarge,
+    SequenceTooLong,
+    ActivationsExplode,
+    Fits,
+}
+
+impl Cause {
+    pub fn name(self) -> &'static str {
+        match self {
+            Cause::ModelTooLarge => "model_too_large",
+            Cause::BatchTooLarge => "batch_too_large",
+            Cause::SequenceTooLong => "sequence_too_long",
+            Cause::ActivationsExplode => "activations_explode",
+            Cause::Fits => "fits",
+        }
+    }
+}
+
+/// One remedy and what it buys (JSON: name, effect; `value` is the computed number, if any).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Remedy {
+    pub name: String,
+    pub effect: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Diagnosis {
+    pub schema_version: u32,
+    pub workload: Workload,
+    pub memory_bytes: u64,
+    pub breakdown: Breakdown,
+    pub cause: Cause,
+    /// One sentence: why this cause.
+    pub reason: String,
+    pub remedies: Vec<Remedy>,
+}
+
+/// The most GPUs the ZeRO remedy searches over.
+const MAX_GPUS: u64 = 1 << 24;
+
+fn fits(w: &Workload, memory: u64) -> Result<bool, PlanError> {
+    match Plan::for_workload(w) {
+        Ok(p) => Ok(p.total_bytes() <= memory),
+        Err(PlanError::Overflow { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Bytes of the s²-sized attention terms of a plan.
+fn quadratic_bytes(plan: &Plan) -> u64 {
+    plan.tensors
+        .iter()
+        .filter(|t| {
+            t.role == Role::Attention && !t.name.ends_with(".stats") || t.name == "ws.attn_scores"
+        })
+        .fold(0u64, |a, t| a.saturating_add(t.bytes))
+}
+
+/// Fewest GPUs with ZeRO stage `zero` at the workload's batch and sequence.
+fn fewest_gpus(w: &Workload, zero: u8, memory: u64) -> Result<Option<u64>, PlanError> {
+    let with = |n: u64| {
+        let mut z = w.clone();
+        z.zero = zero;
+        z.gpus = n;
+        z
+    };
+    if !fits(&with(MAX_GPUS), memory)? {
+        return Ok(None);
+    }
+    // Monotone decreasing in N: the largest N that does NOT fit, plus one.
+    let not_fit = largest_true(|n| Ok::<_, PlanError>(n < MAX_GPUS && !fits(&with(n), memory)?))?;
+    Ok(Some(not_fit.map_or(1, |n| n + 1)))
+}
+
+/// Diagnose `w` (at its batch and sequence) on `memory` bytes.
+pub fn diagnose(w: &Workload, memory: u64) -> Result<Diagnosis, PlanError> {
+    let plan = Plan::for_workload(w)?;
+    let b = breakdown(&plan);
+    let states = b.model_states();
+    let rest = b.non_states();
+    let quad = quadratic_bytes(&plan);
+    let dense = w.arch == Arch::Dense;
+    let batch1 = {
+        let mut one = w.clone();
+        one.batch = 1;
+        one
+    };
+    let full_ckpt = {
+        let mut c = w.clone();
+        c.checkpoint = Checkpoint::Full;
+        c
+    };
+    let (cause, reason) = if states > memory {
+        (
+            Cause::ModelTooLarge,
+            format!(
+                "model states alone need {} of {}",
+                fmt_bytes(states),
+                fmt_bytes(memory)
+            ),
+        )
+    } else if b.total <= memory {
+        (
+            Cause::Fits,
+            format!(
+                "the step's peak {} fits in {}",
+                fmt_bytes(b.total),
+                fmt_bytes(memory)
+            ),
+        )
+    } else if !dense && quad.saturating_mul(2) >= rest {
+        (
+            Cause::SequenceTooLong,
+            format!(
+                "attention scores (s² terms) take {} of {} activations at seq {}",
+                fmt_bytes(quad),
+                fmt_bytes(rest),
+                w.seq
+            ),
+        )
+    } else if !fits(&batch1, memory)? {
+        (
+            Cause::ActivationsExplode,
+            format!(
+                "even batch 1 does not fit: activations {} on top of {} model states",
+                fmt_bytes(
+                    Plan::for_workload(&batch1)?
+                        .total_bytes()
+                        .saturating_sub(states)
+                ),
+                fmt_bytes(states)
+            ),
+        )
+    } else if w.is_transformer()
+        && w.layers >= 24
+        && b.activations.saturating_mul(3) >= b.total.saturating_mul(2)
+        && w.checkpoint == Checkpoint::None
+        && fits(&full_ckpt, memory)?
+    {
+        (
+            Cause::ActivationsExplode,
+            format!(
+                "{} layers of stored activations take {} of {}; checkpointing makes batch {} fit",
+                w.layers,
+                fmt_bytes(b.activations),
+                fmt_bytes(b.total),
+                w.batch
+            ),
+        )
+    } else {
+        (
+            Cause::BatchTooLarge,
+            format!(
+                "batch 1 fits; batch {} needs {} of {}",
+                w.batch,
+                fmt_bytes(b.total),
+                fmt_bytes(memory)
+            ),
+        )
+    };
+
+    let mut remedies = Vec::new();
+    if !dense && states > memory {
+        remedies.push(Remedy {
+            name: "smaller batch or sequence".into(),
+            effect: format!("none helps: model states alone need {}", fmt_bytes(states)),
+            value: None,
+        });
+    } else if !dense {
+        let at = if w.is_text_transformer() {
+            format!(" at seq {}", w.seq)
+        } else {
+            String::new()
+        };
+        let m = predicted_max(w, Scenario::Batch, memory)?;
+        remedies.push(Remedy {
+            name: "smaller batch".into(),
+            effect: match m {
+                Some(x) => format!("max batch {x}{at}"),
+                None => format!("no batch fits{at}"),
+            },
+            value: m,
+        });
+        if w.is_text_transformer() && w.attention == Attention::Naive {
+            let mut f = w.clone();
+            f.attention = Attention::Flash;
+            let naive = predicted_max(w, Scenario::Seq, memory)?;
+            let flash = predicted_max(&f, Scenario::Seq, memory)?;
+            let show = |x: Option<u64>| x.map_or("none".to_string(), |v| v.to_string());
+            remedies.push(Remedy {
+                name: "flash attention".into(),
+                effect: format!(
+                    "max seq {} at batch {} (naive: {})",
+                    show(flash),
+                    w.batch,
+                    show(naive)
+                ),
+                value: flash,
+            });
+        }
+        if w.is_transformer() && w.checkpoint == Checkpoint::None {
+            let m = predicted_max(&full_ckpt, Scenario::Batch, memory)?;
+            remedies.push(Remedy {
+                name: "checkpointing (full)".into(),
+                effect: match m {
+                    Some(x) => format!("max batch {x}{at} with full recompute"),
+                    None => format!("no batch fits{at} even with full recompute"),
+                },
+                value: m,
+            });
+        }
+    }
+    for zero in 1..=3u8 {
+        let n = fewest_gpus(w, zero, memory)?;
+        remedies.push(Remedy {
+            name: format!("ZeRO-{zero}"),
+            effect: match n {
+                Some(1) => "fits on 1 GPU".into(),
+                Some(n) => format!("fits on {n} GPUs"),
+                None => "no GPU count is enough (what is not sharded does not fit)".into(),
+            },
+            value: n,
+        });
+    }
+    Ok(Diagnosis {
+        schema_version: crate::report::SCHEMA_VERSION,
+        workload: w.clone(),
+        memory_bytes: memory,
+        breakdown: b,
+        cause,
+        reason,
+        remedies,
+    })
+}
+
+/// The report a person reads in ten seconds.
+pub fn render(d: &Diagnosis) -> String {
+    let b = &d.breakdown;
+    let mut s = String::new();
+    s.push_str(&format!("{}\n", crate::estimate::describe(&d.workload)));
+    s.push_str(&format!(
+        "memory {}: model states {} (params {}, grads {}, optimizer {}), activations {}, attention {}, workspace {}, total {}\n",
+        fmt_bytes(d.memory_bytes),
+        fmt_bytes(b.model_states()),
+        fmt_bytes(b.params),
+        fmt_bytes(b.gradients),
+        fmt_bytes(b.optimizer),
+        fmt_bytes(b.activations),
+        fmt_bytes(b.attention),
+        fmt_bytes(b.workspace),
+        fmt_bytes(b.total)
+    ));
+    s.push_str(&format!("cause: {} — {}\n", d.cause.name(), d.reason));
+    s.push_str("remedies:\n");
+    for r in &d.remedies {
+        s.push_str(&format!("  {:<22} {}\n", r.name, r.effect));
+    }
+    if d.workload.arch == Arch::Dense {
+        if let Ok(p) = crate::plan::build::param_count(&d.workload) {
+            s.push_str(&format!("({} parameters)\n", fmt_count(p)));
+        }
+    }
+    s
+}

@@ -1,1 +1,272 @@
 //! Analytic estimate: the breakdown by role and the exact predicted max of each scenario.
+//!
+//! `predicted_max` is exact: the plan total is monotone non-decreasing in each scenario's
+//! dimension, so an exponential search (1, 2, 4, ...) brackets the boundary and a binary search
+//! finds the largest x whose plan fits, in O(log x) plans. The params scenario is exact to one
+//! parameter. A plan whose size overflows u64 counts as not fitting.
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::build::{param_count, PlanError};
+use crate::plan::{Plan, Role};
+use crate::scenario::Scenario;
+use crate::units::{fmt_bytes, fmt_count};
+use crate::workload::{Arch, Attention, Checkpoint, Workload};
+
+/// Bytes per role (JSON contract: these field names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Breakdown {
+    pub params: u64,
+    pub gradients: u64,
+    pub optimizer: u64,
+    pub activations: u64,
+    pub attention: u64,
+    pub workspace: u64,
+    pub total: u64,
+}
+
+impl Breakdown {
+    /// Weights + gradients + optimizer state.
+    pub fn model_states(&self) -> u64 {
+        self.params
+            .saturating_add(self.gradients)
+            .saturating_add(self.optimizer)
+    }
+    /// Activations + attention + workspace.
+    pub fn non_states(&self) -> u64 {
+        self.activations
+            .saturating_add(self.attention)
+            .saturating_add(self.workspace)
+    }
+    /// (label, bytes) rows in contract order.
+    pub fn rows(&self) -> [(&'static str, u64); 6] {
+        [
+            ("params", self.params),
+            ("gradients", self.gradients),
+            ("optimizer", self.optimizer),
+            ("activations", self.activations),
+            ("attention", self.attention),
+            ("workspace", self.workspace),
+        ]
+    }
+}
+
+/// The breakdown of a plan by role.
+pub fn breakdown(plan: &Plan) -> Breakdown {
+    let r = |role| plan.bytes_by_role(role);
+    Breakdown {
+        params: r(Role::Params),
+        gradients: r(Role::Gradients),
+        optimizer: r(Role::Optimizer),
+        activations: r(Role::Activations),
+        attention: r(Role::Attention),
+        workspace: r(Role::Workspace),
+        total: plan.total_bytes(),
+    }
+}
+
+/// Whether the plan at x fits in `memory`: Ok(None) when its size overflows.
+fn total_at(w: &Workload, scenario: Scenario, x: u64) -> Result<Option<u64>, PlanError> {
+    match Plan::for_value(w, scenario, x) {
+        Ok(p) => Ok(Some(p.total_bytes())),
+        Err(PlanError::Overflow { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The largest x such that `fits(x)`, for a monotone predicate (true up to a point, then false);
+/// None if `fits(1)` is false. Exponential bracketing, then binary search.
+pub fn largest_true<E>(mut fits: impl FnMut(u64) -> Result<bool, E>) -> Result<Option<u64>, E> {
+    if !fits(1)? {
+        return Ok(None);
+    }
+    let mut lo = 1u64;
+    let mut hi;
+    loop {
+        if lo == u64::MAX {
+            return Ok(Some(lo));
+        }
+        let next = lo.saturating_mul(2);
+        if fits(next)? {
+            lo = next;
+        } else {
+            hi = next;
+            break;
+        }
+    }
+    // Invariant: fits(lo), !fits(hi).
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(Some(lo))
+}
+
+/// The largest value of the scenario's dimension whose plan total fits in `memory_bytes`;
+/// None when even x = 1 does not fit.
+pub fn predicted_max(
+    w: &Workload,
+    scenario: Scenario,
+    memory_bytes: u64,
+) -> Result<Option<u64>, PlanError> {
+    largest_true(|x| Ok(total_at(w, scenario, x)?.is_some_and(|t| t <= memory_bytes)))
+}
+
+/// One predicted boundary (JSON contract: scenario, dimension, max).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Boundary {
+    pub scenario: Scenario,
+    pub dimension: String,
+    /// None (null) when even 1 does not fit.
+    pub max: Option<u64>,
+}
+
+/// Boundaries of every scenario sensible for the workload.
+pub fn boundaries(w: &Workload, memory_bytes: u64) -> Result<Vec<Boundary>, PlanError> {
+    crate::plan::build::scenarios_for(w)
+        .into_iter()
+        .map(|s| {
+            Ok(Boundary {
+                scenario: s,
+                dimension: s.dimension().to_string(),
+                max: predicted_max(w, s, memory_bytes)?,
+            })
+        })
+        .collect()
+}
+
+/// A one-line description of a workload for people.
+pub fn describe(w: &Workload) -> String {
+    let psi = param_count(w).map(fmt_count).unwrap_or_else(|_| "?".into());
+    let prec = match w.precision {
+        crate::workload::Precision::Fp32 => "fp32",
+        crate::workload::Precision::Fp16 => "fp16",
+        crate::workload::Precision::Bf16 => "bf16",
+        crate::workload::Precision::Mixed => "mixed",
+    };
+    let opt = match w.optimizer {
+        crate::workload::Optimizer::Adam => "adam",
+        crate::workload::Optimizer::Sgd => "sgd",
+        crate::workload::Optimizer::SgdMomentum => "sgd-momentum",
+        crate::workload::Optimizer::None => "no optimizer (inference)",
+    };
+    let mut s =
+        match w.arch {
+            Arch::Dense => format!("{}: {psi} params (model states only)", w.name),
+            Arch::Resnet => format!(
+                "{}: ResNet-{}, width {}, {} px, {} classes, batch {}, {psi} params",
+                w.name, w.layers, w.hidden, w.image, w.vocab, w.batch
+            ),
+            _ => {
+                format!(
+            "{}: {} layers, hidden {}, {} heads, ffn {}, {} {}, batch {}, seq {}, {psi} params",
+            w.name,
+            w.layers,
+            w.hidden,
+            w.heads,
+            w.ffn,
+            w.vocab,
+            if w.arch == Arch::Vit { "classes" } else { "vocab" },
+            w.batch,
+            w.seq
+        )
+            }
+        };
+    s.push_str(&format!(", {prec}, {opt}"));
+    if w.is_transformer() {
+        s.push_str(match w.attention {
+            Attention::Naive => ", naive attention",
+            Attention::Flash => ", flash attention",
+        });
+        match w.checkpoint {
+            Checkpoint::None => {}
+            Checkpoint::Full => s.push_str(", full checkpointing"),
+            Checkpoint::Sqrt => s.push_str(", sqrt checkpointing"),
+            Checkpoint::Every(k) => s.push_str(&format!(", checkpoint every {k}")),
+        }
+        if w.dropout {
+            s.push_str(", dropout");
+        }
+    }
+    if w.zero > 0 {
+        s.push_str(&format!(", ZeRO-{} over {} GPUs", w.zero, w.gpus));
+    }
+    s
+}
+
+/// Share of `part` in `total` as a percentage string.
+pub fn share(part: u64, total: u64) -> String {
+    if total == 0 {
+        "-".into()
+    } else {
+        format!("{:.1}%", part as f64 * 100.0 / total as f64)
+    }
+}
+
+/// The breakdown as a table for people.
+pub fn breakdown_table(b: &Breakdown) -> comfy_table::Table {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::NOTHING);
+    t.set_header(vec!["role", "bytes", "size", "share"]);
+    for (name, bytes) in b.rows() {
+        t.add_row(vec![
+            name.to_string(),
+            bytes.to_string(),
+            fmt_bytes(bytes),
+            share(bytes, b.total),
+        ]);
+    }
+    let ms = b.model_states();
+    t.add_row(vec![
+        "model states".into(),
+        ms.to_string(),
+        format!("{} ({:.2} GB)", fmt_bytes(ms), ms as f64 / 1e9),
+        share(ms, b.total),
+    ]);
+    t.add_row(vec![
+        "total".into(),
+        b.total.to_string(),
+        format!("{} ({:.2} GB)", fmt_bytes(b.total), b.total as f64 / 1e9),
+        "100%".into(),
+    ]);
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn largest_true_is_exact() {
+        for limit in [1u64, 2, 3, 7, 8, 1000, 123_456_789, u64::MAX - 1, u64::MAX] {
+            let mut calls = 0;
+            let r: Result<_, ()> = largest_true(|x| {
+                calls += 1;
+                Ok(x <= limit)
+            });
+            assert_eq!(r.unwrap(), Some(limit));
+            assert!(calls <= 130, "{calls} calls");
+        }
+        let r: Result<_, ()> = largest_true(|_| Ok(false));
+        assert_eq!(r.unwrap(), None);
+    }
+
+    #[test]
+    fn dense_boundary_is_exact() {
+        let w = crate::workload::presets::get("dense").unwrap();
+        // fp32 Adam: 16 B/param.
+        assert_eq!(
+            predicted_max(&w, Scenario::Params, 80_000_000_000).unwrap(),
+            Some(5_000_000_000)
+        );
+        assert_eq!(
+            predicted_max(&w, Scenario::Params, 80_000_000_015).unwrap(),
+            Some(5_000_000_000)
+        );
+        assert_eq!(predicted_max(&w, Scenario::Params, 15).unwrap(), None);
+    }
+}

@@ -1,8 +1,104 @@
-//! `oomprobe estimate`.
+//! `oomprobe estimate`: the breakdown by role of a workload at its batch and sequence, and with
+//! `--memory` the predicted max of each scenario's dimension.
+
+use serde::Serialize;
 
 use crate::cli::EstimateArgs;
 use crate::error::{CliError, CliResult};
+use crate::estimate::{boundaries, breakdown, breakdown_table, describe, Boundary, Breakdown};
+use crate::plan::build::{param_count, PlanError};
+use crate::plan::Plan;
+use crate::units::{fmt_bytes, fmt_count, parse_size};
+use crate::workload::overrides::resolve;
+use crate::workload::Workload;
 
-pub fn run(_args: &EstimateArgs) -> CliResult<()> {
-    Err(CliError::run("`estimate` is not built yet"))
+/// `estimate --json` (contract: schema_version, workload, breakdown, boundaries).
+#[derive(Debug, Serialize)]
+pub struct EstimateReport {
+    pub schema_version: u32,
+    pub workload: Workload,
+    pub param_count: u64,
+    pub breakdown: Breakdown,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boundaries: Option<Vec<Boundary>>,
+    pub notes: Vec<String>,
+}
+
+/// A plan error at the command boundary: always bad input (exit 2).
+pub fn plan_error(e: PlanError) -> CliError {
+    CliError::usage(e.to_string())
+}
+
+/// Write to stdout; a closed pipe (`| head`) is not an error.
+pub fn out(s: &str) -> CliResult<()> {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    match o.write_all(s.as_bytes()).and_then(|_| o.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(CliError::run(format!("cannot write output: {e}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Parse `--memory`.
+pub fn memory_arg(v: &str) -> CliResult<u64> {
+    parse_size(v).map_err(|e| CliError::usage(format!("--memory: {e}")))
+}
+
+pub fn run(args: &EstimateArgs) -> CliResult<()> {
+    let r = resolve(&args.workload, "gpt2")?;
+    for w in &r.warnings {
+        eprintln!("oomprobe: warning: {w}");
+    }
+    let w = r.workload;
+    let memory = args.memory.as_deref().map(memory_arg).transpose()?;
+    let plan = Plan::for_workload(&w).map_err(plan_error)?;
+    let b = breakdown(&plan);
+    let bounds = match memory {
+        Some(m) => Some(boundaries(&w, m).map_err(plan_error)?),
+        None => None,
+    };
+    let report = EstimateReport {
+        schema_version: crate::report::SCHEMA_VERSION,
+        param_count: param_count(&w).map_err(plan_error)?,
+        workload: w,
+        breakdown: b,
+        memory_bytes: memory,
+        boundaries: bounds,
+        notes: plan.notes.clone(),
+    };
+    if args.json {
+        let s = serde_json::to_string_pretty(&report).map_err(|e| CliError::run(e.to_string()))?;
+        return out(&format!("{s}\n"));
+    }
+    let mut text = format!(
+        "{}\n{}\n",
+        describe(&report.workload),
+        breakdown_table(&report.breakdown)
+    );
+    for n in &report.notes {
+        text.push_str(&format!("note: {n}\n"));
+    }
+    if let (Some(m), Some(bs)) = (memory, &report.boundaries) {
+        text.push_str(&format!(
+            "\npredicted boundaries on {} ({m} bytes):\n",
+            fmt_bytes(m)
+        ));
+        for bd in bs {
+            let max = match bd.max {
+                Some(x) if bd.dimension == "params" => format!("{x} ({})", fmt_count(x)),
+                Some(x) => x.to_string(),
+                None => "none (even 1 does not fit)".into(),
+            };
+            text.push_str(&format!(
+                "  {:<12} max {:<7} = {max}\n",
+                bd.scenario.name(),
+                bd.dimension
+            ));
+        }
+    }
+    out(&text)
 }

@@ -477,13 +477,37 @@ fn row_series<'a>(
             let c = c.as_ref()?;
             let run = files.get(fi)?.report.runs.get(c.run_index)?;
             Some(Series {
-                label: format!("[{}] {}", fi + 1, cmp.files[fi].label),
+                label: format!("[{}] {}", fi + 1, short_label(cmp, fi)),
                 color: PALETTE[fi % PALETTE.len()],
                 run,
                 capacity: c.capacity_bytes,
             })
         })
         .collect()
+}
+
+/// A legend label that fits the chart: the budget/memory part when every file has the same
+/// device, else the device name, cut to 26 characters.
+fn short_label(cmp: &Comparison, fi: usize) -> String {
+    let f = &cmp.files[fi];
+    let same_device = cmp.files.iter().all(|g| g.device.name == f.device.name);
+    let text = if same_device {
+        match f.label.rsplit_once(" \u{00b7} ") {
+            Some((_, tail)) if f.label.matches(" \u{00b7} ").count() == 1 => tail.to_string(),
+            _ => f
+                .label
+                .replacen(&format!("{} \u{00b7} ", f.device.name), "", 1),
+        }
+    } else {
+        f.label.clone()
+    };
+    if text.chars().count() > 26 {
+        let mut t: String = text.chars().take(25).collect();
+        t.push('\u{2026}');
+        t
+    } else {
+        text
+    }
 }
 
 fn row_title(files: &[LoadedFile], row: &CompareRow) -> String {

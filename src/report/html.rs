@@ -14,7 +14,8 @@ h1{font-size:22px;margin:0 0 8px}h2{font-size:18px;margin:28px 0 8px;border-bott
 h3{font-size:15px;margin:18px 0 6px}\
 .meta{color:#444;margin:2px 0}\
 table{border-collapse:collapse;margin:8px 0;font-size:13px}\
-th,td{border:1px solid #d0d0d0;padding:3px 8px;text-align:left;white-space:nowrap}\
+th,td{border:1px solid #d0d0d0;padding:3px 7px;text-align:left;white-space:nowrap}th{white-space:normal;vertical-align:bottom}\
+.scroll{overflow-x:auto;max-width:100%}\
 th{background:#f3f4f6}td.num{text-align:right;font-variant-numeric:tabular-nums}\
 tr.best td{background:#fff6e0}tr.fail td.outcome{color:#c0392b}\
 ul.notes{color:#444;font-size:13px}\
@@ -30,7 +31,7 @@ pub fn table(
     numeric: impl Fn(usize) -> bool,
     row_class: impl Fn(usize) -> Option<String>,
 ) -> String {
-    let mut s = String::from("<table>\n<thead><tr>");
+    let mut s = String::from("<div class=\"scroll\"><table>\n<thead><tr>");
     for h in headers {
         s.push_str(&format!("<th>{}</th>", esc(h)));
     }
@@ -50,7 +51,7 @@ pub fn table(
         }
         s.push_str("</tr>\n");
     }
-    s.push_str("</tbody>\n</table>\n");
+    s.push_str("</tbody>\n</table></div>\n");
     s
 }
 

@@ -105,6 +105,19 @@ fn nice_step(range: f64, n: f64) -> f64 {
     k * p
 }
 
+/// Where a label beside a vertical line at `x` goes: on the preferred side unless it would
+/// leave the plot area `[p0, p1]` (11 px text, about 6.2 px per character).
+fn label_place(x: f64, text: &str, prefer_right: bool, p0: f64, p1: f64) -> (f64, &'static str) {
+    let w = 6.2 * text.chars().count() as f64;
+    let right_fits = x + 4.0 + w <= p1;
+    let left_fits = x - 4.0 - w >= p0;
+    if (prefer_right && right_fits) || (!prefer_right && !left_fits) {
+        (x + 4.0, "start")
+    } else {
+        (x - 4.0, "end")
+    }
+}
+
 fn f(v: f64) -> String {
     format!("{v:.1}")
 }
@@ -232,7 +245,25 @@ pub fn chart_body(title: &str, dimension: &str, series: &[Series<'_>]) -> String
             y = f(ya.map(t))
         ));
     }
-    let xticks: Vec<f64> = if log {
+    let xticks: Vec<f64> = if log && dimension == "params" {
+        // Parameter counts: 1-2-5 decimal ticks (1M, 2M, 5M, 10M, ...).
+        let mut v = Vec::new();
+        let mut e = xa.lo.log10().floor() as i32;
+        while 10f64.powi(e) <= xa.hi && v.len() < 40 {
+            for m in [1.0, 2.0, 5.0] {
+                let t = m * 10f64.powi(e);
+                if t >= xa.lo && t <= xa.hi {
+                    v.push(t);
+                }
+            }
+            e += 1;
+        }
+        if v.len() > 9 {
+            v.retain(|t| (t.log10() - t.log10().round()).abs() < 1e-9);
+        }
+        v
+    } else if log {
+        // Batch and sequence: powers of two (the doubling search probes them).
         let a = xa.lo.log2().ceil() as i32;
         let b = xa.hi.log2().floor() as i32;
         let stride = ((b - a) / 8 + 1).max(1);
@@ -314,7 +345,11 @@ pub fn chart_body(title: &str, dimension: &str, series: &[Series<'_>]) -> String
             "<g class=\"series\" data-label=\"{}\">\n",
             esc(&s.label)
         ));
-        // Boundary band and line.
+        // Boundary band and line; labels on the sides facing away from each other.
+        let pred_right = match (run.max_fit, run.predicted_max) {
+            (Some(m), Some(p)) => p >= m,
+            _ => true,
+        };
         if let Some(m) = run.max_fit {
             let xm = xa.map(m as f64);
             if let Some(ff) = run.first_fail {
@@ -335,11 +370,13 @@ pub fn chart_body(title: &str, dimension: &str, series: &[Series<'_>]) -> String
                 x = f(xm)
             ));
             if single {
+                let text = format!("max fit {}", fmt_value(dimension, m));
+                let (lx, anchor) = label_place(xm, &text, !pred_right, px0, px1);
                 o.push_str(&format!(
-                    "<text class=\"boundary-label\" x=\"{}\" y=\"{}\" fill=\"{color}\" font-size=\"11\">max fit {}</text>\n",
-                    f(xm + 4.0),
-                    f(py1 + 12.0),
-                    esc(&fmt_value(dimension, m))
+                    "<text class=\"boundary-label\" x=\"{}\" y=\"{}\" text-anchor=\"{anchor}\" fill=\"{color}\" font-size=\"11\">{}</text>\n",
+                    f(lx),
+                    f(py0 - 22.0),
+                    esc(&text)
                 ));
             }
         }
@@ -354,11 +391,13 @@ pub fn chart_body(title: &str, dimension: &str, series: &[Series<'_>]) -> String
                 x = f(xp)
             ));
             if single {
+                let text = format!("predicted {}", fmt_value(dimension, p));
+                let (lx, anchor) = label_place(xp, &text, pred_right, px0, px1);
                 o.push_str(&format!(
-                    "<text class=\"predicted-max-label\" x=\"{}\" y=\"{}\" fill=\"#555\" font-size=\"11\">predicted {}</text>\n",
-                    f(xp + 4.0),
-                    f(py1 + 26.0),
-                    esc(&fmt_value(dimension, p))
+                    "<text class=\"predicted-max-label\" x=\"{}\" y=\"{}\" text-anchor=\"{anchor}\" fill=\"#555\" font-size=\"11\">{}</text>\n",
+                    f(lx),
+                    f(py0 - 8.0),
+                    esc(&text)
                 ));
             }
         }
@@ -373,8 +412,8 @@ pub fn chart_body(title: &str, dimension: &str, series: &[Series<'_>]) -> String
                 y = f(y)
             ));
             o.push_str(&format!(
-                "<text class=\"capacity-label\" x=\"{}\" y=\"{}\" text-anchor=\"end\" fill=\"{cap_color}\" font-size=\"11\">capacity {}</text>\n",
-                f(px1 - 4.0),
+                "<text class=\"capacity-label\" x=\"{}\" y=\"{}\" fill=\"{cap_color}\" font-size=\"11\">capacity {}</text>\n",
+                f(px0 + 6.0),
                 f(y - 4.0),
                 esc(&fmt_bytes(c))
             ));

@@ -43,7 +43,7 @@ pub fn driver_library() -> Result<(), String> {
                 Ok(())
             } else {
                 Err(format!(
-                    "libcuda.so not found (no NVIDIA driver on the library path; searched {})",
+                    "libcuda.so not found: no NVIDIA driver on the library path (searched {})",
                     candidates_summary("cuda")
                 ))
             }
@@ -89,10 +89,14 @@ pub fn nvrtc_library() -> Result<(), String> {
 }
 
 /// Runs cudarc calls, turning a panic (a library or symbol cudarc could not load) into `Err`.
-/// The default panic hook still prints the panic message to stderr; the presence checks above
-/// make this path rare.
+/// While `f` runs on this thread, the panic message is not printed (a process-wide hook that
+/// defers to the previous one for every other panic); it is returned in the `Err` instead.
 pub fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
-    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
+    install_quiet_hook();
+    let was = IN_GUARD.with(|g| g.replace(true));
+    let r = catch_unwind(AssertUnwindSafe(f));
+    IN_GUARD.with(|g| g.set(was));
+    r.map_err(|payload| {
         let msg = payload
             .downcast_ref::<String>()
             .cloned()
@@ -100,6 +104,22 @@ pub fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
             .unwrap_or_else(|| "unknown panic".to_string());
         format!("{what}: cudarc panicked: {msg}")
     })
+}
+
+thread_local! {
+    static IN_GUARD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn install_quiet_hook() {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !IN_GUARD.with(|g| g.get()) {
+                previous(info);
+            }
+        }));
+    });
 }
 
 /// A short list of the names cudarc tries (first, `.so.12` and last).

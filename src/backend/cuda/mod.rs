@@ -46,7 +46,7 @@ const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
 /// Lists the CUDA devices, or says why CUDA is unavailable (no driver library, no NVRTC, no
 /// device, a driver error). Never panics.
 pub fn list_devices() -> Result<Vec<DeviceInfo>, String> {
-    available()?;
+    loader::driver_library()?;
     let count = loader::guarded("cuDeviceGetCount", || -> Result<usize, String> {
         cu::init().map_err(|e| format!("cuInit failed: {}", err_text(e)))?;
         let n = cu::device::get_count()
@@ -56,6 +56,7 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>, String> {
     if count == 0 {
         return Err("the NVIDIA driver reports no CUDA device".to_string());
     }
+    loader::nvrtc_library()?;
     (0..count)
         .map(|i| {
             let ctx = new_context(i)?;
@@ -69,7 +70,7 @@ pub fn open(index: Option<usize>) -> Result<Box<dyn Backend>, String> {
     Ok(Box::new(CudaBackend::new(index.unwrap_or(0))?))
 }
 
-/// Both libraries present, or the reason one is not.
+/// Both libraries present, or the reason one is not (no driver call is made).
 pub fn available() -> Result<(), String> {
     loader::driver_library()?;
     loader::nvrtc_library()
@@ -236,8 +237,9 @@ pub struct CudaBackend {
 impl CudaBackend {
     /// Opens CUDA device `ordinal`. Errors (as one line) when CUDA or NVRTC is unavailable.
     pub fn new(ordinal: usize) -> Result<Self, String> {
-        available()?;
+        loader::driver_library()?;
         let ctx = new_context(ordinal)?;
+        loader::nvrtc_library()?;
         let info = device_info(&ctx, ordinal)?;
         let (major, minor) = loader::guarded("compute capability", || ctx.compute_capability())?
             .map_err(|e| format!("compute capability: {}", err_text(e)))?;
@@ -254,6 +256,13 @@ impl CudaBackend {
             kernels: HashMap::new(),
             lost: None,
         })
+    }
+
+    /// Caps the chunk size (for tests that make tensors span many buffers), like
+    /// `WgpuBackend::cap_max_buffer`: rounded down to whole 32-bit words, at least one word.
+    pub fn cap_max_buffer(&mut self, bytes: u64) {
+        let cap = (bytes / 4 * 4).max(4).min(self.info.max_chunk_bytes());
+        self.info.max_storage_binding_size = self.info.max_storage_binding_size.min(cap);
     }
 
     /// The `compute_XX` architecture kernels are compiled for on this device.

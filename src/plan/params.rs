@@ -95,9 +95,9 @@ pub struct StateIx {
     pub adam: Option<(TensorIx, TensorIx)>,
 }
 
-/// Push the model states of Ψ parameters (and the Adam step over them when every tensor it
-/// touches has one storage type: fp32, fp16 or bf16 Adam; mixed precision's step would mix fp16
-/// gradients with fp32 states, so it is left out and a note says so).
+/// Push the model states of Ψ parameters and, with Adam, the optimizer step over them (mixed
+/// precision: over the fp32 master weights with the fp16 gradients; the Adam kernel takes a
+/// storage type per tensor). Under ZeRO the step covers the local shard (the smallest tensor).
 pub fn push_states(
     b: &mut Builder,
     w: &Workload,
@@ -124,19 +124,12 @@ pub fn push_states(
     }
     if let (Some(g), Some((m, v))) = (ix.grads, ix.adam) {
         let p = ix.master.unwrap_or(ix.params);
-        let same = [g, m, v]
+        let elems = [p, g, m, v]
             .iter()
-            .all(|&t| b.tensor(t).dtype == b.tensor(p).dtype);
-        if same {
-            let elems = [p, g, m, v]
-                .iter()
-                .map(|&t| b.tensor(t).elems())
-                .min()
-                .unwrap_or(0);
-            b.step(Step::Adam { p, g, m, v, elems });
-        } else {
-            b.note("mixed precision: the Adam step is not run (fp16 gradients, fp32 states)");
-        }
+            .map(|&t| b.tensor(t).elems())
+            .min()
+            .unwrap_or(0);
+        b.step(Step::Adam { p, g, m, v, elems });
     }
     Ok(ix)
 }

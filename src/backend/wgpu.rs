@@ -505,7 +505,7 @@ impl Backend for WgpuBackend {
         if data.is_empty() {
             return Ok(());
         }
-        if offset % WORD == 0 && data.len() as u64 % WORD == 0 {
+        if offset.is_multiple_of(WORD) && (data.len() as u64).is_multiple_of(WORD) {
             let buffer = buf.buffer.clone();
             return self.scoped("write", || self.queue.write_buffer(&buffer, offset, data));
         }
@@ -607,7 +607,7 @@ impl Backend for WgpuBackend {
         self.scoped(&format!("dispatch {label}"), || {
             let layout = pipeline.get_bind_group_layout(0);
             let mut padded;
-            let contents = if params.len() % 16 == 0 && !params.is_empty() {
+            let contents = if params.len().is_multiple_of(16) && !params.is_empty() {
                 params
             } else {
                 padded = params.to_vec();

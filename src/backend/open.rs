@@ -121,6 +121,38 @@ pub fn open_wgpu(
     kind: Option<BackendKind>,
     index: Option<usize>,
 ) -> Result<WgpuBackend, OpenError> {
+    let (instance, adapters, i) = select_wgpu(kind, index)?;
+    let adapter = adapters.into_iter().nth(i);
+    let adapter = adapter.ok_or_else(|| OpenError::Run(NO_ADAPTER_HINT.to_string()))?;
+    WgpuBackend::from_adapter(instance, adapter, i)
+        .map_err(|e| OpenError::Run(format!("opening device {i} failed: {e}")))
+}
+
+/// The device `open_device(backend, index)` would open, without opening it (a probe's parent
+/// process must not hold device memory while its children measure).
+pub fn device_info(backend: &str, index: Option<usize>) -> Result<DeviceInfo, OpenError> {
+    match parse_backend(backend)? {
+        BackendChoice::Cuda => {
+            let devices = list_cuda_devices().map_err(|m| OpenError::Run(format!("CUDA: {m}")))?;
+            let i = index.unwrap_or(0);
+            devices.into_iter().nth(i).ok_or_else(|| {
+                OpenError::Usage(format!(
+                    "CUDA device {i} does not exist (see `oomprobe devices`)"
+                ))
+            })
+        }
+        BackendChoice::Auto => select_wgpu(None, index).map(|(_, a, i)| wg::adapter_info(i, &a[i])),
+        BackendChoice::Wgpu(kind) => {
+            select_wgpu(Some(kind), index).map(|(_, a, i)| wg::adapter_info(i, &a[i]))
+        }
+    }
+}
+
+/// Enumerate the adapters and pick one (see `open_wgpu`).
+fn select_wgpu(
+    kind: Option<BackendKind>,
+    index: Option<usize>,
+) -> Result<(wgpu::Instance, Vec<wgpu::Adapter>, usize), OpenError> {
     let instance = wg::new_instance();
     let adapters = wg::enumerate_adapters(&instance);
     if adapters.is_empty() {
@@ -152,10 +184,7 @@ pub fn open_wgpu(
             )));
         }
     }
-    let adapter = adapters.into_iter().nth(i);
-    let adapter = adapter.ok_or_else(|| OpenError::Run(NO_ADAPTER_HINT.to_string()))?;
-    WgpuBackend::from_adapter(instance, adapter, i)
-        .map_err(|e| OpenError::Run(format!("opening device {i} failed: {e}")))
+    Ok((instance, adapters, i))
 }
 
 fn open_cuda(index: Option<usize>) -> Result<Box<dyn Backend>, OpenError> {

@@ -5,6 +5,8 @@ pub mod devices;
 pub mod diagnose;
 pub mod estimate;
 pub mod probe;
+pub mod replay;
+
 
 use crate::cli::Command;
 use crate::error::CliResult;

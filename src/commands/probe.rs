@@ -1,8 +1,257 @@
-//! `oomprobe probe`.
+//! `oomprobe probe`: search each scenario's empirical OOM boundary on a device and report it
+//! beside the prediction; results are written to `--out` as they arrive.
 
-use crate::cli::ProbeArgs;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::backend::{DeviceInfo, DeviceType};
+use crate::cli::{ComputeMode, OutputFormat, ProbeArgs};
 use crate::error::{CliError, CliResult};
+use crate::probe::capacity::{self, Capacity};
+use crate::probe::child::ChildRunner;
+use crate::probe::runner::{Isolation, RunContext};
+use crate::probe::suite::{self, RunSpec};
+use crate::probe::{Compute, DeviceChoice};
+use crate::report::{self, Outcome, ProbeRecord, ProbeReport, RunResult, ToolInfo, SCHEMA_VERSION};
+use crate::units;
 
-pub fn run(_args: &ProbeArgs) -> CliResult<()> {
-    Err(CliError::run("`probe` is not built yet"))
+pub fn run(args: &ProbeArgs) -> CliResult<()> {
+    let budget = args
+        .budget
+        .as_deref()
+        .map(|s| units::parse_size(s).map_err(|e| CliError::usage(format!("--budget: {e}"))))
+        .transpose()?;
+    let at = args
+        .at
+        .as_deref()
+        .map(|s| units::parse_count(s).map_err(|e| CliError::usage(format!("--at: {e}"))))
+        .transpose()?;
+    let timeout = parse_timeout(&args.timeout)?;
+    let out_format = match &args.out {
+        Some(path) => Some(
+            report::format_for_path(path, args.format).map_err(|e| CliError::usage(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let stdout_format = if args.json { OutputFormat::Json } else { args.format.unwrap_or(OutputFormat::Table) };
+
+    // The workload: the user's (a preset, a config or a case file) or the default suite.
+    if let Some(path) = &args.workload.config {
+        if crate::commands::replay::is_case_file(path) {
+            return crate::commands::replay::run(args, budget, timeout);
+        }
+    }
+    let user = user_workload(args)?;
+
+    let (choice, info) = select_device(&args.device.backend, args.device.device.as_deref())?;
+    let cap = capacity::decide(&info, budget);
+    let compute = match args.compute {
+        Some(ComputeMode::Full) => Compute::Full,
+        Some(ComputeMode::Touch) => Compute::Touch,
+        None if info.device_type == DeviceType::Cpu => Compute::Touch,
+        None => Compute::Full,
+    };
+    let isolation = if args.no_isolate {
+        Isolation::InProcess
+    } else {
+        Isolation::Child(
+            ChildRunner::current(timeout)
+                .map_err(|e| CliError::run(format!("cannot find this executable to isolate probes: {e}")))?,
+        )
+    };
+    let ctx = RunContext { device: choice, info: info.clone(), capacity: cap.clone(), compute, isolation };
+    let runs = suite::plan_runs(&args.scenario, user.as_ref(), cap.predict_against);
+    if runs.is_empty() {
+        return Err(CliError::usage("no scenario applies to this workload"));
+    }
+
+    if !args.quiet {
+        eprintln!("oomprobe: {}", device_banner(&info, &cap, compute));
+        for n in &cap.notes {
+            eprintln!("oomprobe: {n}");
+        }
+    }
+    let mut report = ProbeReport {
+        schema_version: SCHEMA_VERSION,
+        tool: ToolInfo::default(),
+        device: info,
+        budget_bytes: cap.budget,
+        compute: Some(compute.name().to_string()),
+        runs: Vec::new(),
+    };
+    let out = OutSink { path: args.out.clone(), format: out_format };
+    out.write(&report)?;
+
+    for spec in &runs {
+        let bar = progress_bar(args.quiet, spec);
+        let result = match at {
+            Some(x) => ctx.single(spec, x),
+            None => {
+                let mut partial: Vec<ProbeRecord> = Vec::new();
+                let mut on_probe = |rec: &ProbeRecord| {
+                    bar.set_message(format!(
+                        "{} {}: {}={} {}",
+                        spec.scenario.name(),
+                        spec.variant.as_deref().unwrap_or(""),
+                        spec.scenario.dimension(),
+                        rec.value,
+                        rec.outcome.name()
+                    ));
+                    bar.inc(1);
+                    partial.push(rec.clone());
+                    // Keep what was measured even if the run is killed half way.
+                    let mut snapshot = report.clone();
+                    snapshot.runs.push(partial_run(spec, &partial));
+                    let _ = out.write(&snapshot);
+                };
+                ctx.search(spec, &mut on_probe)
+            }
+        };
+        bar.finish_and_clear();
+        report.runs.push(result);
+        out.write(&report)?;
+    }
+
+    let text = report::render(&report, stdout_format).map_err(|e| CliError::run(e.to_string()))?;
+    print!("{text}");
+    if !text.ends_with('\n') {
+        println!();
+    }
+    if let Some(err) = report.runs.iter().find(|r| r.fail_reason == Some(Outcome::Error)) {
+        let detail = err
+            .probes
+            .iter()
+            .rev()
+            .find(|p| p.outcome == Outcome::Error)
+            .and_then(|p| p.detail.clone())
+            .unwrap_or_default();
+        return Err(CliError::run(format!(
+            "{} run ended on a probe error, not an OOM: {detail}",
+            err.scenario.name()
+        )));
+    }
+    Ok(())
+}
+
+/// Where `--out` results go, rewritten after every probe.
+struct OutSink {
+    path: Option<PathBuf>,
+    format: Option<OutputFormat>,
+}
+
+impl OutSink {
+    fn write(&self, report: &ProbeReport) -> CliResult<()> {
+        let (Some(path), Some(format)) = (&self.path, self.format) else { return Ok(()) };
+        if report::is_stdout(path) {
+            return Ok(()); // `-`: printed once at the end
+        }
+        let text = report::render(report, format).map_err(|e| CliError::run(e.to_string()))?;
+        report::write_atomically(path, &text)
+            .map_err(|e| CliError::run(format!("cannot write {}: {e}", path.display())))
+    }
+}
+
+/// A run in progress, for the `--out` snapshot.
+fn partial_run(spec: &RunSpec, probes: &[ProbeRecord]) -> RunResult {
+    let max_fit = probes.iter().filter(|p| p.outcome.is_fit()).map(|p| p.value).max();
+    RunResult {
+        scenario: spec.scenario,
+        dimension: spec.scenario.dimension().to_string(),
+        variant: spec.variant.clone(),
+        workload: spec.workload.clone(),
+        max_fit,
+        first_fail: None,
+        fail_reason: None,
+        bytes_at_max_fit: None,
+        predicted_max: None,
+        capacity_bytes: None,
+        fill_ratio: None,
+        activation_share: None,
+        flaky: false,
+        notes: vec!["in progress".into()],
+        probes: probes.to_vec(),
+        seconds: probes.iter().map(|p| p.seconds).sum(),
+    }
+}
+
+fn progress_bar(quiet: bool, spec: &RunSpec) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed}] {pos} probes  {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar.set_message(format!("{} {}", spec.scenario.name(), spec.variant.as_deref().unwrap_or("")));
+    bar
+}
+
+fn device_banner(info: &DeviceInfo, cap: &Capacity, compute: Compute) -> String {
+    let mem = |b: Option<u64>| b.map(units::fmt_bytes).unwrap_or_else(|| "unknown".into());
+    format!(
+        "probing {} ({}, {}), memory total {} free {}, budget {}, compute {}",
+        info.name,
+        info.backend.as_str(),
+        report::device_type_name(info.device_type),
+        mem(info.memory_total_bytes),
+        mem(info.memory_free_bytes),
+        mem(cap.budget),
+        compute.name()
+    )
+}
+
+fn parse_timeout(s: &str) -> CliResult<Duration> {
+    let secs: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| CliError::usage(format!("--timeout: '{s}' is not a number of seconds")))?;
+    if !(secs.is_finite() && secs > 0.0 && secs <= 86_400.0) {
+        return Err(CliError::usage(format!("--timeout: {s} s is out of range (0, 86400]")));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// The user's workload when --model or --config was given; None for the default suite.
+/// Overrides without a model apply to the default suite's workloads.
+fn user_workload(args: &ProbeArgs) -> CliResult<Option<crate::workload::Workload>> {
+    if args.workload.model.is_none() && args.workload.config.is_none() && args.workload.params.is_none() {
+        if has_overrides(&args.workload) {
+            return Err(CliError::usage(
+                "workload overrides need a workload: pass --model NAME or --config FILE \
+                 (the default suite uses its own workloads)",
+            ));
+        }
+        return Ok(None);
+    }
+    let resolved = crate::workload::overrides::resolve(&args.workload, "gpt2")?;
+    for w in &resolved.warnings {
+        eprintln!("oomprobe: warning: {w}");
+    }
+    Ok(Some(resolved.workload))
+}
+
+fn has_overrides(w: &crate::cli::WorkloadArgs) -> bool {
+    [
+        &w.batch, &w.seq, &w.layers, &w.hidden, &w.heads, &w.ffn, &w.vocab, &w.image,
+        &w.precision, &w.optimizer, &w.attention, &w.checkpoint, &w.dropout, &w.zero, &w.gpus,
+    ]
+    .iter()
+    .any(|o| o.is_some())
+}
+
+/// Resolve --backend/--device to a device without opening it (probes open it themselves).
+pub fn select_device(backend: &str, device: Option<&str>) -> CliResult<(DeviceChoice, DeviceInfo)> {
+    let index = device
+        .map(|d| {
+            d.trim()
+                .parse::<usize>()
+                .map_err(|_| CliError::usage(format!("--device: '{d}' is not a device index")))
+        })
+        .transpose()?;
+    let info = crate::backend::open::device_info(backend, index)?;
+    Ok((DeviceChoice { backend: backend.to_string(), index: Some(info.index) }, info))
 }

@@ -3,6 +3,9 @@
 
 pub mod capacity;
 pub mod child;
+pub mod exec;
+pub mod runner;
+pub mod suite;
 
 use serde::{Deserialize, Serialize};
 

@@ -66,6 +66,12 @@ impl RunContext {
         }
     }
 
+    /// What the fill ratio is measured against: the budget when one is enforced, else the
+    /// free memory at start.
+    fn fill_base(&self) -> Option<u64> {
+        self.capacity.budget.or(self.capacity.free_at_start)
+    }
+
     /// The predicted maximum of `spec` against this run's capacity.
     pub fn predicted_max(&self, spec: &RunSpec) -> Option<u64> {
         let cap = self.capacity.predict_against?;
@@ -98,7 +104,7 @@ impl RunContext {
             let act = p.bytes_by_role(Role::Activations).saturating_add(p.bytes_by_role(Role::Attention));
             (total > 0).then(|| act as f64 / total as f64)
         });
-        let fill_ratio = match (bytes_at_max_fit, self.capacity.free_at_start) {
+        let fill_ratio = match (bytes_at_max_fit, self.fill_base()) {
             (Some(b), Some(free)) if free > 0 => Some(b as f64 / free as f64),
             _ => None,
         };
@@ -149,7 +155,7 @@ impl RunContext {
             bytes_at_max_fit: fit.then_some(bytes),
             predicted_max: self.predicted_max(spec),
             capacity_bytes: self.capacity.predict_against,
-            fill_ratio: match self.capacity.free_at_start {
+            fill_ratio: match self.fill_base() {
                 Some(free) if fit && free > 0 => Some(bytes as f64 / free as f64),
                 _ => None,
             },

@@ -62,7 +62,7 @@ pub fn default_runs(scenario: Scenario) -> Vec<RunSpec> {
 }
 
 /// Shrink steps for a default workload, mildest first. Each returns the new workload and a note.
-fn shrink_steps(w: &Workload) -> Vec<(Workload, String)> {
+fn shrink_steps(w: &Workload, scenario: Scenario) -> Vec<(Workload, String)> {
     let mut steps = Vec::new();
     match w.arch {
         Arch::Resnet => {
@@ -86,6 +86,15 @@ fn shrink_steps(w: &Workload) -> Vec<(Workload, String)> {
             if cur.vocab > 4096 {
                 cur.vocab = 4096;
                 steps.push((cur.clone(), "vocabulary cut to 4096 tokens".into()));
+            }
+            // The seq scenario varies the sequence itself; the others may shorten it.
+            if scenario != Scenario::Seq {
+                for seq in [512u64, 256] {
+                    if seq < cur.seq {
+                        cur.seq = seq;
+                        steps.push((cur.clone(), format!("sequence cut to {seq}")));
+                    }
+                }
             }
             for hidden in [512u64, 384, 256, 128, 64] {
                 if hidden < cur.hidden {
@@ -115,12 +124,20 @@ pub fn scale_for_capacity(mut run: RunSpec, capacity: Option<u64>) -> RunSpec {
     if predicted(&run.workload) >= want {
         return run;
     }
-    for (w, note) in shrink_steps(&run.workload) {
-        run.notes.push(note);
+    let mut applied = Vec::new();
+    for (w, note) in shrink_steps(&run.workload, run.scenario) {
+        applied.push(note);
         run.workload = w;
         if predicted(&run.workload) >= want {
             break;
         }
+    }
+    if !applied.is_empty() {
+        run.notes.push(format!(
+            "scaled down to fit {}: {}",
+            crate::units::fmt_bytes(cap),
+            applied.join(", ")
+        ));
     }
     run
 }

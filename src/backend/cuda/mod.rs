@@ -265,6 +265,11 @@ impl CudaBackend {
         self.info.max_storage_binding_size = self.info.max_storage_binding_size.min(cap);
     }
 
+    /// The driver's CUDA version as `cuDriverGetVersion` gives it (e.g. 12040 for 12.4).
+    pub fn driver_version(&self) -> i32 {
+        self.driver_version
+    }
+
     /// The `compute_XX` architecture kernels are compiled for on this device.
     pub fn arch(&self) -> u32 {
         self.arch

@@ -153,12 +153,7 @@ fn reduce_buffer(
                 reduce_workgroups(len_words),
             )?;
         }
-        let bytes = backend.read_buffer(result, 0, 16)?;
-        let mut w = [0u32; 4];
-        for (i, c) in bytes.chunks_exact(4).enumerate().take(4) {
-            w[i] = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        }
-        Ok(w)
+        read_result(backend, result)
     })();
     backend.free_buffer(result);
     out
@@ -206,33 +201,98 @@ pub fn fill_tensor(
     Ok(())
 }
 
-/// Check every word of a tensor against the pattern for `seed`.
+/// Words accumulated in one result buffer before it is read back: keeps the u32 counters
+/// of the kernels (words seen, mismatches) from wrapping.
+const WORDS_PER_READBACK: u64 = 1 << 31;
+
+/// Run verify or checksum over every chunk of a tensor with one 16-byte result buffer: the
+/// kernels add into it, so it is read back (and zeroed) only every `WORDS_PER_READBACK` words.
+/// Returns the partial results, one per read-back.
+fn reduce_tensor(
+    backend: &mut dyn Backend,
+    op: Op,
+    tensor: &DeviceTensor,
+    seed: u32,
+) -> Result<Vec<[u32; 4]>, BackendError> {
+    reduce_tensor_batched(backend, op, tensor, seed, WORDS_PER_READBACK)
+}
+
+fn reduce_tensor_batched(
+    backend: &mut dyn Backend,
+    op: Op,
+    tensor: &DeviceTensor,
+    seed: u32,
+    words_per_readback: u64,
+) -> Result<Vec<[u32; 4]>, BackendError> {
+    let result = backend.alloc_buffer(16)?;
+    let out = (|| {
+        let mut partials = Vec::new();
+        let mut first = 0u64;
+        let mut pending = 0u64;
+        backend.write_buffer(result, 0, &[0u8; 16])?;
+        for c in &tensor.chunks {
+            let n = c.words();
+            if pending > 0 && pending + n > words_per_readback {
+                partials.push(read_result(backend, result)?);
+                backend.write_buffer(result, 0, &[0u8; 16])?;
+                pending = 0;
+            }
+            if n > 0 {
+                let p = params(first, n, seed)?;
+                backend.dispatch(
+                    KernelId::words(op),
+                    bytemuck::bytes_of(&p),
+                    &[c.buffer, result],
+                    reduce_workgroups(n),
+                )?;
+            }
+            pending += n;
+            first += n;
+        }
+        partials.push(read_result(backend, result)?);
+        Ok(partials)
+    })();
+    backend.free_buffer(result);
+    out
+}
+
+fn read_result(backend: &mut dyn Backend, result: BufferId) -> Result<[u32; 4], BackendError> {
+    let bytes = backend.read_buffer(result, 0, 16)?;
+    let mut w = [0u32; 4];
+    for (i, c) in bytes.chunks_exact(4).enumerate().take(4) {
+        w[i] = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    Ok(w)
+}
+
+/// Check every word of a tensor against the pattern for `seed`. Needs a 16-byte scratch
+/// buffer on the device (counted like any allocation).
 pub fn verify_tensor(
     backend: &mut dyn Backend,
     tensor: &DeviceTensor,
     seed: u32,
 ) -> Result<VerifyResult, BackendError> {
-    let mut first = 0u64;
-    let mut total = VerifyResult::default();
-    for c in &tensor.chunks {
-        let r = verify_buffer(backend, c.buffer, first, c.words(), seed)?;
-        total.words_seen += r.words_seen;
-        total.mismatches += r.mismatches;
-        first += c.words();
-    }
-    Ok(total)
+    let partials = reduce_tensor(backend, Op::Verify, tensor, seed)?;
+    Ok(partials
+        .iter()
+        .fold(VerifyResult::default(), |t, w| VerifyResult {
+            words_seen: t.words_seen + u64::from(w[0]),
+            mismatches: t.mismatches + u64::from(w[1]),
+        }))
 }
 
-/// The wrapping sum of every word of a tensor.
+/// The wrapping sum of every word of a tensor. Needs a 16-byte scratch buffer on the device.
 pub fn checksum_tensor(
     backend: &mut dyn Backend,
     tensor: &DeviceTensor,
 ) -> Result<Checksum, BackendError> {
-    let mut total = Checksum::default();
-    for c in &tensor.chunks {
-        total = total.add(checksum_buffer(backend, c.buffer, c.words())?);
-    }
-    Ok(total)
+    let partials = reduce_tensor(backend, Op::Checksum, tensor, 0)?;
+    Ok(partials.iter().fold(Checksum::default(), |t, w| {
+        t.add(Checksum {
+            sum: u64::from(w[0]) | (u64::from(w[1]) << 32),
+            words: u64::from(w[2]),
+        })
+    }))
 }
 
 #[cfg(test)]
@@ -269,6 +329,33 @@ mod tests {
         assert_eq!((x, y), (65535, 2));
         let [x, y, _] = word_workgroups(1 << 30);
         assert!(u64::from(x) * u64::from(y) * 256 >= 1 << 30);
+    }
+
+    #[test]
+    fn batched_read_backs_add_up_to_the_same_result() {
+        use crate::backend::mock::MockBackend;
+        use crate::plan::DType;
+        let mut m = MockBackend::with_limits(1 << 20, 400, 400);
+        let t = crate::tensor::allocate(&mut m, "t", DType::F32, 1000, 1).unwrap();
+        fill_tensor(&mut m, &t, 4).unwrap();
+        m.write_buffer(t.chunks[1].buffer, 0, &[0; 4]).unwrap();
+        let one = reduce_tensor_batched(&mut m, Op::Verify, &t, 4, u64::MAX).unwrap();
+        let many = reduce_tensor_batched(&mut m, Op::Verify, &t, 4, 150).unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(many.len(), t.chunks.len());
+        let sum = |p: &[[u32; 4]], i: usize| p.iter().map(|w| u64::from(w[i])).sum::<u64>();
+        assert_eq!((sum(&one, 0), sum(&one, 1)), (1000, 1));
+        assert_eq!((sum(&many, 0), sum(&many, 1)), (1000, 1));
+        let c = checksum_tensor(&mut m, &t).unwrap();
+        let mut host = Vec::new();
+        for ch in &t.chunks {
+            let b = m.read_buffer(ch.buffer, 0, ch.bytes).unwrap();
+            host.extend(
+                b.chunks_exact(4)
+                    .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+            );
+        }
+        assert_eq!(c, Checksum::of_words(&host));
     }
 
     #[test]

@@ -8,9 +8,6 @@ use crate::workload::overrides::resolve;
 
 pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
     let r = resolve(&args.workload, "gpt2")?;
-    for w in &r.warnings {
-        eprintln!("oomprobe: warning: {w}");
-    }
     let memory = match args.memory.as_deref() {
         Some(m) => memory_arg(m)?,
         None => crate::backend::open::default_device_memory().ok_or_else(|| {
@@ -20,6 +17,9 @@ pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
         })?,
     };
     let d = diagnose(&r.workload, memory).map_err(plan_error)?;
+    for w in &r.warnings {
+        eprintln!("oomprobe: warning: {w}");
+    }
     if args.json {
         let s = serde_json::to_string_pretty(&d).map_err(|e| CliError::run(e.to_string()))?;
         out(&format!("{s}\n"))

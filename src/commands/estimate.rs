@@ -50,12 +50,12 @@ pub fn memory_arg(v: &str) -> CliResult<u64> {
 
 pub fn run(args: &EstimateArgs) -> CliResult<()> {
     let r = resolve(&args.workload, "gpt2")?;
-    for w in &r.warnings {
-        eprintln!("oomprobe: warning: {w}");
-    }
     let w = r.workload;
     let memory = args.memory.as_deref().map(memory_arg).transpose()?;
     let plan = Plan::for_workload(&w).map_err(plan_error)?;
+    for w in &r.warnings {
+        eprintln!("oomprobe: warning: {w}");
+    }
     let b = breakdown(&plan);
     let bounds = match memory {
         Some(m) => Some(boundaries(&w, m).map_err(plan_error)?),

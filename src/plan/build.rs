@@ -254,9 +254,14 @@ impl Plan {
             }
         }
         validate(&w)?;
+        let at = match w.arch {
+            Arch::Dense => format!("with {x} params"),
+            Arch::Resnet => format!("at batch={}", w.batch),
+            _ => format!("at batch={}, seq={}", w.batch, w.seq),
+        };
         let with_dim = |e: PlanError| match e {
             PlanError::Overflow { what } => PlanError::Overflow {
-                what: format!("at {}={x}, {what}", scenario.dimension()),
+                what: format!("{at}, {what}"),
             },
             other => other,
         };

@@ -1,0 +1,138 @@
+//! `oomprobe diagnose` from the outside: the causes of the done-when checks and the remedies.
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+fn diagnose(args: &[&str]) -> Value {
+    let out = Command::cargo_bin("oomprobe")
+        .unwrap()
+        .arg("diagnose")
+        .args(args)
+        .arg("--json")
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    serde_json::from_slice(&out).unwrap()
+}
+
+fn remedy<'a>(v: &'a Value, name: &str) -> &'a Value {
+    v["remedies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {v}"))
+}
+
+#[test]
+fn gpt2_at_16k_tokens_on_40gib_is_sequence_too_long() {
+    let v = diagnose(&["--model", "gpt2", "--seq", "16384", "--memory", "40GiB"]);
+    assert_eq!(v["cause"], "sequence_too_long");
+    assert_eq!(v["schema_version"], 1);
+    for k in [
+        "params",
+        "gradients",
+        "optimizer",
+        "activations",
+        "attention",
+        "workspace",
+        "total",
+    ] {
+        assert!(v["breakdown"][k].is_u64(), "{k}");
+    }
+    // Flash attention moves the line far beyond the naive one.
+    let flash = remedy(&v, "flash attention");
+    assert!(flash["value"].as_u64().unwrap() > 16384, "{flash}");
+    assert!(flash["effect"].as_str().unwrap().contains("max seq"));
+}
+
+#[test]
+fn llama_13b_mixed_adam_on_80gib_is_model_too_large() {
+    let v = diagnose(&[
+        "--model",
+        "llama-13b",
+        "--precision",
+        "mixed",
+        "--optimizer",
+        "adam",
+        "--memory",
+        "80GiB",
+    ]);
+    assert_eq!(v["cause"], "model_too_large");
+    // ZeRO-3 shards everything: 208 GB of states over N cards plus activations.
+    let z3 = remedy(&v, "ZeRO-3")["value"].as_u64().unwrap();
+    let z1 = remedy(&v, "ZeRO-1")["value"].as_u64().unwrap();
+    assert!(z3 >= 3 && z3 < z1, "zero3 {z3} zero1 {z1}");
+}
+
+#[test]
+fn other_causes() {
+    let v = diagnose(&[
+        "--model", "resnet50", "--batch", "1024", "--memory", "40GiB",
+    ]);
+    assert_eq!(v["cause"], "batch_too_large");
+    let max = remedy(&v, "smaller batch")["value"].as_u64().unwrap();
+    assert!(max > 1 && max < 1024);
+    let v = diagnose(&["--model", "tiny-gpt", "--memory", "1GiB"]);
+    assert_eq!(v["cause"], "fits");
+    // A deep stack where one sample's activations do not fit beside the model states.
+    let v = diagnose(&[
+        "--model",
+        "gpt2-xl",
+        "--precision",
+        "mixed",
+        "--seq",
+        "1024",
+        "--attention",
+        "flash",
+        "--memory",
+        "26GiB",
+    ]);
+    assert_eq!(v["cause"], "activations_explode", "{v}");
+}
+
+#[test]
+fn text_report_is_short() {
+    let out = Command::cargo_bin("oomprobe")
+        .unwrap()
+        .args([
+            "diagnose", "--model", "gpt2", "--seq", "16384", "--memory", "40GiB",
+        ])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("cause: sequence_too_long"), "{text}");
+    assert!(text.lines().count() <= 12, "{text}");
+}
+
+#[test]
+fn case_file_drives_diagnose() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("case.toml");
+    std::fs::write(
+        &c,
+        "name = \"13B on 80GB\"\nmemory = \"80GB\"\n[workload]\nmodel = \"llama-13b\"\nprecision = \"mixed\"\noptimizer = \"adam\"\n[[expect]]\nverdict = \"oom\"\ncause = \"model_too_large\"\n",
+    )
+    .unwrap();
+    let v = diagnose(&["--config", c.to_str().unwrap(), "--memory", "80GB"]);
+    assert_eq!(v["cause"], "model_too_large");
+}
+
+#[test]
+fn without_memory_uses_the_device_or_says_how() {
+    let out = Command::cargo_bin("oomprobe")
+        .unwrap()
+        .args(["diagnose", "--model", "tiny-gpt"])
+        .output()
+        .unwrap();
+    match out.status.code() {
+        Some(0) => assert!(String::from_utf8_lossy(&out.stdout).contains("cause:")),
+        Some(2) => assert!(String::from_utf8_lossy(&out.stderr).contains("--memory")),
+        other => panic!("exit {other:?}: {}", String::from_utf8_lossy(&out.stderr)),
+    }
+}

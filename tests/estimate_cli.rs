@@ -1,0 +1,212 @@
+//! `oomprobe estimate` from the outside: the done-when numbers, JSON contract, and bad input
+//! exiting 2 with one line.
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+fn oomprobe() -> Command {
+    Command::cargo_bin("oomprobe").unwrap()
+}
+
+fn json(args: &[&str]) -> Value {
+    let out = oomprobe()
+        .args(args)
+        .arg("--json")
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    serde_json::from_slice(&out).unwrap()
+}
+
+fn u(v: &Value, path: &str) -> u64 {
+    v.pointer(path)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("{path} missing in {v}"))
+}
+
+#[test]
+fn llama_13b_mixed_adam_is_208_gb_of_model_states() {
+    let v = json(&[
+        "estimate",
+        "--model",
+        "llama-13b",
+        "--precision",
+        "mixed",
+        "--optimizer",
+        "adam",
+    ]);
+    let states =
+        u(&v, "/breakdown/params") + u(&v, "/breakdown/gradients") + u(&v, "/breakdown/optimizer");
+    assert_eq!(states, 16 * u(&v, "/param_count"));
+    assert!((states as f64 / 1e9 - 208.0).abs() < 1.0, "{states}");
+    assert_eq!(u(&v, "/schema_version"), 1);
+    assert!(v.get("boundaries").is_none());
+    let out = oomprobe()
+        .args([
+            "estimate",
+            "--model",
+            "llama-13b",
+            "--precision",
+            "mixed",
+            "--optimizer",
+            "adam",
+        ])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("model states") && l.contains("208.25 GB")),
+        "{text}"
+    );
+}
+
+#[test]
+fn gpt2_fp16_activations_follow_korthikanti() {
+    let v = json(&[
+        "estimate",
+        "--model",
+        "gpt2",
+        "--batch",
+        "8",
+        "--seq",
+        "1024",
+        "--precision",
+        "fp16",
+    ]);
+    let (s, b, h, a, l, vocab) = (1024u64, 8u64, 768u64, 12u64, 12u64, 50257u64);
+    // 12 × s·b·h·(34 + 5·a·s/h) = 12 × (34·sbh + 5·a·s²·b)
+    let layers = l * (34 * s * b * h + 5 * a * s * s * b);
+    // Documented terms: embedding dropout mask sbh; final LN input + output 2·2·sbh;
+    // logits 2·sbV (fp16) + fp32 log-probs 4·sbV.
+    let extras = s * b * h * 5 + s * b * vocab * 6;
+    assert_eq!(
+        u(&v, "/breakdown/activations") + u(&v, "/breakdown/attention"),
+        layers + extras
+    );
+    assert_eq!(layers, 8_606_711_808);
+    let total: u64 = [
+        "params",
+        "gradients",
+        "optimizer",
+        "activations",
+        "attention",
+        "workspace",
+    ]
+    .iter()
+    .map(|k| u(&v, &format!("/breakdown/{k}")))
+    .sum();
+    assert_eq!(total, u(&v, "/breakdown/total"));
+}
+
+#[test]
+fn memory_adds_boundaries() {
+    let v = json(&["estimate", "--model", "gpt2", "--memory", "40GiB"]);
+    let bs = v["boundaries"].as_array().unwrap();
+    let names: Vec<&str> = bs.iter().map(|b| b["scenario"].as_str().unwrap()).collect();
+    assert_eq!(names, ["params", "batch", "seq", "activations"]);
+    for b in bs {
+        assert!(
+            b["dimension"].is_string() && b["max"].as_u64().unwrap() > 0,
+            "{b}"
+        );
+    }
+    // fp32 Adam: 40 GiB / 16 B.
+    assert_eq!(bs[0]["max"].as_u64(), Some((40u64 << 30) / 16));
+    let v = json(&["estimate", "--model", "resnet50", "--memory", "512MiB"]);
+    let names: Vec<&str> = v["boundaries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["params", "batch"]);
+}
+
+fn fails_with_one_line(args: &[&str], needle: &str) {
+    let out = oomprobe().args(args).assert().code(2).get_output().clone();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: expected '{needle}' in {err}"
+    );
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn bad_input_exits_2_with_one_line() {
+    fails_with_one_line(
+        &["estimate", "--model", "gpt5"],
+        "unknown model preset 'gpt5'",
+    );
+    fails_with_one_line(&["estimate", "--batch", "0"], "--batch");
+    fails_with_one_line(&["estimate", "--hidden", "0"], "--hidden");
+    fails_with_one_line(
+        &["estimate", "--seq", "99999999999999999999999"],
+        "too large",
+    );
+    fails_with_one_line(&["estimate", "--seq", "5000000000"], "overflows 64 bits");
+    fails_with_one_line(
+        &["estimate", "--batch", "18446744073709551615"],
+        "overflows 64 bits",
+    );
+    fails_with_one_line(&["estimate", "--memory", "0GB"], "--memory");
+    fails_with_one_line(&["estimate", "--memory", "lots"], "--memory");
+    fails_with_one_line(&["estimate", "--heads", "5"], "must divide hidden");
+    fails_with_one_line(&["estimate", "--checkpoint", "every:0"], "--checkpoint");
+    fails_with_one_line(
+        &["estimate", "--config", "/no/such/config.json"],
+        "/no/such/config.json",
+    );
+    fails_with_one_line(&["estimate", "--zero", "4"], "--zero");
+}
+
+#[test]
+fn config_files_name_the_bad_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("config.json");
+    std::fs::write(
+        &p,
+        r#"{"model_type":"bert","hidden_size":"768","num_hidden_layers":12}"#,
+    )
+    .unwrap();
+    fails_with_one_line(
+        &["estimate", "--config", p.to_str().unwrap()],
+        "'hidden_size'",
+    );
+    std::fs::write(&p, r#"{"model_type":"bert","hidden_size":768,"num_hidden_layers":12,"num_attention_heads":12,"vocab_size":30522,"max_position_embeddings":512}"#).unwrap();
+    fails_with_one_line(
+        &["estimate", "--config", p.to_str().unwrap()],
+        "'intermediate_size'",
+    );
+    let c = dir.path().join("case.toml");
+    std::fs::write(&c, "name = \"x\"\n[workload]\nmodel = \"gpt2\"\nbatchsize = 4\n[[expect]]\nverdict = \"oom\"\n").unwrap();
+    fails_with_one_line(
+        &["estimate", "--config", c.to_str().unwrap()],
+        "workload.batchsize",
+    );
+    std::fs::write(
+        &c,
+        "name = \"x\"\n[workload]\nmodel = \"gpt2\"\n[[expect]]\nverdict = \"maybe\"\n",
+    )
+    .unwrap();
+    fails_with_one_line(
+        &["estimate", "--config", c.to_str().unwrap()],
+        "expect[0].verdict",
+    );
+
+    // A good HF config: GPT-2 small's shape gives GPT-2's parameter count.
+    std::fs::write(
+        &p,
+        r#"{"model_type":"gpt2","n_embd":768,"n_layer":12,"n_head":12,"n_positions":1024,"vocab_size":50257,"n_inner":null,"resid_pdrop":0.1}"#,
+    )
+    .unwrap();
+    let v = json(&["estimate", "--config", p.to_str().unwrap()]);
+    assert_eq!(u(&v, "/param_count"), 124_439_808);
+}

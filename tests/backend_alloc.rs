@@ -260,3 +260,43 @@ fn out_of_memory_under_an_address_space_limit() {
     assert_eq!(v["intact"], true, "{line}");
     assert!(out.status.success(), "child failed: {stderr}");
 }
+
+#[test]
+fn misuse_is_an_error_not_a_panic() {
+    use oomprobe::kernels::{KernelId, Op};
+    let mut b = open();
+    let id = b.alloc_buffer(64).unwrap();
+    // Verify needs a result buffer at binding 2: the bind group fails validation.
+    let p = oomprobe::kernels::params::WordParams {
+        first_word_lo: 0,
+        first_word_hi: 0,
+        len_words: 16,
+        seed: 0,
+    };
+    let e = b
+        .dispatch(
+            KernelId::words(Op::Verify),
+            bytemuck::bytes_of(&p),
+            &[id],
+            [1, 1, 1],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, oomprobe::backend::BackendError::Other(_)),
+        "{e:?}"
+    );
+    assert!(b.read_buffer(id, 60, 8).is_err());
+    assert!(b.write_buffer(id, 64, &[0]).is_err());
+    assert!(b
+        .read_buffer(oomprobe::backend::BufferId(999_999), 0, 4)
+        .is_err());
+    // The device still works afterwards.
+    b.synchronize().expect("no late errors");
+    words::fill_buffer(&mut b, id, 0, 16, 2).unwrap();
+    assert_eq!(
+        words::verify_buffer(&mut b, id, 0, 16, 2)
+            .unwrap()
+            .mismatches,
+        0
+    );
+}

@@ -163,9 +163,9 @@ fn split(ops: &[Operand<'_>], units: u64, max_units: u64) -> Result<Vec<Run>, Sp
                     o.extent
                 )));
             }
-            if o.stride > 0 {
-                let fit = (chunk_end - first - o.extent) / o.stride + 1;
-                n = n.min(fit);
+            // Units that still end inside this chunk (all of them when the stride is 0).
+            if let Some(more) = (chunk_end - first - o.extent).checked_div(o.stride) {
+                n = n.min(more + 1);
             }
             if chunk.elems > u32::MAX as u64 {
                 return Err(SplitError::Other(err(format!(

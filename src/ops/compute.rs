@@ -851,3 +851,95 @@ pub fn run_step(
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Chunk;
+
+    /// A tensor of `elems` f32 cut into chunks of `chunk` elements (buffer ids 0, 1, ..).
+    fn chunked(elems: u64, chunk: u64, row: u64) -> DeviceTensor {
+        let chunks = (0..elems.div_ceil(chunk))
+            .map(|i| Chunk {
+                buffer: BufferId(i),
+                first_elem: i * chunk,
+                elems: chunk.min(elems - i * chunk),
+                bytes: 4 * chunk.min(elems - i * chunk),
+            })
+            .collect();
+        DeviceTensor {
+            name: "t".into(),
+            dtype: DType::F32,
+            elems,
+            row_elems: row,
+            chunks,
+        }
+    }
+
+    #[test]
+    fn runs_follow_every_operands_chunks() {
+        // Rows of 10: x in chunks of 30 (3 rows), y in chunks of 40 (4 rows).
+        let x = chunked(100, 30, 10);
+        let y = chunked(100, 40, 10);
+        let runs = split(&[opnd(&x, 0, 10, 10), opnd(&y, 0, 10, 10)], 9, 100)
+            .unwrap_or_else(|_| panic!("split"));
+        let got: Vec<(u64, u64, u32, u32)> = runs
+            .iter()
+            .map(|r| (r.u0, r.units, r.at[0].1, r.at[1].1))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, 3, 0, 0),
+                (3, 1, 0, 30),
+                (4, 2, 10, 0),
+                (6, 2, 0, 20),
+                (8, 1, 20, 0)
+            ]
+        );
+        assert_eq!(runs[3].at[0].0, BufferId(2));
+        // A shared operand (stride 0) never cuts runs; max_units does.
+        let w = chunked(10, 10, 10);
+        let runs = split(&[opnd(&w, 0, 0, 10), opnd(&x, 0, 1, 1)], 25, 7)
+            .unwrap_or_else(|_| panic!("split"));
+        assert_eq!(
+            runs.iter().map(|r| r.units).collect::<Vec<_>>(),
+            vec![7, 7, 7, 4]
+        );
+    }
+
+    #[test]
+    fn a_unit_across_chunks_or_past_the_end_is_refused() {
+        let x = chunked(100, 30, 10);
+        assert!(matches!(
+            split(&[opnd(&x, 0, 20, 20)], 5, 100),
+            Err(SplitError::Straddle(_))
+        ));
+        assert!(matches!(
+            split(&[opnd(&x, 0, 10, 10)], 11, 100),
+            Err(SplitError::Other(_))
+        ));
+        assert!(split(&[opnd(&x, 0, 10, 10)], 0, 100)
+            .map(|r| r.is_empty())
+            .unwrap_or(false));
+    }
+
+    #[test]
+    fn grids_stay_within_the_dimension_limit() {
+        assert_eq!(grid_1d(0).ok(), Some([1, 1, 1]));
+        assert_eq!(grid_1d(65_535).ok(), Some([65_535, 1, 1]));
+        assert_eq!(grid_1d(65_536).ok(), Some([65_535, 2, 1]));
+        assert!(grid_1d(65_535 * 65_535 + 1).is_err());
+    }
+
+    #[test]
+    fn mismatched_element_types_are_refused() {
+        let a = chunked(16, 16, 4);
+        let mut b = chunked(16, 16, 4);
+        b.dtype = DType::F16;
+        let e = common_storage("matmul", &[&a, &b]).unwrap_err();
+        assert!(e.to_string().contains("element type"), "{e}");
+        b.dtype = DType::U8;
+        assert!(storage_of(&b).is_err());
+    }
+}

@@ -3,6 +3,7 @@
 //! missing, saying how to install it.
 #![cfg(feature = "cuda")]
 
+use oomprobe::backend::cuda::nvrtc::Target;
 use oomprobe::backend::cuda::{self, loader, nvrtc};
 use oomprobe::kernels::Op;
 
@@ -17,34 +18,54 @@ fn require_nvrtc() {
 }
 
 #[test]
-fn every_cuda_kernel_compiles_to_ptx_without_warnings() {
+fn every_cuda_kernel_compiles_without_warnings() {
     require_nvrtc();
     let (major, minor) = nvrtc::version().expect("nvrtcVersion");
     let compiled = match cuda::compile_all_kernels() {
         Ok(c) => c,
         Err(e) => panic!("CUDA kernels failed the NVRTC check (NVRTC {major}.{minor}):\n{e}"),
     };
-    eprintln!("NVRTC {major}.{minor}, compute_{}:", nvrtc::CHECK_ARCH);
+    eprintln!("NVRTC {major}.{minor}:");
     for (label, bytes) in &compiled {
-        eprintln!("  {label:<24} {bytes:>7} bytes of PTX");
+        eprintln!("  {label:<40} {bytes:>7} bytes");
     }
     let expected = nvrtc::all_kernel_ids();
-    assert_eq!(compiled.len(), expected.len());
-    // 3 word kernels once, 9 compute kernels x 3 storage types.
+    // 3 word kernels once, 9 compute kernels x 3 storage types, for each target.
     assert_eq!(expected.len(), 3 + 9 * 3);
+    assert_eq!(compiled.len(), expected.len() * nvrtc::CHECK_TARGETS.len());
     for (label, bytes) in &compiled {
         assert!(
             *bytes > 200,
-            "{label}: suspiciously small PTX ({bytes} bytes)"
+            "{label}: suspiciously small output ({bytes} bytes)"
         );
     }
+}
+
+#[test]
+fn cubins_are_elf_images_for_their_architecture() {
+    require_nvrtc();
+    let id = nvrtc::all_kernel_ids()[0];
+    let c = nvrtc::compile(id, Target::Cubin(90)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        &c.image[..4],
+        b"\x7fELF",
+        "{}: not an ELF image",
+        id.label()
+    );
+    // The backend picks a CUBIN for an architecture NVRTC knows, PTX below an unknown one.
+    assert_eq!(nvrtc::target_for_device(9, 0), Ok(Target::Cubin(90)));
+    let archs = nvrtc::supported_archs().expect("supported archs");
+    let newest = *archs.last().expect("at least one arch");
+    assert_eq!(nvrtc::target_for_device(99, 9), Ok(Target::Ptx(newest)));
+    assert!(nvrtc::target_for_device(1, 0).is_err());
 }
 
 #[test]
 fn each_ptx_defines_its_entry_point_with_params_and_buffers() {
     require_nvrtc();
     for id in nvrtc::all_kernel_ids() {
-        let c = nvrtc::compile(id, nvrtc::CHECK_ARCH).unwrap_or_else(|e| panic!("{e}"));
+        let c =
+            nvrtc::compile(id, Target::Ptx(nvrtc::CHECK_ARCH)).unwrap_or_else(|e| panic!("{e}"));
         let entry = format!(".entry {}(", nvrtc::entry_point(id.op));
         assert!(
             c.ptx.contains(&entry),
@@ -76,7 +97,7 @@ fn an_nvrtc_warning_fails_the_check() {
     // A variable set but never used is a warning (the compile succeeds, the log is not empty):
     // the check must see it, so a kernel that gains a warning fails CI.
     let src = "extern \"C\" __global__ void k(unsigned int* p) { int unused = 3; p[0] = 1u; }";
-    let c = nvrtc::compile_source("warning_probe", src, nvrtc::CHECK_ARCH)
+    let c = nvrtc::compile_source("warning_probe", src, Target::Ptx(nvrtc::CHECK_ARCH))
         .unwrap_or_else(|e| panic!("{e}"));
     let lines = nvrtc::unexpected_log_lines(&c.log);
     assert!(

@@ -222,8 +222,8 @@ struct ParamBlock([u8; MAX_PARAM_BYTES]);
 pub struct CudaBackend {
     info: DeviceInfo,
     ctx: Arc<CudaContext>,
-    /// `compute_XX` the kernels are compiled for.
-    arch: u32,
+    /// What kernels are compiled to (CUBIN for the device, or PTX for the driver to JIT).
+    target: nvrtc::Target,
     /// Driver version as an integer (e.g. 12040), for feature checks and error hints.
     driver_version: i32,
     buffers: HashMap<u64, Buffer>,
@@ -243,12 +243,12 @@ impl CudaBackend {
         let info = device_info(&ctx, ordinal)?;
         let (major, minor) = loader::guarded("compute capability", || ctx.compute_capability())?
             .map_err(|e| format!("compute capability: {}", err_text(e)))?;
-        let arch = nvrtc::arch_for_device(major, minor)?;
+        let target = nvrtc::target_for_device(major, minor)?;
         let driver_version = loader::guarded("cuDriverGetVersion", driver_version)??;
         Ok(CudaBackend {
             info,
             ctx,
-            arch,
+            target,
             driver_version,
             buffers: HashMap::new(),
             next_id: 1,
@@ -270,9 +270,9 @@ impl CudaBackend {
         self.driver_version
     }
 
-    /// The `compute_XX` architecture kernels are compiled for on this device.
-    pub fn arch(&self) -> u32 {
-        self.arch
+    /// What kernels are compiled to on this device.
+    pub fn target(&self) -> nvrtc::Target {
+        self.target
     }
 
     fn bind(&self) -> Result<(), DriverError> {
@@ -322,13 +322,14 @@ impl CudaBackend {
         if self.kernels.contains_key(&kernel) {
             return Ok(());
         }
-        let compiled = nvrtc::compile(kernel, self.arch).map_err(BackendError::Other)?;
+        let compiled = nvrtc::compile(kernel, self.target).map_err(BackendError::Other)?;
         if !compiled.log.trim().is_empty() {
             log::debug!("NVRTC log for {}: {}", kernel.label(), compiled.log.trim());
         }
         let ctx = self.ctx.clone();
         let loaded = loader::guarded("cuModuleLoadData", || {
-            ctx.load_module(Ptx::from_src(compiled.ptx))
+            // PTX images end with their NUL; CUBIN images are ELF: both load from the bytes.
+            ctx.load_module(Ptx::from_binary(compiled.image))
                 .and_then(|m| m.load_function(nvrtc::entry_point(kernel.op)))
         })
         .map_err(BackendError::Other)?;

@@ -18,9 +18,9 @@ use cudarc::nvrtc::{result, sys};
 use super::loader;
 use crate::kernels::{KernelId, Op, Storage};
 
-/// The NVRTC target used by the compile check: Turing (sm_75) is the oldest architecture
-/// that CUDA 12.x compiles for without a deprecation warning; the backend itself compiles
-/// for the device's own compute capability.
+/// The PTX architecture of the compile check: Turing (sm_75) is the oldest architecture that
+/// CUDA 12.x compiles for without a deprecation warning; the backend itself compiles for the
+/// device's own compute capability (see [`target_for_device`]).
 pub const CHECK_ARCH: u32 = 75;
 
 /// Warnings accepted in an NVRTC log, each with the reason. A log line containing one of these
@@ -125,9 +125,41 @@ pub fn all_kernel_ids() -> Vec<KernelId> {
     ids
 }
 
-/// A kernel compiled to PTX, with NVRTC's log (empty when it had nothing to say).
+/// What NVRTC is asked to produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// PTX for `compute_XX`, JIT-compiled by the driver at load time. The driver must be at
+    /// least as new as NVRTC (PTX has no minor-version compatibility).
+    Ptx(u32),
+    /// A CUBIN (machine code) for `sm_XX`, assembled by NVRTC itself: loads on any driver of
+    /// the same CUDA major version (minor-version compatibility), only on that architecture.
+    Cubin(u32),
+}
+
+impl Target {
+    fn option(self) -> String {
+        match self {
+            Target::Ptx(a) => format!("--gpu-architecture=compute_{a}"),
+            Target::Cubin(a) => format!("--gpu-architecture=sm_{a}"),
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Ptx(a) => write!(f, "compute_{a} PTX"),
+            Target::Cubin(a) => write!(f, "sm_{a} CUBIN"),
+        }
+    }
+}
+
+/// A compiled kernel: the module image to load (PTX text with its NUL, or CUBIN bytes), the
+/// PTX text when the target was PTX, and NVRTC's log (empty when it had nothing to say).
 #[derive(Debug, Clone)]
 pub struct Compiled {
+    pub target: Target,
+    pub image: Vec<u8>,
     pub ptx: String,
     pub log: String,
 }
@@ -168,16 +200,22 @@ pub fn supported_archs() -> Result<Vec<u32>, String> {
     })?
 }
 
-/// The best architecture to compile for a device of compute capability `major.minor`: the
-/// newest one NVRTC supports that is not newer than the device.
-pub fn arch_for_device(major: i32, minor: i32) -> Result<u32, String> {
+/// What to compile for a device of compute capability `major.minor`: a CUBIN for its own
+/// architecture when NVRTC knows it (no driver JIT, so a driver older than NVRTC within the
+/// same major version still loads it), else PTX for the newest architecture NVRTC supports
+/// below the device (the driver JIT-compiles it forward).
+pub fn target_for_device(major: i32, minor: i32) -> Result<Target, String> {
     let cc = u32::try_from(major * 10 + minor).unwrap_or(0);
     let archs = supported_archs()?;
+    if archs.contains(&cc) {
+        return Ok(Target::Cubin(cc));
+    }
     archs
         .iter()
         .copied()
         .filter(|&a| a <= cc)
         .max()
+        .map(Target::Ptx)
         .ok_or_else(|| {
             format!(
             "this NVRTC cannot target compute capability {major}.{minor} (it supports {archs:?})"
@@ -185,19 +223,19 @@ pub fn arch_for_device(major: i32, minor: i32) -> Result<u32, String> {
         })
 }
 
-/// Compiles one kernel to PTX for `compute_<arch>`. A compile error returns NVRTC's log.
-pub fn compile(id: KernelId, arch: u32) -> Result<Compiled, String> {
-    compile_source(&id.label(), &cuda_source(id), arch)
+/// Compiles one kernel. A compile error returns NVRTC's log.
+pub fn compile(id: KernelId, target: Target) -> Result<Compiled, String> {
+    compile_source(&id.label(), &cuda_source(id), target)
 }
 
-/// Compiles CUDA source text to PTX for `compute_<arch>` with the options every kernel uses.
-pub fn compile_source(label: &str, source: &str, arch: u32) -> Result<Compiled, String> {
+/// Compiles CUDA source text with the options every kernel uses.
+pub fn compile_source(label: &str, source: &str, target: Target) -> Result<Compiled, String> {
     loader::nvrtc_library()?;
     let src =
         CString::new(source).map_err(|_| format!("{label}: kernel source contains a NUL byte"))?;
     let name = CString::new(format!("{label}.cu")).unwrap_or_default();
     let options = vec![
-        format!("--gpu-architecture=compute_{arch}"),
+        target.option(),
         "--std=c++17".to_string(),
         // Same arithmetic as the WGSL kernels: no flush-to-zero, IEEE division and sqrt.
         "--ftz=false".to_string(),
@@ -214,22 +252,55 @@ pub fn compile_source(label: &str, source: &str, arch: u32) -> Result<Compiled, 
             .map(|raw| c_chars_to_string(&raw))
             .unwrap_or_default();
         let out = match compiled {
-            Ok(()) => {
-                // SAFETY: as above; compilation succeeded so PTX is available.
-                let ptx = unsafe { result::get_ptx(prog) }
-                    .map(|raw| c_chars_to_string(&raw))
-                    .map_err(|e| format!("{label}: nvrtcGetPTX: {e:?}"));
-                ptx.map(|ptx| Compiled {
+            // SAFETY: as above; compilation succeeded so the output is available.
+            Ok(()) => unsafe { output(prog, target) }
+                .map_err(|e| format!("{label}: {e}"))
+                .map(|(image, ptx)| Compiled {
+                    target,
+                    image,
                     ptx,
                     log: log.clone(),
-                })
-            }
-            Err(e) => Err(format!("{label} failed to compile ({e:?}):\n{log}")),
+                }),
+            Err(e) => Err(format!(
+                "{label} failed to compile for {target} ({e:?}):\n{log}"
+            )),
         };
         // SAFETY: destroyed once, after its last use.
         let _ = unsafe { result::destroy_program(prog) };
         out
     })?
+}
+
+/// The module image (and PTX text) of a compiled program.
+///
+/// # Safety
+/// `prog` must be a live program that compiled successfully for `target`.
+unsafe fn output(prog: sys::nvrtcProgram, target: Target) -> Result<(Vec<u8>, String), String> {
+    match target {
+        Target::Ptx(_) => {
+            // SAFETY: per this function's contract.
+            let raw =
+                unsafe { result::get_ptx(prog) }.map_err(|e| format!("nvrtcGetPTX: {e:?}"))?;
+            // SAFETY: c_char and u8 have the same size and alignment.
+            let image: Vec<u8> =
+                unsafe { std::slice::from_raw_parts(raw.as_ptr().cast::<u8>(), raw.len()) }
+                    .to_vec();
+            Ok((image, c_chars_to_string(&raw)))
+        }
+        Target::Cubin(_) => {
+            let mut size = 0usize;
+            // SAFETY: per this function's contract; out-pointer to a live local.
+            unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) }
+                .result()
+                .map_err(|e| format!("nvrtcGetCUBINSize: {e:?}"))?;
+            let mut image = vec![0u8; size];
+            // SAFETY: `image` holds the `size` bytes NVRTC writes.
+            unsafe { sys::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast()) }
+                .result()
+                .map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))?;
+            Ok((image, String::new()))
+        }
+    }
 }
 
 /// Log lines that are not whitelisted warnings (see [`WARNING_WHITELIST`]).
@@ -242,27 +313,35 @@ pub fn unexpected_log_lines(log: &str) -> Vec<String> {
         .collect()
 }
 
-/// Compiles every CUDA kernel (every op; compute ops for every storage type) to PTX for
-/// `compute_75`, without a GPU. Fails on the first compile error, and on any NVRTC log output
-/// (warnings) not listed in [`WARNING_WHITELIST`]. Returns (kernel label, PTX bytes).
+/// The targets of the compile check: PTX for the oldest architecture CUDA 12 compiles for
+/// without a deprecation warning (what a GPU without its own CUBIN gets), and a CUBIN for
+/// Hopper (sm_90, the H100/H200 class), which runs NVRTC's assembler too, so register or
+/// shared-memory overflows fail here rather than on a GPU.
+pub const CHECK_TARGETS: [Target; 2] = [Target::Ptx(CHECK_ARCH), Target::Cubin(90)];
+
+/// Compiles every CUDA kernel (every op; compute ops for every storage type) for every
+/// [`CHECK_TARGETS`] entry, without a GPU. Fails on any compile error, and on any NVRTC log
+/// output (warnings) not listed in [`WARNING_WHITELIST`]. Returns ("label target", bytes).
 pub fn compile_all_kernels() -> Result<Vec<(String, usize)>, String> {
     let mut out = Vec::new();
     let mut problems = Vec::new();
-    for id in all_kernel_ids() {
-        match compile(id, CHECK_ARCH) {
-            Ok(c) => {
-                let unexpected = unexpected_log_lines(&c.log);
-                if unexpected.is_empty() {
-                    out.push((id.label(), c.ptx.len()));
-                } else {
-                    problems.push(format!(
-                        "{}: warnings:\n{}",
-                        id.label(),
-                        unexpected.join("\n")
-                    ));
+    for target in CHECK_TARGETS {
+        for id in all_kernel_ids() {
+            match compile(id, target) {
+                Ok(c) => {
+                    let unexpected = unexpected_log_lines(&c.log);
+                    if unexpected.is_empty() {
+                        out.push((format!("{} {target}", id.label()), c.image.len()));
+                    } else {
+                        problems.push(format!(
+                            "{} ({target}): warnings:\n{}",
+                            id.label(),
+                            unexpected.join("\n")
+                        ));
+                    }
                 }
+                Err(e) => problems.push(e),
             }
-            Err(e) => problems.push(e),
         }
     }
     if problems.is_empty() {

@@ -643,8 +643,21 @@ mod tests {
 
     #[test]
     fn param_block_holds_every_params_struct() {
-        use crate::kernels::params::WordParams;
-        assert!(std::mem::size_of::<WordParams>() <= MAX_PARAM_BYTES);
+        use crate::kernels::params::*;
+        use std::mem::size_of;
+        let sizes = [
+            size_of::<WordParams>(),
+            size_of::<MatmulParams>(),
+            size_of::<SoftmaxParams>(),
+            size_of::<LayerNormParams>(),
+            size_of::<ElemParams>(),
+            size_of::<Conv2dParams>(),
+            size_of::<FlashParams>(),
+            size_of::<AdamParams>(),
+        ];
+        for s in sizes {
+            assert!(s <= MAX_PARAM_BYTES && s % 4 == 0, "{s}");
+        }
         assert_eq!(std::mem::align_of::<ParamBlock>(), 16);
     }
 }

@@ -394,7 +394,7 @@ fn flash_attention_matches_reference() {
                 let bh = 3usize;
                 let hs = (seq * d) as u64;
                 let ([tq, tk, tv], [q, k, v]) = attention_inputs(b, &mut g, dt, bh, seq, d, hs);
-                let to = poisoned(b, dt, bh * seq * d, hs as u64);
+                let to = poisoned(b, dt, bh * seq * d, hs);
                 let tst = poisoned(b, DType::F32, bh * seq * 2, 2 * seq as u64);
                 let dims = AttentionDims {
                     batch_heads: bh as u64,

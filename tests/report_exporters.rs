@@ -341,3 +341,47 @@ fn preview(name: &str, text: &str) {
         std::fs::write(std::path::Path::new(&dir).join(name), text).expect("write preview");
     }
 }
+
+#[test]
+fn predicted_line_comes_from_the_plan_when_it_matches_the_probes() {
+    use oomprobe::plan::Plan;
+    use oomprobe::scenario::Scenario;
+    let w = oomprobe::workload::presets::get("tiny-gpt").expect("preset");
+    let total = |x: u64| {
+        Plan::for_value(&w, Scenario::Batch, x)
+            .expect("plan")
+            .total_bytes()
+    };
+    let mut r = sample();
+    let mut run = r.runs[1].clone();
+    run.workload = w.clone();
+    run.probes = [(8, true), (16, true), (24, true), (32, false)]
+        .iter()
+        .map(|&(v, fit)| {
+            let mut p = probe(v, fit, Some(0.1));
+            p.bytes = total(v);
+            p
+        })
+        .collect();
+    run.max_fit = Some(24);
+    run.first_fail = Some(32);
+    run.predicted_max = Some(29);
+    run.capacity_bytes = Some(total(30));
+    r.runs = vec![run];
+    let points = |svg: &str| {
+        let a = svg.find("class=\"predicted\"").expect("predicted line");
+        let rest = &svg[a..];
+        let p = rest.find("points=\"").expect("points") + 8;
+        let end = rest[p..].find('"').expect("end");
+        rest[p..p + end].split_whitespace().count()
+    };
+    let svg = render(&r, OutputFormat::Svg);
+    check_xml(&svg).unwrap_or_else(|e| panic!("{e}"));
+    assert!(svg.contains("data-source=\"plan\""));
+    assert!(points(&svg) > 20, "{}", points(&svg));
+    // A report whose bytes the plan does not reproduce: the line goes through its probes only.
+    r.runs[0].probes[1].bytes += 1;
+    let svg = render(&r, OutputFormat::Svg);
+    assert!(svg.contains("data-source=\"probes\""));
+    assert_eq!(points(&svg), 4);
+}

@@ -4,7 +4,9 @@
 //! - every probe as a point at (value, plan bytes): a filled circle (`class="probe fit"`) when
 //!   it fitted, a cross (`class="probe fail"`) when it failed; points above the chart's top are
 //!   drawn on the top edge and their tooltip says so;
-//! - the plan's predicted line through the probes' plan bytes (`class="predicted"`);
+//! - the plan's predicted line (`class="predicted"`): the plan of the run's workload rebuilt
+//!   at about 64 values across the axis (`data-source="plan"`) when it reproduces the bytes
+//!   recorded for every probe, else a line through the probes' bytes (`data-source="probes"`);
 //! - the capacity the run measured against, a horizontal line (`class="capacity"`);
 //! - the boundary: a band from max fit to first fail and a line at max fit (`class="boundary"`),
 //!   and the predicted max as a dotted line (`class="predicted-max"`);
@@ -17,6 +19,7 @@
 use super::model::{ProbeReport, RunResult};
 use super::throughput::best_throughput;
 use super::{fmt_bytes, fmt_value, run_capacity, run_label, sorted_probes};
+use crate::plan::Plan;
 
 /// Chart size in pixels.
 pub const WIDTH: f64 = 820.0;
@@ -136,6 +139,47 @@ fn x_values(series: &[Series<'_>]) -> Vec<f64> {
     }
     xs.retain(|v| v.is_finite() && *v > 0.0);
     xs
+}
+
+/// The plan's total bytes at about 64 values spread over the axis, or None when the plan of the
+/// run's workload does not reproduce the bytes recorded for its probes (a report from another
+/// version, or a synthetic one): then the line goes through the probes alone.
+fn plan_curve(run: &RunResult, xa: &Axis) -> Option<Vec<(u64, u64)>> {
+    let total = |x: u64| {
+        Plan::for_value(&run.workload, run.scenario, x)
+            .ok()
+            .map(|p| p.total_bytes())
+    };
+    if run.probes.is_empty() {
+        return None;
+    }
+    for p in &run.probes {
+        if total(p.value)? != p.bytes {
+            return None;
+        }
+    }
+    const N: usize = 64;
+    let lo = xa.lo.max(1.0);
+    let hi = xa.hi.max(lo);
+    let mut xs: Vec<u64> = (0..=N)
+        .map(|i| {
+            let t = i as f64 / N as f64;
+            let v = if xa.log {
+                (lo.ln() + t * (hi.ln() - lo.ln())).exp()
+            } else {
+                lo + t * (hi - lo)
+            };
+            v.round().max(1.0) as u64
+        })
+        .chain(run.probes.iter().map(|p| p.value))
+        .collect();
+    xs.sort_unstable();
+    xs.dedup();
+    let pts: Vec<(u64, u64)> = xs
+        .into_iter()
+        .filter_map(|x| Some((x, total(x)?)))
+        .collect();
+    (pts.len() >= 2).then_some(pts)
 }
 
 /// One chart as a complete `<svg>` element of `WIDTH` x `HEIGHT`.
@@ -418,20 +462,33 @@ pub fn chart_body(title: &str, dimension: &str, series: &[Series<'_>]) -> String
                 esc(&fmt_bytes(c))
             ));
         }
-        // Predicted line through the plan's bytes at each probed value.
-        if probes.len() >= 2 {
-            let pts: Vec<String> = probes
+        // The plan's predicted line: rebuilt from the run's workload across the whole axis when
+        // the plan reproduces every probe's recorded bytes, else through the probes' bytes.
+        let (line, source) = match plan_curve(run, &xa) {
+            Some(c) => (c, "plan"),
+            None => (
+                probes.iter().map(|p| (p.value, p.bytes)).collect(),
+                "probes",
+            ),
+        };
+        // Stop the line where it leaves the top of the chart (the plan grows with x).
+        let line: Vec<(u64, u64)> = match line.iter().position(|&(_, b)| b as f64 > clip_top) {
+            Some(i) if source == "plan" => line[..=i].to_vec(),
+            _ => line,
+        };
+        if line.len() >= 2 {
+            let pts: Vec<String> = line
                 .iter()
-                .map(|p| {
+                .map(|&(x, b)| {
                     format!(
                         "{},{}",
-                        f(xa.map(p.value as f64)),
-                        f(ya.map((p.bytes as f64).min(clip_top)))
+                        f(xa.map(x as f64)),
+                        f(ya.map((b as f64).min(clip_top)))
                     )
                 })
                 .collect();
             o.push_str(&format!(
-                "<polyline class=\"predicted\" points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\" stroke-opacity=\"0.8\"/>\n",
+                "<polyline class=\"predicted\" data-source=\"{source}\" points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\" stroke-opacity=\"0.8\"/>\n",
                 pts.join(" ")
             ));
         }

@@ -300,6 +300,15 @@ fn best_throughput_is_not_simply_the_largest_fit() {
     run.max_fit = Some(32);
     let best = best_throughput(&run).expect("best");
     assert_eq!(best.value, 16);
+    // A value probed twice: only the faster probe is marked.
+    run.probes.push(probe(16, true, Some(0.32)));
+    let rows = report::markdown::probe_rows(&run);
+    let marked: Vec<&Vec<String>> = rows
+        .iter()
+        .filter(|r| r[6].contains("best throughput"))
+        .collect();
+    assert_eq!(marked.len(), 1, "{rows:?}");
+    assert_eq!(marked[0][4], "0.160");
     assert!((best.per_second - 100.0).abs() < 1e-9);
     assert_eq!(best.unit, "samples");
     // Tokens per second for seq: value * batch / t.

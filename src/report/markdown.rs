@@ -49,6 +49,7 @@ pub const PROBE_COLUMNS: [&str; 7] = [
 /// One row per probe in value order, marking max fit, first fail and best throughput.
 pub fn probe_rows(run: &RunResult) -> Vec<Vec<String>> {
     let best = best_throughput(run);
+    let mut best_marked = false;
     sorted_probes(run)
         .into_iter()
         .map(|p| {
@@ -59,14 +60,18 @@ pub fn probe_rows(run: &RunResult) -> Vec<Vec<String>> {
             if Some(p.value) == run.first_fail && !p.outcome.is_fit() {
                 marks.push("first fail");
             }
-            if best.is_some_and(|b| b.value == p.value) && p.outcome.is_fit() {
-                marks.push("best throughput");
-            }
             let rate = if p.outcome.is_fit() {
                 rate_at(run, p.value, p.step_seconds)
             } else {
                 None
             };
+            // Mark the one probe that gave the best rate (a value may be probed twice).
+            if !best_marked
+                && best.is_some_and(|b| b.value == p.value && rate == Some(b.per_second))
+            {
+                marks.push("best throughput");
+                best_marked = true;
+            }
             vec![
                 fmt_value(&run.dimension, p.value),
                 p.outcome.name().to_string(),

@@ -212,3 +212,33 @@ fn bad_files_exit_2_naming_the_file() {
     v["schema_version"] = 99.into();
     assert_bad_file(Some(&v.to_string()), "schema_version 99");
 }
+
+#[test]
+fn a_run_missing_from_one_file_is_an_empty_cell() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let a = write(dir.path(), "a.json", &sample_report(512 * MIB));
+    let mut partial = sample_report(1024 * MIB);
+    partial.runs.truncate(2); // killed half way: params and batch only
+    let b = write(dir.path(), "b.json", &partial);
+    let out = oomprobe()
+        .args(["compare", "--format", "json"])
+        .arg(&a)
+        .arg(&b)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 6);
+    assert!(rows[0]["cells"][1].is_object());
+    assert!(rows[5]["cells"][1].is_null());
+    oomprobe()
+        .arg("compare")
+        .arg(&a)
+        .arg(&b)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("no run"));
+}

@@ -4,7 +4,10 @@ use clap::Parser;
 use oomprobe::cli::Cli;
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or("warn,wgpu_hal::gles=off"),
+    )
+    .init();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

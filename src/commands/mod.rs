@@ -7,7 +7,6 @@ pub mod estimate;
 pub mod probe;
 pub mod replay;
 
-
 use crate::cli::Command;
 use crate::error::CliResult;
 

@@ -31,11 +31,16 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
     let timeout = parse_timeout(&args.timeout)?;
     let out_format = match &args.out {
         Some(path) => Some(
-            report::format_for_path(path, args.format).map_err(|e| CliError::usage(e.to_string()))?,
+            report::format_for_path(path, args.format)
+                .map_err(|e| CliError::usage(e.to_string()))?,
         ),
         None => None,
     };
-    let stdout_format = if args.json { OutputFormat::Json } else { args.format.unwrap_or(OutputFormat::Table) };
+    let stdout_format = if args.json {
+        OutputFormat::Json
+    } else {
+        args.format.unwrap_or(OutputFormat::Table)
+    };
 
     // The workload: the user's (a preset, a config or a case file) or the default suite.
     if let Some(path) = &args.workload.config {
@@ -46,7 +51,15 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
     let user = user_workload(args)?;
 
     let (choice, info) = select_device(&args.device.backend, args.device.device.as_deref())?;
-    let cap = capacity::decide(&info, budget);
+    let mut cap = capacity::decide(&info, budget);
+    if cap.budget.is_none() {
+        // Under an address-space limit the device's own mappings count: measure them once.
+        if let Some(usable) = capacity::usable_under_address_space_limit(|| {
+            crate::backend::open::open_device(&choice.backend, choice.index)
+        }) {
+            cap.predict_against = Some(usable);
+        }
+    }
     let compute = match args.compute {
         Some(ComputeMode::Full) => Compute::Full,
         Some(ComputeMode::Touch) => Compute::Touch,
@@ -56,12 +69,19 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
     let isolation = if args.no_isolate {
         Isolation::InProcess
     } else {
-        Isolation::Child(
-            ChildRunner::current(timeout)
-                .map_err(|e| CliError::run(format!("cannot find this executable to isolate probes: {e}")))?,
-        )
+        Isolation::Child(ChildRunner::current(timeout).map_err(|e| {
+            CliError::run(format!(
+                "cannot find this executable to isolate probes: {e}"
+            ))
+        })?)
     };
-    let ctx = RunContext { device: choice, info: info.clone(), capacity: cap.clone(), compute, isolation };
+    let ctx = RunContext {
+        device: choice,
+        info: info.clone(),
+        capacity: cap.clone(),
+        compute,
+        isolation,
+    };
     let runs = suite::plan_runs(&args.scenario, user.as_ref(), cap.predict_against);
     if runs.is_empty() {
         return Err(CliError::usage("no scenario applies to this workload"));
@@ -81,7 +101,10 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         compute: Some(compute.name().to_string()),
         runs: Vec::new(),
     };
-    let out = OutSink { path: args.out.clone(), format: out_format };
+    let out = OutSink {
+        path: args.out.clone(),
+        format: out_format,
+    };
     out.write(&report)?;
 
     for spec in &runs {
@@ -119,7 +142,11 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
     if !text.ends_with('\n') {
         println!();
     }
-    if let Some(err) = report.runs.iter().find(|r| r.fail_reason == Some(Outcome::Error)) {
+    if let Some(err) = report
+        .runs
+        .iter()
+        .find(|r| r.fail_reason == Some(Outcome::Error))
+    {
         let detail = err
             .probes
             .iter()
@@ -143,7 +170,9 @@ struct OutSink {
 
 impl OutSink {
     fn write(&self, report: &ProbeReport) -> CliResult<()> {
-        let (Some(path), Some(format)) = (&self.path, self.format) else { return Ok(()) };
+        let (Some(path), Some(format)) = (&self.path, self.format) else {
+            return Ok(());
+        };
         if report::is_stdout(path) {
             return Ok(()); // `-`: printed once at the end
         }
@@ -155,7 +184,11 @@ impl OutSink {
 
 /// A run in progress, for the `--out` snapshot.
 fn partial_run(spec: &RunSpec, probes: &[ProbeRecord]) -> RunResult {
-    let max_fit = probes.iter().filter(|p| p.outcome.is_fit()).map(|p| p.value).max();
+    let max_fit = probes
+        .iter()
+        .filter(|p| p.outcome.is_fit())
+        .map(|p| p.value)
+        .max();
     RunResult {
         scenario: spec.scenario,
         dimension: spec.scenario.dimension().to_string(),
@@ -186,7 +219,11 @@ fn progress_bar(quiet: bool, spec: &RunSpec) -> ProgressBar {
             .unwrap_or_else(|_| ProgressStyle::default_spinner()),
     );
     bar.enable_steady_tick(Duration::from_millis(120));
-    bar.set_message(format!("{} {}", spec.scenario.name(), spec.variant.as_deref().unwrap_or("")));
+    bar.set_message(format!(
+        "{} {}",
+        spec.scenario.name(),
+        spec.variant.as_deref().unwrap_or("")
+    ));
     bar
 }
 
@@ -210,7 +247,9 @@ fn parse_timeout(s: &str) -> CliResult<Duration> {
         .parse()
         .map_err(|_| CliError::usage(format!("--timeout: '{s}' is not a number of seconds")))?;
     if !(secs.is_finite() && secs > 0.0 && secs <= 86_400.0) {
-        return Err(CliError::usage(format!("--timeout: {s} s is out of range (0, 86400]")));
+        return Err(CliError::usage(format!(
+            "--timeout: {s} s is out of range (0, 86400]"
+        )));
     }
     Ok(Duration::from_secs_f64(secs))
 }
@@ -218,7 +257,10 @@ fn parse_timeout(s: &str) -> CliResult<Duration> {
 /// The user's workload when --model or --config was given; None for the default suite.
 /// Overrides without a model apply to the default suite's workloads.
 fn user_workload(args: &ProbeArgs) -> CliResult<Option<crate::workload::Workload>> {
-    if args.workload.model.is_none() && args.workload.config.is_none() && args.workload.params.is_none() {
+    if args.workload.model.is_none()
+        && args.workload.config.is_none()
+        && args.workload.params.is_none()
+    {
         if has_overrides(&args.workload) {
             return Err(CliError::usage(
                 "workload overrides need a workload: pass --model NAME or --config FILE \
@@ -236,8 +278,21 @@ fn user_workload(args: &ProbeArgs) -> CliResult<Option<crate::workload::Workload
 
 fn has_overrides(w: &crate::cli::WorkloadArgs) -> bool {
     [
-        &w.batch, &w.seq, &w.layers, &w.hidden, &w.heads, &w.ffn, &w.vocab, &w.image,
-        &w.precision, &w.optimizer, &w.attention, &w.checkpoint, &w.dropout, &w.zero, &w.gpus,
+        &w.batch,
+        &w.seq,
+        &w.layers,
+        &w.hidden,
+        &w.heads,
+        &w.ffn,
+        &w.vocab,
+        &w.image,
+        &w.precision,
+        &w.optimizer,
+        &w.attention,
+        &w.checkpoint,
+        &w.dropout,
+        &w.zero,
+        &w.gpus,
     ]
     .iter()
     .any(|o| o.is_some())
@@ -253,5 +308,11 @@ pub fn select_device(backend: &str, device: Option<&str>) -> CliResult<(DeviceCh
         })
         .transpose()?;
     let info = crate::backend::open::device_info(backend, index)?;
-    Ok((DeviceChoice { backend: backend.to_string(), index: Some(info.index) }, info))
+    Ok((
+        DeviceChoice {
+            backend: backend.to_string(),
+            index: Some(info.index),
+        },
+        info,
+    ))
 }

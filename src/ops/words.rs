@@ -92,7 +92,8 @@ pub fn word_workgroups(len_words: u64) -> [u32; 3] {
     }
 }
 
-/// The dispatch shape of verify and checksum: at most `MAX_REDUCE_GROUPS` workgroups.
+/// The dispatch shape of fill, verify and checksum: at most `MAX_REDUCE_GROUPS` workgroups that
+/// grid-stride (per-workgroup overhead dominates on CPU adapters; enough threads for a GPU).
 pub fn reduce_workgroups(len_words: u64) -> [u32; 3] {
     [
         len_words.div_ceil(GROUP).clamp(1, MAX_REDUCE_GROUPS) as u32,
@@ -128,7 +129,7 @@ pub fn fill_buffer(
         KernelId::words(Op::Fill),
         bytemuck::bytes_of(&p),
         &[buffer],
-        word_workgroups(len_words),
+        reduce_workgroups(len_words),
     )
 }
 

@@ -32,11 +32,14 @@ pub fn ram_available() -> Option<u64> {
 pub fn address_space_limit() -> Option<u64> {
     #[cfg(unix)]
     {
-        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
         // SAFETY: getrlimit writes into the struct we pass and has no other effect.
         let rc = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) };
         if rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY {
-            return Some(lim.rlim_cur as u64);
+            return Some(lim.rlim_cur);
         }
         None
     }
@@ -55,12 +58,36 @@ pub fn address_space_in_use() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
+/// Headroom kept for pipelines, staging buffers and the driver's own allocations when a
+/// prediction is made against an address-space limit.
+pub const ADDRESS_SPACE_SLACK: u64 = 96 << 20;
+
+/// Under an address-space limit, what a freshly opened device leaves for tensors: the limit
+/// minus the address space this process maps once `open` has opened the device (measured, then
+/// the device is dropped), minus a slack. None when there is no limit or `open` fails.
+pub fn usable_under_address_space_limit<T, E>(open: impl FnOnce() -> Result<T, E>) -> Option<u64> {
+    let limit = address_space_limit()?;
+    let device = open().ok()?;
+    let mapped = address_space_in_use()?;
+    drop(device);
+    Some(
+        limit
+            .saturating_sub(mapped)
+            .saturating_sub(ADDRESS_SPACE_SLACK),
+    )
+}
+
 /// Decide the capacity for a run on `device` with an optional user budget.
 pub fn decide(device: &DeviceInfo, user_budget: Option<u64>) -> Capacity {
     let free = device.memory_free_bytes;
     let mut notes = Vec::new();
     if let Some(b) = user_budget {
-        return Capacity { budget: Some(b), predict_against: Some(b), free_at_start: free, notes };
+        return Capacity {
+            budget: Some(b),
+            predict_against: Some(b),
+            free_at_start: free,
+            notes,
+        };
     }
     if device.device_type == DeviceType::Cpu {
         let ram = ram_available();
@@ -88,7 +115,12 @@ pub fn decide(device: &DeviceInfo, user_budget: Option<u64>) -> Capacity {
                     crate::units::fmt_bytes(c),
                     (CPU_DEFAULT_SHARE * 100.0) as u32
                 ));
-                Capacity { budget: Some(c), predict_against: Some(c), free_at_start: ram, notes }
+                Capacity {
+                    budget: Some(c),
+                    predict_against: Some(c),
+                    free_at_start: ram,
+                    notes,
+                }
             }
             None => Capacity {
                 budget: None,

@@ -90,7 +90,8 @@ pub fn run_child(args: &ProbeChildArgs) -> CliResult<()> {
 }
 
 fn apply_test_hooks(value: u64) {
-    let hit = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok()) == Some(value);
+    let hit =
+        |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok()) == Some(value);
     if hit(KILL_AT_ENV) {
         #[cfg(unix)]
         // SAFETY: raising a signal on ourselves; SIGKILL ends the process here.
@@ -114,7 +115,10 @@ pub struct ChildRunner {
 
 impl ChildRunner {
     pub fn current(timeout: Duration) -> std::io::Result<Self> {
-        Ok(ChildRunner { exe: std::env::current_exe()?, timeout })
+        Ok(ChildRunner {
+            exe: std::env::current_exe()?,
+            timeout,
+        })
     }
 
     /// Run one probe in a child and classify how it ended.
@@ -123,7 +127,8 @@ impl ChildRunner {
         let bytes = Plan::for_value(&req.workload, req.scenario, req.value)
             .map(|p| p.total_bytes())
             .unwrap_or(0);
-        let fail = |outcome, detail: String| failed_record(req.value, bytes, outcome, detail, started);
+        let fail =
+            |outcome, detail: String| failed_record(req.value, bytes, outcome, detail, started);
         let json = match serde_json::to_string(req) {
             Ok(j) => j,
             Err(e) => return fail(Outcome::Error, format!("cannot encode request: {e}")),
@@ -154,11 +159,19 @@ impl ChildRunner {
         };
         let out = stdout.and_then(|h| h.join().ok()).unwrap_or_default();
         let err = stderr.and_then(|h| h.join().ok()).unwrap_or_default();
-        let last_err = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+        let last_err = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .trim();
         let Some(status) = status else {
             return fail(
                 Outcome::Timeout,
-                format!("probe child ran past {:.0} s and was killed", self.timeout.as_secs_f64()),
+                format!(
+                    "probe child ran past {:.0} s and was killed",
+                    self.timeout.as_secs_f64()
+                ),
             );
         };
         #[cfg(unix)]
@@ -170,12 +183,24 @@ impl ChildRunner {
                 } else {
                     format!("killed by signal {sig}")
                 };
-                let outcome = if sig == libc::SIGKILL { Outcome::Killed } else { Outcome::Error };
-                let detail = if last_err.is_empty() { what } else { format!("{what}: {last_err}") };
+                let outcome = if sig == libc::SIGKILL {
+                    Outcome::Killed
+                } else {
+                    Outcome::Error
+                };
+                let detail = if last_err.is_empty() {
+                    what
+                } else {
+                    format!("{what}: {last_err}")
+                };
                 return fail(outcome, detail);
             }
         }
-        match out.lines().rev().find_map(|l| serde_json::from_str::<ProbeRecord>(l).ok()) {
+        match out
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str::<ProbeRecord>(l).ok())
+        {
             Some(mut rec) => {
                 rec.seconds = started.elapsed().as_secs_f64();
                 rec
@@ -184,7 +209,11 @@ impl ChildRunner {
                 Outcome::Error,
                 format!(
                     "probe child exited with {status} and no result{}",
-                    if last_err.is_empty() { String::new() } else { format!(": {last_err}") }
+                    if last_err.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {last_err}")
+                    }
                 ),
             ),
         }

@@ -75,7 +75,9 @@ impl RunContext {
     /// The predicted maximum of `spec` against this run's capacity.
     pub fn predicted_max(&self, spec: &RunSpec) -> Option<u64> {
         let cap = self.capacity.predict_against?;
-        crate::estimate::predicted_max(&spec.workload, spec.scenario, cap).ok().flatten()
+        crate::estimate::predicted_max(&spec.workload, spec.scenario, cap)
+            .ok()
+            .flatten()
     }
 
     /// Search the boundary of one run. `on_probe` sees every probe as it finishes.
@@ -101,7 +103,9 @@ impl RunContext {
         let bytes_at_max_fit = max_plan.as_ref().map(|p| p.total_bytes());
         let activation_share = max_plan.as_ref().and_then(|p| {
             let total = p.total_bytes();
-            let act = p.bytes_by_role(Role::Activations).saturating_add(p.bytes_by_role(Role::Attention));
+            let act = p
+                .bytes_by_role(Role::Activations)
+                .saturating_add(p.bytes_by_role(Role::Attention));
             (total > 0).then(|| act as f64 / total as f64)
         });
         let fill_ratio = match (bytes_at_max_fit, self.fill_base()) {

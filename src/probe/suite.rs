@@ -47,7 +47,8 @@ pub fn default_runs(scenario: Scenario) -> Vec<RunSpec> {
             flash.attention = Attention::Flash;
             let mut runs = vec![spec("naive", naive), spec("flash", flash)];
             for r in &mut runs {
-                r.notes.push("one GPT-2-small layer, vocabulary cut to 64 tokens".into());
+                r.notes
+                    .push("one GPT-2-small layer, vocabulary cut to 64 tokens".into());
             }
             runs
         }
@@ -119,7 +120,10 @@ pub fn scale_for_capacity(mut run: RunSpec, capacity: Option<u64>) -> RunSpec {
     let Some(cap) = capacity else { return run };
     let want = wanted_minimum(run.scenario);
     let predicted = |w: &Workload| {
-        crate::estimate::predicted_max(w, run.scenario, cap).ok().flatten().unwrap_or(0)
+        crate::estimate::predicted_max(w, run.scenario, cap)
+            .ok()
+            .flatten()
+            .unwrap_or(0)
     };
     if predicted(&run.workload) >= want {
         return run;
@@ -169,7 +173,9 @@ pub fn plan_runs(
             None => {
                 // Scale the first variant; the others share its shape so they compare.
                 let mut variants = default_runs(s).into_iter();
-                let Some(first) = variants.next() else { continue };
+                let Some(first) = variants.next() else {
+                    continue;
+                };
                 let first = scale_for_capacity(first, capacity);
                 runs.push(first.clone());
                 for mut other in variants {

@@ -21,7 +21,11 @@ pub struct SearchSpace {
 
 impl SearchSpace {
     pub fn unit(max: u64) -> Self {
-        SearchSpace { min: 1, max, granularity: 1 }
+        SearchSpace {
+            min: 1,
+            max,
+            granularity: 1,
+        }
     }
 
     /// Round down to the grid and clamp into [min, max].
@@ -144,17 +148,28 @@ where
     F: FnMut(u64) -> Outcome,
 {
     let g = space.granularity.max(1);
-    let mut p = Prober { oracle, space, probes: Vec::new(), seen: BTreeMap::new() };
+    let mut p = Prober {
+        oracle,
+        space,
+        probes: Vec::new(),
+        seen: BTreeMap::new(),
+    };
     let start = space.snap(start.max(space.min));
     // The wide stride: a few percent of the prediction, at least one granule.
     let wide = (start / 32).max(g) / g * g;
 
-    let (mut lo, mut hi) = if p.run(start) { p.gallop_up(start, wide) } else { p.gallop_down(start, wide) };
+    let (mut lo, mut hi) = if p.run(start) {
+        p.gallop_up(start, wide)
+    } else {
+        p.gallop_down(start, wide)
+    };
 
     // Bisect, then confirm the pair once more. If the fit does not hold on confirmation,
     // search again below it (a few rounds at most); every answer stays in `seen`.
     for _round in 0..3 {
-        let (Some(l0), Some(h0)) = (lo, hi) else { break };
+        let (Some(l0), Some(h0)) = (lo, hi) else {
+            break;
+        };
         let (l, h) = p.bisect(l0, h0);
         let lo_holds = p.run(l);
         p.run(h);
@@ -171,19 +186,30 @@ where
     let flaky = match lowest_fail {
         Some(f) => {
             seen.iter().any(|(x, o)| *x > f && o.is_fit())
-                || probes.iter().any(|(x, o)| o.is_fit() && seen.get(x).is_some_and(|s| !s.is_fit()))
+                || probes
+                    .iter()
+                    .any(|(x, o)| o.is_fit() && seen.get(x).is_some_and(|s| !s.is_fit()))
         }
         None => false,
     };
     // Report only values that fit every time they ran.
     let max_fit = lo.filter(|x| seen.get(x).is_some_and(|o| o.is_fit()));
     let first_fail = match max_fit {
-        Some(m) => seen.range(m + 1..).find(|(_, o)| !o.is_fit()).map(|(x, _)| *x),
+        Some(m) => seen
+            .range(m + 1..)
+            .find(|(_, o)| !o.is_fit())
+            .map(|(x, _)| *x),
         None => lowest_fail,
     };
     let first_fail = first_fail.or(if max_fit.is_none() { hi } else { None });
     let fail_reason = first_fail.and_then(|x| seen.get(&x).copied());
-    SearchOutcome { max_fit, first_fail, fail_reason, probes, flaky }
+    SearchOutcome {
+        max_fit,
+        first_fail,
+        fail_reason,
+        probes,
+        flaky,
+    }
 }
 
 /// The Lightning-style baseline: double from `from` until failure, then bisect.
@@ -229,7 +255,13 @@ where
         lo = Some(l);
         hi = Some(h);
     }
-    SearchOutcome { max_fit: lo, first_fail: hi, fail_reason: reason, probes, flaky: false }
+    SearchOutcome {
+        max_fit: lo,
+        first_fail: hi,
+        fail_reason: reason,
+        probes,
+        flaky: false,
+    }
 }
 
 #[cfg(test)]
@@ -237,7 +269,13 @@ mod tests {
     use super::*;
 
     fn threshold(b: u64) -> impl FnMut(u64) -> Outcome {
-        move |x| if x <= b { Outcome::Fit } else { Outcome::OutOfMemory }
+        move |x| {
+            if x <= b {
+                Outcome::Fit
+            } else {
+                Outcome::OutOfMemory
+            }
+        }
     }
 
     #[test]
@@ -290,7 +328,11 @@ mod tests {
 
     #[test]
     fn granularity_is_respected() {
-        let space = SearchSpace { min: 1 << 16, max: 1 << 40, granularity: 1 << 16 };
+        let space = SearchSpace {
+            min: 1 << 16,
+            max: 1 << 40,
+            granularity: 1 << 16,
+        };
         let b = 123_456_789u64;
         let r = find_boundary(space, 100_000_000, threshold(b));
         let m = r.max_fit.unwrap();
@@ -306,7 +348,11 @@ mod tests {
         let oracle = move |x: u64| {
             if x == 101 {
                 calls_at_101 += 1;
-                return if calls_at_101 == 1 { Outcome::OutOfMemory } else { Outcome::Fit };
+                return if calls_at_101 == 1 {
+                    Outcome::OutOfMemory
+                } else {
+                    Outcome::Fit
+                };
             }
             if x <= 100 {
                 Outcome::Fit

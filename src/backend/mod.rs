@@ -83,7 +83,11 @@ pub enum AllocError {
     ExceedsLimit { requested: u64, limit: u64 },
     /// The user's emulated cap (`--budget`) would be passed.
     #[error("budget: {requested} more bytes would pass the {budget}-byte budget ({used} in use)")]
-    Budget { requested: u64, budget: u64, used: u64 },
+    Budget {
+        requested: u64,
+        budget: u64,
+        used: u64,
+    },
     /// The device was lost (driver reset, crash).
     #[error("device lost: {0}")]
     DeviceLost(String),
@@ -142,7 +146,8 @@ pub trait Backend {
     /// Copy host bytes into a buffer at `offset`.
     fn write_buffer(&mut self, id: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError>;
     /// Copy `len` bytes from a buffer at `offset` back to the host (synchronises).
-    fn read_buffer(&mut self, id: BufferId, offset: u64, len: u64) -> Result<Vec<u8>, BackendError>;
+    fn read_buffer(&mut self, id: BufferId, offset: u64, len: u64)
+        -> Result<Vec<u8>, BackendError>;
     /// Enqueue one kernel launch: `workgroups` groups of `kernel.workgroup_size()` threads.
     fn dispatch(
         &mut self,

@@ -102,7 +102,10 @@ impl KernelId {
         KernelId { op, storage }
     }
     pub fn words(op: Op) -> Self {
-        KernelId { op, storage: Storage::F32 }
+        KernelId {
+            op,
+            storage: Storage::F32,
+        }
     }
     /// Threads per workgroup (WGSL `@workgroup_size`, CUDA `blockDim`), the same on every backend.
     pub fn workgroup_size(self) -> [u32; 3] {

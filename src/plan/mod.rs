@@ -103,9 +103,22 @@ impl TensorSpec {
 pub enum Step {
     /// c[batch][m][n] = a[batch][m][k] · b[k][n] (b shared across the batch, e.g. a linear layer
     /// over `batch*m` rows).
-    Matmul { a: TensorIx, b: TensorIx, c: TensorIx, batch: u64, m: u64, n: u64, k: u64 },
+    Matmul {
+        a: TensorIx,
+        b: TensorIx,
+        c: TensorIx,
+        batch: u64,
+        m: u64,
+        n: u64,
+        k: u64,
+    },
     /// Row softmax of x[rows][cols] into y.
-    Softmax { x: TensorIx, y: TensorIx, rows: u64, cols: u64 },
+    Softmax {
+        x: TensorIx,
+        y: TensorIx,
+        rows: u64,
+        cols: u64,
+    },
     /// Naive attention for `batch_heads` heads: scores = q·kᵀ/√d, probs = softmax(scores)
     /// (both [bh][seq][seq], stored), out = probs·v. q, k, v, out: [bh][seq][head_dim].
     Attention {
@@ -134,9 +147,22 @@ pub enum Step {
         causal: bool,
     },
     /// Layer norm over rows of x[rows][cols] into y (unit gain, zero bias).
-    LayerNorm { x: TensorIx, y: TensorIx, rows: u64, cols: u64 },
-    Gelu { x: TensorIx, y: TensorIx, elems: u64 },
-    Relu { x: TensorIx, y: TensorIx, elems: u64 },
+    LayerNorm {
+        x: TensorIx,
+        y: TensorIx,
+        rows: u64,
+        cols: u64,
+    },
+    Gelu {
+        x: TensorIx,
+        y: TensorIx,
+        elems: u64,
+    },
+    Relu {
+        x: TensorIx,
+        y: TensorIx,
+        elems: u64,
+    },
     /// NCHW conv: x[n][c_in][h][w] * w[c_out][c_in][kh][kw] -> y[n][c_out][h_out][w_out].
     Conv2d {
         x: TensorIx,
@@ -152,7 +178,13 @@ pub enum Step {
         pad: u64,
     },
     /// One Adam update of params p with gradients g and moments m, v (all `elems` long).
-    Adam { p: TensorIx, g: TensorIx, m: TensorIx, v: TensorIx, elems: u64 },
+    Adam {
+        p: TensorIx,
+        g: TensorIx,
+        m: TensorIx,
+        v: TensorIx,
+        elems: u64,
+    },
 }
 
 /// The tensors and kernels of one probe at one value of the varied dimension.
@@ -172,7 +204,10 @@ pub struct Plan {
 impl Plan {
     /// Total bytes of all tensors (checked; plans are built with checked arithmetic).
     pub fn total_bytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.bytes).fold(0u64, |a, b| a.saturating_add(b))
+        self.tensors
+            .iter()
+            .map(|t| t.bytes)
+            .fold(0u64, |a, b| a.saturating_add(b))
     }
     /// Bytes per role.
     pub fn bytes_by_role(&self, role: Role) -> u64 {

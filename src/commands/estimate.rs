@@ -43,6 +43,20 @@ pub fn out(s: &str) -> CliResult<()> {
     }
 }
 
+/// The card memory a case file names, when `--config` is one (used when `--memory` is absent).
+pub fn case_memory(args: &crate::cli::WorkloadArgs) -> CliResult<Option<u64>> {
+    let Some(path) = &args.config else {
+        return Ok(None);
+    };
+    if !crate::commands::replay::is_case_file(path) {
+        return Ok(None);
+    }
+    match crate::workload::config::load_config(path).map_err(|e| CliError::usage(e.to_string()))? {
+        crate::workload::config::LoadedConfig::Case(c) => Ok(c.memory),
+        crate::workload::config::LoadedConfig::Hf(_) => Ok(None),
+    }
+}
+
 /// Parse `--memory`.
 pub fn memory_arg(v: &str) -> CliResult<u64> {
     parse_size(v).map_err(|e| CliError::usage(format!("--memory: {e}")))
@@ -51,7 +65,10 @@ pub fn memory_arg(v: &str) -> CliResult<u64> {
 pub fn run(args: &EstimateArgs) -> CliResult<()> {
     let r = resolve(&args.workload, "gpt2")?;
     let w = r.workload;
-    let memory = args.memory.as_deref().map(memory_arg).transpose()?;
+    let memory = match args.memory.as_deref().map(memory_arg).transpose()? {
+        Some(m) => Some(m),
+        None => case_memory(&args.workload)?,
+    };
     let plan = Plan::for_workload(&w).map_err(plan_error)?;
     for w in &r.warnings {
         eprintln!("oomprobe: warning: {w}");

@@ -202,6 +202,7 @@ fn partial_run(spec: &RunSpec, probes: &[ProbeRecord]) -> RunResult {
         capacity_bytes: None,
         fill_ratio: None,
         activation_share: None,
+        at: None,
         flaky: false,
         notes: vec!["in progress".into()],
         probes: probes.to_vec(),

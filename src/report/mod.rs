@@ -264,6 +264,9 @@ pub fn fmt_signed_pct(r: f64) -> String {
 /// (positive: the plan promised more than the device gave). None without both numbers or
 /// when nothing fitted.
 pub fn prediction_error(run: &RunResult) -> Option<f64> {
+    if run.at.is_some() {
+        return None; // one probe at a chosen value is no boundary
+    }
     let m = run.max_fit?;
     let p = run.predicted_max?;
     if m == 0 {

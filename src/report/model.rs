@@ -102,6 +102,9 @@ pub struct RunResult {
     /// Share of activations (incl. attention) in the plan at max fit.
     #[serde(default)]
     pub activation_share: Option<f64>,
+    /// Set when the run is one probe at a chosen value (`--at X`), not a boundary search.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<u64>,
     /// True when a fit was seen above a failure (non-monotone device behaviour).
     #[serde(default)]
     pub flaky: bool,

@@ -144,6 +144,7 @@ pub fn simulate(spec: &SimSpec<'_>, capacity: u64) -> RunResult {
         capacity_bytes: Some(capacity),
         fill_ratio: bytes_at.map(|b| b as f64 / capacity as f64),
         activation_share: lo.map(|l| (spec.activation_share)(l)),
+        at: None,
         flaky: false,
         notes: Vec::new(),
         seconds: probes.iter().map(|p| p.seconds).sum(),

@@ -144,7 +144,8 @@ pub struct DeviceSelect {
     /// auto | vulkan | metal | dx12 | gl | cuda
     #[arg(long, value_name = "B", default_value = "auto")]
     pub backend: String,
-    /// Device index as `devices` lists it (within the chosen backend).
+    /// Device index as `devices` lists it (the CUDA ordinal with --backend cuda), or `all` to
+    /// probe every GPU of the machine (a child per device) and compare the results.
     #[arg(long, value_name = "N")]
     pub device: Option<String>,
 }

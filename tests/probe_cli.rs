@@ -13,13 +13,24 @@ fn oomprobe() -> Command {
 }
 
 fn require_adapter() {
-    let out = oomprobe().args(["devices", "--json"]).output().expect("run devices");
+    let out = oomprobe()
+        .args(["devices", "--json"])
+        .output()
+        .expect("run devices");
     let list: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert!(list.as_array().is_some_and(|a| !a.is_empty()), "{INSTALL_HINT}");
+    assert!(
+        list.as_array().is_some_and(|a| !a.is_empty()),
+        "{INSTALL_HINT}"
+    );
 }
 
 fn probe_json(args: &[&str]) -> Value {
-    let out = oomprobe().arg("probe").args(args).args(["--json", "--quiet"]).output().unwrap();
+    let out = oomprobe()
+        .arg("probe")
+        .args(args)
+        .args(["--json", "--quiet"])
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "probe {args:?} failed: {}",
@@ -37,7 +48,14 @@ fn only_run(report: &Value) -> &Value {
 #[test]
 fn budget_boundary_is_exact_and_each_side_checks_out_with_at() {
     require_adapter();
-    let base = ["--model", "tiny-gpt", "--scenario", "batch", "--budget", "48MiB"];
+    let base = [
+        "--model",
+        "tiny-gpt",
+        "--scenario",
+        "batch",
+        "--budget",
+        "48MiB",
+    ];
     let report = probe_json(&base);
     assert_eq!(report["budget_bytes"], 48 * 1024 * 1024);
     let run = only_run(&report);
@@ -50,7 +68,10 @@ fn budget_boundary_is_exact_and_each_side_checks_out_with_at() {
     for p in run["probes"].as_array().unwrap() {
         if p["outcome"] == "fit" {
             let c = p["checksum"].as_str().unwrap_or("");
-            assert!(c.starts_with("verified "), "a fit reads every word back: {p}");
+            assert!(
+                c.starts_with("verified "),
+                "a fit reads every word back: {p}"
+            );
         }
     }
 
@@ -58,7 +79,10 @@ fn budget_boundary_is_exact_and_each_side_checks_out_with_at() {
         let mut args = base.to_vec();
         let x = x.to_string();
         args.extend(["--at", x.as_str()]);
-        only_run(&probe_json(&args))["probes"][0]["outcome"].as_str().unwrap().to_string()
+        only_run(&probe_json(&args))["probes"][0]["outcome"]
+            .as_str()
+            .unwrap()
+            .to_string()
     };
     assert_eq!(at(max), "fit");
     assert_eq!(at(max + 1), "budget");
@@ -67,7 +91,11 @@ fn budget_boundary_is_exact_and_each_side_checks_out_with_at() {
 #[test]
 fn a_real_oom_under_an_address_space_limit_is_a_result() {
     require_adapter();
-    if std::process::Command::new("prlimit").arg("--version").output().is_err() {
+    if std::process::Command::new("prlimit")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         panic!("prlimit (util-linux) is needed for this test");
     }
     let exe = assert_cmd::cargo::cargo_bin("oomprobe");
@@ -77,7 +105,15 @@ fn a_real_oom_under_an_address_space_limit_is_a_result() {
         .arg(format!("--as={limit}"))
         .arg("--")
         .arg(&exe)
-        .args(["probe", "--model", "tiny-gpt", "--scenario", "batch", "--json", "--quiet"])
+        .args([
+            "probe",
+            "--model",
+            "tiny-gpt",
+            "--scenario",
+            "batch",
+            "--json",
+            "--quiet",
+        ])
         .output()
         .unwrap();
     assert!(
@@ -86,13 +122,19 @@ fn a_real_oom_under_an_address_space_limit_is_a_result() {
         String::from_utf8_lossy(&out.stderr)
     );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(report["budget_bytes"].is_null(), "no cap of oomprobe's own under a limit");
+    assert!(
+        report["budget_bytes"].is_null(),
+        "no cap of oomprobe's own under a limit"
+    );
     let run = only_run(&report);
     assert_eq!(run["fail_reason"], "out_of_memory", "{run}");
     let max = run["max_fit"].as_u64().expect("something fits");
     assert_eq!(run["first_fail"].as_u64(), Some(max + 1));
     let probes = run["probes"].as_array().unwrap();
-    let oom = probes.iter().position(|p| p["outcome"] == "out_of_memory").unwrap();
+    let oom = probes
+        .iter()
+        .position(|p| p["outcome"] == "out_of_memory")
+        .unwrap();
     assert!(oom + 1 < probes.len(), "probes go on after an OOM");
     assert!(probes.iter().any(|p| p["outcome"] == "fit"));
 }
@@ -100,7 +142,14 @@ fn a_real_oom_under_an_address_space_limit_is_a_result() {
 #[test]
 fn a_killed_child_is_classified_and_the_search_goes_on() {
     require_adapter();
-    let base = ["--model", "tiny-gpt", "--scenario", "batch", "--budget", "24MiB"];
+    let base = [
+        "--model",
+        "tiny-gpt",
+        "--scenario",
+        "batch",
+        "--budget",
+        "24MiB",
+    ];
     let predicted = only_run(&probe_json(&[&base[..], &["--at", "1"]].concat()))["predicted_max"]
         .as_u64()
         .expect("a prediction");
@@ -112,7 +161,11 @@ fn a_killed_child_is_classified_and_the_search_goes_on() {
         .env("OOMPROBE_TEST_KILL_AT", predicted.to_string())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     let run = only_run(&report);
     let probes = run["probes"].as_array().unwrap();
@@ -129,7 +182,15 @@ fn out_file_holds_the_results() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.json");
     oomprobe()
-        .args(["probe", "--model", "tiny-gpt", "--scenario", "seq", "--budget", "16MiB"])
+        .args([
+            "probe",
+            "--model",
+            "tiny-gpt",
+            "--scenario",
+            "seq",
+            "--budget",
+            "16MiB",
+        ])
         .args(["--quiet", "--out"])
         .arg(&path)
         .assert()
@@ -167,4 +228,22 @@ fn bad_input_exits_2_with_one_line() {
         assert_eq!(lines.len(), 1, "{args:?}: one line, got {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn device_all_probes_each_device_and_compares() {
+    require_adapter();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.json");
+    oomprobe()
+        .args(["probe", "--backend", "vulkan", "--device", "all", "--scenario", "params"])
+        .args(["--budget", "32MiB", "--quiet", "--out"])
+        .arg(&path)
+        .assert()
+        .success();
+    let cmp: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let files = cmp["files"].as_array().expect("a comparison with one file per device");
+    assert!(!files.is_empty(), "{cmp}");
+    let cell = &cmp["rows"][0]["cells"][0];
+    assert!(cell["max_fit"].as_u64().is_some_and(|m| m > 1), "{cmp}");
 }

@@ -101,6 +101,9 @@ pub enum AllocError {
 pub enum BackendError {
     #[error("out of memory during {0}")]
     OutOfMemory(String),
+    /// A scratch allocation inside an operation was refused by the user's budget.
+    #[error("{0}")]
+    Budget(String),
     #[error("device lost: {0}")]
     DeviceLost(String),
     #[error("{0}")]
@@ -110,9 +113,8 @@ pub enum BackendError {
 impl From<AllocError> for BackendError {
     fn from(e: AllocError) -> Self {
         match e {
-            AllocError::OutOfMemory { .. } | AllocError::Budget { .. } => {
-                BackendError::OutOfMemory(e.to_string())
-            }
+            AllocError::OutOfMemory { .. } => BackendError::OutOfMemory(e.to_string()),
+            AllocError::Budget { .. } => BackendError::Budget(e.to_string()),
             AllocError::DeviceLost(m) => BackendError::DeviceLost(m),
             other => BackendError::Other(other.to_string()),
         }

@@ -4,6 +4,7 @@ pub mod compare;
 pub mod devices;
 pub mod diagnose;
 pub mod estimate;
+pub mod fleet;
 pub mod probe;
 pub mod replay;
 

@@ -42,6 +42,9 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         args.format.unwrap_or(OutputFormat::Table)
     };
 
+    if crate::commands::fleet::wants_all(args.device.device.as_deref()) {
+        return crate::commands::fleet::run(args);
+    }
     // The workload: the user's (a preset, a config or a case file) or the default suite.
     if let Some(path) = &args.workload.config {
         if crate::commands::replay::is_case_file(path) {

@@ -26,6 +26,7 @@ pub fn outcome_of_alloc(e: &AllocError) -> Outcome {
 pub fn outcome_of_backend(e: &BackendError) -> Outcome {
     match e {
         BackendError::OutOfMemory(_) => Outcome::OutOfMemory,
+        BackendError::Budget(_) => Outcome::Budget,
         BackendError::DeviceLost(_) => Outcome::DeviceLost,
         BackendError::Other(_) => Outcome::Error,
     }

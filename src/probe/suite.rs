@@ -136,6 +136,14 @@ pub fn scale_for_capacity(mut run: RunSpec, capacity: Option<u64>) -> RunSpec {
             break;
         }
     }
+    // Each kind of change (image, vocabulary, sequence, width) is named once, at its last value.
+    let mut last_of_kind: Vec<String> = Vec::new();
+    for note in applied {
+        let kind = note.split_whitespace().next().unwrap_or("").to_string();
+        last_of_kind.retain(|n| !n.starts_with(&kind));
+        last_of_kind.push(note);
+    }
+    let applied = last_of_kind;
     if !applied.is_empty() {
         run.notes.push(format!(
             "scaled down to fit {}: {}",
@@ -191,4 +199,41 @@ pub fn plan_runs(
         }
     }
     runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_default_keeps_a_boundary_above_one_on_a_small_budget() {
+        for cap in [256u64 << 20, 512 << 20] {
+            for run in plan_runs(&[], None, Some(cap)) {
+                let max = crate::estimate::predicted_max(&run.workload, run.scenario, cap)
+                    .unwrap()
+                    .unwrap_or(0);
+                assert!(
+                    max > 1,
+                    "{:?} {:?} at {cap}: predicted {max}",
+                    run.scenario,
+                    run.variant
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn variants_of_a_scenario_share_one_shape() {
+        let runs = plan_runs(&[Scenario::Activations], None, Some(512 << 20));
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[0].workload.hidden, runs[1].workload.hidden);
+        assert_eq!(runs[0].workload.seq, runs[1].workload.seq);
+        assert_ne!(runs[0].workload.checkpoint, runs[1].workload.checkpoint);
+        assert_eq!(runs[0].notes.len(), 1, "{:?}", runs[0].notes);
+        assert!(
+            !runs[0].notes[0].contains("hidden 512"),
+            "only the last width: {:?}",
+            runs[0].notes
+        );
+    }
 }

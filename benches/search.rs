@@ -6,10 +6,23 @@
 use oomprobe::report::Outcome;
 use oomprobe::search::{find_boundary, lightning_style, SearchSpace};
 
-fn count(boundary: u64, f: impl Fn(&mut dyn FnMut(u64) -> Outcome) -> (Option<u64>, usize)) -> usize {
-    let mut oracle = |x: u64| if x <= boundary { Outcome::Fit } else { Outcome::OutOfMemory };
+fn count(
+    boundary: u64,
+    f: impl Fn(&mut dyn FnMut(u64) -> Outcome) -> (Option<u64>, usize),
+) -> usize {
+    let mut oracle = |x: u64| {
+        if x <= boundary {
+            Outcome::Fit
+        } else {
+            Outcome::OutOfMemory
+        }
+    };
     let (max_fit, probes) = f(&mut oracle);
-    assert_eq!(max_fit, Some(boundary), "both searches must find the boundary");
+    assert_eq!(
+        max_fit,
+        Some(boundary),
+        "both searches must find the boundary"
+    );
     probes
 }
 
@@ -17,8 +30,18 @@ fn main() {
     let space = SearchSpace::unit(1 << 22);
     let boundaries = [3u64, 11, 97, 1013, 4908, 50_000];
     // Prediction quality: the prediction as a fraction of the true boundary.
-    let accuracies = [("exact", 1.0), ("+3%", 1.03), ("-3%", 0.97), ("+20%", 1.2), ("-20%", 0.8), ("2x", 2.0)];
-    println!("{:>10} {:>10} {:>10} {:>10}", "boundary", "prediction", "oomprobe", "lightning");
+    let accuracies = [
+        ("exact", 1.0),
+        ("+3%", 1.03),
+        ("-3%", 0.97),
+        ("+20%", 1.2),
+        ("-20%", 0.8),
+        ("2x", 2.0),
+    ];
+    println!(
+        "{:>10} {:>10} {:>10} {:>10}",
+        "boundary", "prediction", "oomprobe", "lightning"
+    );
     let (mut ours_total, mut theirs_total) = (0usize, 0usize);
     for &b in &boundaries {
         for (label, k) in accuracies {

@@ -236,13 +236,23 @@ fn device_all_probes_each_device_and_compares() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fleet.json");
     oomprobe()
-        .args(["probe", "--backend", "vulkan", "--device", "all", "--scenario", "params"])
+        .args([
+            "probe",
+            "--backend",
+            "vulkan",
+            "--device",
+            "all",
+            "--scenario",
+            "params",
+        ])
         .args(["--budget", "32MiB", "--quiet", "--out"])
         .arg(&path)
         .assert()
         .success();
     let cmp: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let files = cmp["files"].as_array().expect("a comparison with one file per device");
+    let files = cmp["files"]
+        .as_array()
+        .expect("a comparison with one file per device");
     assert!(!files.is_empty(), "{cmp}");
     let cell = &cmp["rows"][0]["cells"][0];
     assert!(cell["max_fit"].as_u64().is_some_and(|m| m > 1), "{cmp}");

@@ -13,23 +13,7 @@ struct Params {
 // The word kernels are written for 256-thread blocks (as the WGSL @workgroup_size(256)).
 static_assert(WG_X == 256u && WG_Y == 1u && WG_Z == 1u, "word kernels need 256x1x1 blocks");
 
-// murmur3's 32-bit finaliser: a bijection with full avalanche.
-__device__ __forceinline__ u32 fmix32(u32 x) {
-    u32 h = x;
-    h = h ^ (h >> 16u);
-    h = h * 0x85ebca6bu;
-    h = h ^ (h >> 13u);
-    h = h * 0xc2b2ae35u;
-    h = h ^ (h >> 16u);
-    return h;
-}
-
-// pattern(index, seed) for the 64-bit word index (lo, hi); matches fill.wgsl and
-// ops::words::pattern bit for bit.
-__device__ __forceinline__ u32 pattern(u32 lo, u32 hi, u32 seed) {
-    u32 k = fmix32(seed ^ (hi * 0x9e3779b9u + 0x7f4a7c15u));
-    return fmix32(lo ^ k) ^ (k >> 7u);
-}
+// fmix32 and pattern come from word_pattern.cu.
 
 extern "C" __global__ void fill(const Params P, u32* data) {
     // Groups numbered x-major over the grid; every thread walks the chunk with a grid-sized

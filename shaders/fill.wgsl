@@ -14,22 +14,7 @@ struct Params {
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read_write> data: array<u32>;
 
-// murmur3's 32-bit finaliser: a bijection with full avalanche.
-fn fmix32(x: u32) -> u32 {
-    var h = x;
-    h = h ^ (h >> 16u);
-    h = h * 0x85ebca6bu;
-    h = h ^ (h >> 13u);
-    h = h * 0xc2b2ae35u;
-    h = h ^ (h >> 16u);
-    return h;
-}
-
-// pattern(index, seed) for the 64-bit word index (lo, hi).
-fn pattern(lo: u32, hi: u32, seed: u32) -> u32 {
-    let k = fmix32(seed ^ (hi * 0x9e3779b9u + 0x7f4a7c15u));
-    return fmix32(lo ^ k) ^ (k >> 7u);
-}
+// fmix32 and pattern come from word_pattern.wgsl.
 
 @compute @workgroup_size(256)
 fn main(

@@ -11,6 +11,9 @@ pub fn workgroup_size(op: Op) -> [u32; 3] {
     }
 }
 
+/// The fill pattern (`fmix32`, `pattern`) that fill and verify share.
+pub const WORD_PATTERN_WGSL: &str = include_str!("../../shaders/word_pattern.wgsl");
+
 /// The raw WGSL text of an op, as stored in `shaders/`.
 pub fn wgsl_file(op: Op) -> &'static str {
     match op {
@@ -42,7 +45,8 @@ pub const WGSL_CODEC: &str = include_str!("../../shaders/codec.wgsl");
 ///    `attention.wgsl` (which sets `MASKED = true`) followed by `softmax.wgsl`.
 pub fn wgsl_source(id: KernelId) -> String {
     match id.op {
-        Op::Fill | Op::Verify | Op::Checksum => wgsl_file(id.op).to_string(),
+        Op::Fill | Op::Verify => format!("{WORD_PATTERN_WGSL}\n{}", wgsl_file(id.op)),
+        Op::Checksum => wgsl_file(id.op).to_string(),
         op => {
             let [x, y, z] = workgroup_size(op);
             let body = match op {

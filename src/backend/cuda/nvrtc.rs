@@ -32,6 +32,8 @@ pub const COMMON: &str = include_str!("../../../shaders/common.cu");
 
 /// The element codec of compute kernels (the twin of `shaders/codec.wgsl`).
 pub const CODEC: &str = include_str!("../../../shaders/codec.cu");
+/// The fill pattern (`fmix32`, `pattern`) that fill and verify share.
+pub const WORD_PATTERN: &str = include_str!("../../../shaders/word_pattern.cu");
 
 /// Every `.cu` file under `shaders/` that is not an op's own kernel file.
 pub const SUPPORT_FILES: &[&str] = &[
@@ -40,6 +42,7 @@ pub const SUPPORT_FILES: &[&str] = &[
     "storage_f32.cu",
     "storage_f16.cu",
     "storage_bf16.cu",
+    "word_pattern.cu",
 ];
 
 /// The raw CUDA text of an op, as stored in `shaders/<op>.cu`.
@@ -92,6 +95,10 @@ pub fn cuda_source(id: KernelId) -> String {
         s.push_str(storage_prelude(id.storage));
         s.push('\n');
         s.push_str(CODEC);
+        s.push('\n');
+    }
+    if matches!(id.op, Op::Fill | Op::Verify) {
+        s.push_str(WORD_PATTERN);
         s.push('\n');
     }
     match id.op {

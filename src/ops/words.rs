@@ -16,6 +16,10 @@ const MAX_GROUPS_PER_DIM: u64 = 65535;
 /// (262,144), few enough that per-workgroup barriers and atomics stay cheap (lavapipe runs
 /// barriers slowly); each thread grid-strides over the rest.
 const MAX_REDUCE_GROUPS: u64 = 1024;
+/// Words each thread handles at least before another workgroup is added: a workgroup's
+/// reduction (eight barriers) must be paid for by real work, or small tensors cost more per
+/// byte than big ones (on lavapipe a barrier switches between all 256 invocations).
+const MIN_WORDS_PER_THREAD: u64 = 64;
 
 /// murmur3's 32-bit finaliser (the same as `fmix32` in `shaders/fill.wgsl`).
 pub fn fmix32(x: u32) -> u32 {
@@ -96,7 +100,9 @@ pub fn word_workgroups(len_words: u64) -> [u32; 3] {
 /// grid-stride (per-workgroup overhead dominates on CPU adapters; enough threads for a GPU).
 pub fn reduce_workgroups(len_words: u64) -> [u32; 3] {
     [
-        len_words.div_ceil(GROUP).clamp(1, MAX_REDUCE_GROUPS) as u32,
+        len_words
+            .div_ceil(GROUP * MIN_WORDS_PER_THREAD)
+            .clamp(1, MAX_REDUCE_GROUPS) as u32,
         1,
         1,
     ]

@@ -16,38 +16,9 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read_write> x: array<u32>;
-@group(0) @binding(2) var<storage, read_write> y: array<atomic<u32>>;
+// Bindings 1 (x) and 2 (y), ld_x and st_y come from row_io.wgsl.
 
-fn ld_x(i: u32) -> f32 {
-    return unpack_elem(x[i / EPW], i);
-}
-
-fn st_y(i: u32, v: f32) {
-    if (EPW == 1u) {
-        atomicStore(&y[i], elem_bits(v));
-        return;
-    }
-    let w = i / EPW;
-    atomicAnd(&y[w], elem_keep(i));
-    atomicOr(&y[w], elem_bits(v) << elem_shift(i));
-}
-
-var<workgroup> red: array<f32, WG_X>;
-
-fn reduce_sum(v: f32, t: u32) -> f32 {
-    red[t] = v;
-    workgroupBarrier();
-    for (var s = WG_X / 2u; s > 0u; s = s / 2u) {
-        if (t < s) {
-            red[t] = red[t] + red[t + s];
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
+// reduce_sum and reduce_max come from row_reduce.wgsl.
 
 @compute @workgroup_size(WG_X, WG_Y, WG_Z)
 fn main(

@@ -12,35 +12,10 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read_write> x: array<u32>;
-@group(0) @binding(2) var<storage, read_write> y: array<atomic<u32>>;
-
-fn ld_x(i: u32) -> f32 {
-    return unpack_elem(x[i / EPW], i);
-}
-
-fn st_y(i: u32, v: f32) {
-    if (EPW == 1u) {
-        atomicStore(&y[i], elem_bits(v));
-        return;
-    }
-    let w = i / EPW;
-    atomicAnd(&y[w], elem_keep(i));
-    atomicOr(&y[w], elem_bits(v) << elem_shift(i));
-}
+// Bindings 1 (x) and 2 (y), ld_x and st_y come from row_io.wgsl.
 
 fn f(v: f32) -> f32 {
     return max(v, 0.0);
 }
 
-@compute @workgroup_size(WG_X, WG_Y, WG_Z)
-fn main(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_id) lid: vec3<u32>,
-) {
-    let i = (wid.x + wid.y * nwg.x) * WG_X + lid.x;
-    if (i < P.len) {
-        st_y(P.y_off + i, f(ld_x(P.x_off + i)));
-    }
-}
+// The entry point comes from elementwise.wgsl.

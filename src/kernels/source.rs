@@ -36,13 +36,22 @@ pub fn wgsl_file(op: Op) -> &'static str {
 /// f16 and bf16 elements packed in 32-bit words, and the kernel-storage shorthands.
 pub const WGSL_CODEC: &str = include_str!("../../shaders/codec.wgsl");
 
+/// X/Y bindings with `ld_x`/`st_y`, shared by the row and elementwise kernels.
+pub const ROW_IO_WGSL: &str = include_str!("../../shaders/row_io.wgsl");
+/// `reduce_sum`/`reduce_max` over a workgroup, shared by softmax, attention and layer norm.
+pub const ROW_REDUCE_WGSL: &str = include_str!("../../shaders/row_reduce.wgsl");
+/// The entry point of the elementwise kernels (relu, gelu), which define `f`.
+pub const ELEMENTWISE_WGSL: &str = include_str!("../../shaders/elementwise.wgsl");
+
 /// The complete WGSL module for a kernel. Word ops (fill, verify, checksum) are their file
 /// alone. A compute kernel is composed as:
 /// 1. the storage prelude `shaders/storage_<type>.wgsl` (`const FMT`, `const EPW`),
 /// 2. `shaders/codec.wgsl` (load/store helpers over `array<u32>` words),
 /// 3. `const WG_X/WG_Y/WG_Z` from [`workgroup_size`] (the op uses `@workgroup_size(WG_X, ..)`),
 /// 4. the op's file; `softmax` gets `const MASKED: bool = false;` first, and `attention` is
-///    `attention.wgsl` (which sets `MASKED = true`) followed by `softmax.wgsl`.
+///    `attention.wgsl` (which sets `MASKED = true`) followed by `softmax.wgsl`. Row kernels
+///    (softmax, attention, layer norm) get `row_io.wgsl` and `row_reduce.wgsl` before it;
+///    elementwise kernels (relu, gelu) get `row_io.wgsl` before it and `elementwise.wgsl` after.
 pub fn wgsl_source(id: KernelId) -> String {
     match id.op {
         Op::Fill | Op::Verify => format!("{WORD_PATTERN_WGSL}\n{}", wgsl_file(id.op)),
@@ -50,8 +59,19 @@ pub fn wgsl_source(id: KernelId) -> String {
         op => {
             let [x, y, z] = workgroup_size(op);
             let body = match op {
-                Op::Softmax => format!("const MASKED: bool = false;\n{}", wgsl_file(op)),
-                Op::Attention => format!("{}\n{}", wgsl_file(op), wgsl_file(Op::Softmax)),
+                Op::Softmax => format!(
+                    "const MASKED: bool = false;\n{ROW_IO_WGSL}\n{ROW_REDUCE_WGSL}\n{}",
+                    wgsl_file(op)
+                ),
+                Op::Attention => format!(
+                    "{ROW_IO_WGSL}\n{ROW_REDUCE_WGSL}\n{}\n{}",
+                    wgsl_file(op),
+                    wgsl_file(Op::Softmax)
+                ),
+                Op::LayerNorm => format!("{ROW_IO_WGSL}\n{ROW_REDUCE_WGSL}\n{}", wgsl_file(op)),
+                Op::Relu | Op::Gelu => {
+                    format!("{ROW_IO_WGSL}\n{}\n{ELEMENTWISE_WGSL}", wgsl_file(op))
+                }
                 _ => wgsl_file(op).to_string(),
             };
             format!(

@@ -366,19 +366,7 @@ pub fn softmax(
     rows: u64,
     cols: u64,
 ) -> Result<(), BackendError> {
-    row_kernel(backend, Op::Softmax, x, y, rows, cols, |r, n, c, _| {
-        bytes_of(&SoftmaxParams {
-            rows: n,
-            cols: c,
-            x_off: r.at[0].1,
-            y_off: r.at[1].1,
-            scale: 1.0,
-            q_row0: 0,
-            q_period: 0,
-            _pad: 0,
-        })
-        .to_vec()
-    })
+    softmax_rows(backend, Op::Softmax, x, y, rows, cols, 1.0, false)
 }
 
 /// Attention probabilities: row softmax of `scale * scores[rows][cols]` into `probs`; with
@@ -392,28 +380,44 @@ pub fn attention_probs(
     scale: f32,
     causal: bool,
 ) -> Result<(), BackendError> {
-    let period = if causal { u32_of(cols, "seq")? } else { 0 };
-    row_kernel(
+    softmax_rows(
         backend,
         Op::Attention,
         scores,
         probs,
         rows,
         cols,
-        |r, n, c, _| {
-            bytes_of(&SoftmaxParams {
-                rows: n,
-                cols: c,
-                x_off: r.at[0].1,
-                y_off: r.at[1].1,
-                scale,
-                q_row0: if causal { (r.u0 % cols) as u32 } else { 0 },
-                q_period: period,
-                _pad: 0,
-            })
-            .to_vec()
-        },
+        scale,
+        causal,
     )
+}
+
+/// The softmax kernels' shared launch: `Op::Softmax` (never masked) or `Op::Attention`.
+#[allow(clippy::too_many_arguments)]
+fn softmax_rows(
+    backend: &mut dyn Backend,
+    op: Op,
+    x: &DeviceTensor,
+    y: &DeviceTensor,
+    rows: u64,
+    cols: u64,
+    scale: f32,
+    causal: bool,
+) -> Result<(), BackendError> {
+    let period = if causal { u32_of(cols, "seq")? } else { 0 };
+    row_kernel(backend, op, x, y, rows, cols, |r, n, c, _| {
+        bytes_of(&SoftmaxParams {
+            rows: n,
+            cols: c,
+            x_off: r.at[0].1,
+            y_off: r.at[1].1,
+            scale,
+            q_row0: if causal { (r.u0 % cols) as u32 } else { 0 },
+            q_period: period,
+            _pad: 0,
+        })
+        .to_vec()
+    })
 }
 
 /// Layer norm over rows of `x[rows][cols]` into `y` (unit gain, zero bias, eps 1e-5).

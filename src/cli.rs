@@ -97,6 +97,25 @@ pub struct WorkloadArgs {
     /// Data-parallel devices ZeRO shards over.
     #[arg(long, value_name = "N")]
     pub gpus: Option<String>,
+    /// train | inference (a forward under no_grad: weights, one layer's intermediates, outputs).
+    #[arg(long, value_name = "M")]
+    pub mode: Option<String>,
+    /// free | keep: gradients freed by zero_grad(set_to_none=True) (PyTorch's default) or kept
+    /// between steps (gradient accumulation).
+    #[arg(long, value_name = "G")]
+    pub grads: Option<String>,
+    /// steady | first: a steady-state step (optimizer state present) or the first step.
+    #[arg(long, value_name = "S")]
+    pub step: Option<String>,
+    /// foreach | fused | for-loop: the optimizer implementation (its temporaries).
+    #[arg(long, value_name = "I")]
+    pub optimizer_impl: Option<String>,
+    /// fused | unfused: GELU as one op, or Hugging Face's gelu_new formula in separate ops.
+    #[arg(long, value_name = "G")]
+    pub gelu: Option<String>,
+    /// on | off: Hugging Face's use_cache (each decoder layer's key and value kept).
+    #[arg(long, value_name = "on|off")]
+    pub kv_cache: Option<String>,
 }
 
 #[derive(Debug, Args)]

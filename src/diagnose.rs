@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::estimate::{breakdown, largest_true, predicted_max, Breakdown};
 use crate::plan::build::PlanError;
-use crate::plan::{Plan, Role};
+use crate::plan::Plan;
 use crate::scenario::Scenario;
 use crate::units::{fmt_bytes, fmt_count};
 use crate::workload::{Arch, Attention, Checkpoint, Workload};
@@ -74,19 +74,21 @@ const MAX_GPUS: u64 = 1 << 24;
 
 fn fits(w: &Workload, memory: u64) -> Result<bool, PlanError> {
     match Plan::for_workload(w) {
-        Ok(p) => Ok(p.total_bytes() <= memory),
+        Ok(p) => Ok(p.peak_bytes() <= memory),
         Err(PlanError::Overflow { .. }) => Ok(false),
         Err(e) => Err(e),
     }
 }
 
-/// Bytes of the s²-sized attention terms of a plan.
+/// Bytes of the s²-sized attention terms live at the plan's peak (stored probabilities, dropout
+/// masks and outputs, score temporaries and their gradients).
 fn quadratic_bytes(plan: &Plan) -> u64 {
-    plan.tensors
-        .iter()
-        .filter(|t| {
-            t.role == Role::Attention && !t.name.ends_with(".stats") || t.name == "ws.attn_scores"
-        })
+    let s = plan.workload.seq;
+    let peak = plan.peak();
+    plan.live_after(peak.event + 1)
+        .into_iter()
+        .map(|t| &plan.tensors[t])
+        .filter(|t| t.shape.len() == 4 && t.shape.ends_with(&[s, s]))
         .fold(0u64, |a, t| a.saturating_add(t.bytes))
 }
 
@@ -110,7 +112,8 @@ fn fewest_gpus(w: &Workload, zero: u8, memory: u64) -> Result<Option<u64>, PlanE
 pub fn diagnose(w: &Workload, memory: u64) -> Result<Diagnosis, PlanError> {
     let plan = Plan::for_workload(w)?;
     let b = breakdown(&plan);
-    let states = b.model_states();
+    // All model states, gradients included (backward makes every one before the update).
+    let states = plan.states_peak();
     let rest = b.non_states();
     let quad = quadratic_bytes(&plan);
     let dense = w.arch == Arch::Dense;
@@ -159,7 +162,7 @@ pub fn diagnose(w: &Workload, memory: u64) -> Result<Diagnosis, PlanError> {
                 "even batch 1 does not fit: activations {} on top of {} model states",
                 fmt_bytes(
                     Plan::for_workload(&batch1)?
-                        .total_bytes()
+                        .peak_bytes()
                         .saturating_sub(states)
                 ),
                 fmt_bytes(states)

@@ -8,10 +8,12 @@
 use serde::{Deserialize, Serialize};
 
 use crate::plan::build::{param_count, PlanError};
-use crate::plan::{Plan, Role};
+use crate::plan::{CurvePoint, EventKind, Peak, Phase, Plan, Role};
 use crate::scenario::Scenario;
 use crate::units::{fmt_bytes, fmt_count};
-use crate::workload::{Arch, Attention, Checkpoint, Workload};
+use crate::workload::{
+    Arch, Attention, Checkpoint, Gelu, Grads, OptimizerImpl, StepKind, Workload,
+};
 
 /// Bytes per role (JSON contract: these field names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -51,9 +53,14 @@ impl Breakdown {
     }
 }
 
-/// The breakdown of a plan by role.
+/// The breakdown by role at the plan's peak (`total` is the peak).
 pub fn breakdown(plan: &Plan) -> Breakdown {
-    let r = |role| plan.bytes_by_role(role);
+    breakdown_of(&plan.peak())
+}
+
+/// The breakdown by role of one moment of the timeline.
+pub fn breakdown_of(peak: &Peak) -> Breakdown {
+    let r = |role| peak.by_role.get(role);
     Breakdown {
         params: r(Role::Params),
         gradients: r(Role::Gradients),
@@ -61,14 +68,50 @@ pub fn breakdown(plan: &Plan) -> Breakdown {
         activations: r(Role::Activations),
         attention: r(Role::Attention),
         workspace: r(Role::Workspace),
-        total: plan.total_bytes(),
+        total: peak.bytes,
+    }
+}
+
+/// Where the peak sits in the step, and the live-bytes curve (`estimate --json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimelineSummary {
+    /// The phase of the peak (setup, forward, loss, backward, optimizer).
+    pub peak_phase: Option<Phase>,
+    /// The index of the event that reached the peak.
+    pub peak_event: usize,
+    /// The tensor whose allocation reached the peak.
+    pub peak_tensor: Option<String>,
+    pub events: usize,
+    /// The most model-state bytes live at once (every gradient made, before the update).
+    pub model_states_bytes: u64,
+    /// Activation bytes live when backward starts (saved by forward and loss, held outputs).
+    pub saved_bytes: u64,
+    /// Live bytes after every allocation and free.
+    pub curve: Vec<CurvePoint>,
+}
+
+/// The timeline summary of a plan.
+pub fn timeline_summary(plan: &Plan) -> TimelineSummary {
+    let peak = plan.peak();
+    let peak_tensor = match plan.events.get(peak.event).map(|e| e.kind) {
+        Some(EventKind::Alloc(t)) if peak.bytes > 0 => Some(plan.tensors[t].name.clone()),
+        _ => None,
+    };
+    TimelineSummary {
+        peak_phase: peak.phase,
+        peak_event: peak.event,
+        peak_tensor,
+        events: plan.events.len(),
+        model_states_bytes: plan.states_peak(),
+        saved_bytes: plan.saved_bytes(),
+        curve: plan.curve(),
     }
 }
 
 /// Whether the plan at x fits in `memory`: Ok(None) when its size overflows.
 fn total_at(w: &Workload, scenario: Scenario, x: u64) -> Result<Option<u64>, PlanError> {
     match Plan::for_value(w, scenario, x) {
-        Ok(p) => Ok(Some(p.total_bytes())),
+        Ok(p) => Ok(Some(p.peak_bytes())),
         Err(PlanError::Overflow { .. }) => Ok(None),
         Err(e) => Err(e),
     }
@@ -177,6 +220,29 @@ pub fn describe(w: &Workload) -> String {
             }
         };
     s.push_str(&format!(", {prec}, {opt}"));
+    if w.inference() {
+        s.push_str(", inference forward");
+    } else {
+        if w.grads == Grads::Keep {
+            s.push_str(", gradients kept");
+        }
+        if w.step == StepKind::First {
+            s.push_str(", first step");
+        }
+        if w.optimizer == crate::workload::Optimizer::Adam {
+            s.push_str(match w.optimizer_impl() {
+                OptimizerImpl::Foreach => " (foreach)",
+                OptimizerImpl::Fused => " (fused)",
+                OptimizerImpl::ForLoop => " (for-loop)",
+            });
+        }
+    }
+    if w.gelu == Gelu::Unfused && w.is_transformer() {
+        s.push_str(", unfused gelu_new");
+    }
+    if w.kv_cache {
+        s.push_str(", KV cache kept");
+    }
     if w.is_transformer() {
         s.push_str(match w.attention {
             Attention::Naive => ", naive attention",
@@ -207,8 +273,9 @@ pub fn share(part: u64, total: u64) -> String {
     }
 }
 
-/// The breakdown as a table for people.
-pub fn breakdown_table(b: &Breakdown) -> comfy_table::Table {
+/// The breakdown at the peak as a table for people; `all_states` adds a row with every model
+/// state (gradients included) when it differs from the states live at the peak.
+pub fn breakdown_table(b: &Breakdown, all_states: u64) -> comfy_table::Table {
     let mut t = comfy_table::Table::new();
     t.load_preset(comfy_table::presets::NOTHING);
     t.set_header(vec!["role", "bytes", "size", "share"]);
@@ -227,6 +294,18 @@ pub fn breakdown_table(b: &Breakdown) -> comfy_table::Table {
         format!("{} ({:.2} GB)", fmt_bytes(ms), ms as f64 / 1e9),
         share(ms, b.total),
     ]);
+    if all_states != ms {
+        t.add_row(vec![
+            "all model states".into(),
+            all_states.to_string(),
+            format!(
+                "{} ({:.2} GB)",
+                fmt_bytes(all_states),
+                all_states as f64 / 1e9
+            ),
+            "-".into(),
+        ]);
+    }
     t.add_row(vec![
         "total".into(),
         b.total.to_string(),
@@ -257,8 +336,15 @@ mod tests {
 
     #[test]
     fn dense_boundary_is_exact() {
-        let w = crate::workload::presets::get("dense").unwrap();
-        // fp32 Adam: 16 B/param.
+        let mut w = crate::workload::presets::get("dense").unwrap();
+        // PyTorch's default Adam on CUDA (foreach): 16 B/param of states + a 4 B/param
+        // temporary during the update.
+        assert_eq!(
+            predicted_max(&w, Scenario::Params, 80_000_000_000).unwrap(),
+            Some(4_000_000_000)
+        );
+        // Fused Adam: 16 B/param.
+        w.optimizer_impl = Some(crate::workload::OptimizerImpl::Fused);
         assert_eq!(
             predicted_max(&w, Scenario::Params, 80_000_000_000).unwrap(),
             Some(5_000_000_000)

@@ -283,6 +283,7 @@ fn probe(value: u64, fit: bool, step: Option<f64>) -> ProbeRecord {
         step_seconds: step,
         checksum: None,
         detail: None,
+        failed_at: None,
     }
 }
 
@@ -359,7 +360,7 @@ fn predicted_line_comes_from_the_plan_when_it_matches_the_probes() {
     let total = |x: u64| {
         Plan::for_value(&w, Scenario::Batch, x)
             .expect("plan")
-            .total_bytes()
+            .peak_bytes()
     };
     let mut r = sample();
     let mut run = r.runs[1].clone();

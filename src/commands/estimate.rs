@@ -5,7 +5,10 @@ use serde::Serialize;
 
 use crate::cli::EstimateArgs;
 use crate::error::{CliError, CliResult};
-use crate::estimate::{boundaries, breakdown, breakdown_table, describe, Boundary, Breakdown};
+use crate::estimate::{
+    boundaries, breakdown, breakdown_table, describe, timeline_summary, Boundary, Breakdown,
+    TimelineSummary,
+};
 use crate::plan::build::{param_count, PlanError};
 use crate::plan::Plan;
 use crate::units::{fmt_bytes, fmt_count, parse_size};
@@ -19,6 +22,8 @@ pub struct EstimateReport {
     pub workload: Workload,
     pub param_count: u64,
     pub breakdown: Breakdown,
+    /// Additive: where the peak sits in the step's timeline and the live-bytes curve.
+    pub timeline: TimelineSummary,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -83,6 +88,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         param_count: param_count(&w).map_err(plan_error)?,
         workload: w,
         breakdown: b,
+        timeline: timeline_summary(&plan),
         memory_bytes: memory,
         boundaries: bounds,
         notes: plan.notes.clone(),
@@ -91,10 +97,21 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         let s = serde_json::to_string_pretty(&report).map_err(|e| CliError::run(e.to_string()))?;
         return out(&format!("{s}\n"));
     }
+    let tl = &report.timeline;
+    let at = match (&tl.peak_phase, &tl.peak_tensor) {
+        (Some(p), Some(t)) => format!(
+            "peak in {} (event {} of {}, allocating {t})",
+            p.name(),
+            tl.peak_event,
+            tl.events
+        ),
+        (Some(p), None) => format!("peak in {}", p.name()),
+        _ => "empty plan".into(),
+    };
     let mut text = format!(
-        "{}\n{}\n",
+        "{}\n{at}; by role at the peak:\n{}\n",
         describe(&report.workload),
-        breakdown_table(&report.breakdown)
+        breakdown_table(&report.breakdown, tl.model_states_bytes)
     );
     for n in &report.notes {
         text.push_str(&format!("note: {n}\n"));

@@ -154,7 +154,7 @@ fn replay_one(ctx: &RunContext, case: &CaseFile, i: usize, run_it: bool) -> CliR
     };
     let plan =
         Plan::for_value(&workload, scenario, value).map_err(|e| CliError::usage(e.to_string()))?;
-    let plan_bytes = plan.total_bytes();
+    let plan_bytes = plan.peak_bytes();
     let predicted = if plan_bytes <= case.memory.unwrap_or(0) {
         Verdict::Fits
     } else {

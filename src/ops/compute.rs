@@ -53,9 +53,9 @@ fn u32_of(v: u64, what: &str) -> Result<u32, BackendError> {
 
 /// The kernel storage type of a tensor; U8 tensors have no compute kernels.
 fn storage_of(t: &DeviceTensor) -> Result<Storage, BackendError> {
-    if t.dtype == DType::U8 {
+    if matches!(t.dtype, DType::U8 | DType::I64) {
         return Err(err(format!(
-            "tensor {} is u8: no compute kernel reads it",
+            "tensor {} is an integer tensor: no compute kernel reads it",
             t.name
         )));
     }
@@ -738,13 +738,17 @@ pub fn run_step(
     step: &Step,
     tensors: &[DeviceTensor],
 ) -> Result<(), BackendError> {
+    run_step_with(backend, step, &|ix| tensors.get(ix))
+}
+
+/// Run one plan step over tensors looked up by plan index (`None`: not allocated now).
+pub fn run_step_with<'a>(
+    backend: &mut dyn Backend,
+    step: &Step,
+    lookup: &dyn Fn(usize) -> Option<&'a DeviceTensor>,
+) -> Result<(), BackendError> {
     let t = |ix: usize| {
-        tensors.get(ix).ok_or_else(|| {
-            err(format!(
-                "plan step names tensor {ix}; the plan has {}",
-                tensors.len()
-            ))
-        })
+        lookup(ix).ok_or_else(|| err(format!("plan step names tensor {ix}, which is not live")))
     };
     match *step {
         Step::Matmul {

@@ -8,7 +8,10 @@
 
 use thiserror::Error;
 
-use super::{params, resnet, transformer, DType, Plan, Role, Step, TensorIx, TensorSpec};
+use super::{
+    params, resnet, transformer, DType, Event, EventKind, Phase, Plan, Role, Step, TensorIx,
+    TensorSpec,
+};
 use crate::scenario::Scenario;
 use crate::workload::{presets, Arch, Workload};
 
@@ -43,21 +46,38 @@ pub fn sum(terms: &[u64], what: &str) -> Result<u64, PlanError> {
     })
 }
 
-/// Placeholder tensor indices in steps, patched once the workspace tensors exist.
-pub(crate) const PENDING_SCORES: TensorIx = usize::MAX;
-pub(crate) const PENDING_WEIGHTS: TensorIx = usize::MAX - 1;
-
-/// Accumulates tensors (with a checked running total), steps and notes.
-#[derive(Debug, Default)]
+/// Builds a timeline: tensors with their alloc/free events in the current phase, kernel steps
+/// (each a `Kernel` event at the point it runs) and notes. The running live total is checked, so
+/// a peak that overflows 64 bits is an error naming the tensor that crossed it.
+#[derive(Debug)]
 pub struct Builder {
     pub(crate) tensors: Vec<TensorSpec>,
     pub(crate) steps: Vec<Step>,
+    pub(crate) events: Vec<Event>,
     pub(crate) notes: Vec<String>,
-    total: u64,
+    phase: Phase,
+    live: u64,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            tensors: Vec::new(),
+            steps: Vec::new(),
+            events: Vec::new(),
+            notes: Vec::new(),
+            phase: Phase::Setup,
+            live: 0,
+        }
+    }
 }
 
 impl Builder {
-    /// Push a tensor of `shape` (elements) and return its index.
+    /// Events from now on belong to `phase`.
+    pub fn phase(&mut self, phase: Phase) {
+        self.phase = phase;
+    }
+    /// Allocate a tensor of `shape` (elements) now and return its index.
     pub fn push(
         &mut self,
         name: &str,
@@ -74,11 +94,11 @@ impl Builder {
         let bytes = elems
             .checked_mul(dtype.bytes())
             .ok_or_else(|| PlanError::Overflow { what: what() })?;
-        self.total = self
-            .total
+        self.live = self
+            .live
             .checked_add(bytes)
             .ok_or_else(|| PlanError::Overflow {
-                what: format!("the plan total (at {})", what()),
+                what: format!("the live total (at {})", what()),
             })?;
         self.tensors.push(TensorSpec {
             name: name.to_string(),
@@ -88,52 +108,40 @@ impl Builder {
             bytes,
             row_elems: row_elems.max(1),
         });
-        Ok(self.tensors.len() - 1)
+        let ix = self.tensors.len() - 1;
+        self.events.push(Event {
+            phase: self.phase,
+            kind: EventKind::Alloc(ix),
+        });
+        Ok(ix)
+    }
+    /// Free a live tensor now.
+    pub fn free(&mut self, ix: TensorIx) {
+        self.live = self.live.saturating_sub(self.tensors[ix].bytes);
+        self.events.push(Event {
+            phase: self.phase,
+            kind: EventKind::Free(ix),
+        });
+    }
+    /// Free several tensors now, in order.
+    pub fn free_all(&mut self, ixs: impl IntoIterator<Item = TensorIx>) {
+        for ix in ixs {
+            self.free(ix);
+        }
     }
     pub fn tensor(&self, ix: TensorIx) -> &TensorSpec {
         &self.tensors[ix]
     }
+    /// Run a kernel now.
     pub fn step(&mut self, s: Step) {
         self.steps.push(s);
+        self.events.push(Event {
+            phase: self.phase,
+            kind: EventKind::Kernel(self.steps.len() - 1),
+        });
     }
     pub fn note(&mut self, n: impl Into<String>) {
         self.notes.push(n.into());
-    }
-    /// Replace a placeholder index in every step.
-    pub(crate) fn patch(&mut self, placeholder: TensorIx, ix: TensorIx) {
-        let fix = |t: &mut TensorIx| {
-            if *t == placeholder {
-                *t = ix;
-            }
-        };
-        for s in &mut self.steps {
-            match s {
-                Step::Matmul { a, b, c, .. } => [a, b, c].into_iter().for_each(fix),
-                Step::Softmax { x, y, .. }
-                | Step::LayerNorm { x, y, .. }
-                | Step::Gelu { x, y, .. }
-                | Step::Relu { x, y, .. } => [x, y].into_iter().for_each(fix),
-                Step::Attention {
-                    q,
-                    k,
-                    v,
-                    scores,
-                    probs,
-                    out,
-                    ..
-                } => [q, k, v, scores, probs, out].into_iter().for_each(fix),
-                Step::FlashAttention {
-                    q,
-                    k,
-                    v,
-                    out,
-                    stats,
-                    ..
-                } => [q, k, v, out, stats].into_iter().for_each(fix),
-                Step::Conv2d { x, w, y, .. } => [x, w, y].into_iter().for_each(fix),
-                Step::Adam { p, g, m, v, .. } => [p, g, m, v].into_iter().for_each(fix),
-            }
-        }
     }
     pub(crate) fn finish(self, workload: Workload, scenario: Scenario, value: u64) -> Plan {
         Plan {
@@ -142,6 +150,7 @@ impl Builder {
             value,
             tensors: self.tensors,
             steps: self.steps,
+            events: self.events,
             notes: self.notes,
         }
     }
@@ -267,9 +276,7 @@ impl Plan {
         };
         let mut b = Builder::default();
         match w.arch {
-            Arch::Dense => {
-                params::push_states(&mut b, &w, x, 1).map_err(with_dim)?;
-            }
+            Arch::Dense => params::build_dense(&mut b, &w, x).map_err(with_dim)?,
             Arch::Resnet => resnet::build(&mut b, &w).map_err(with_dim)?,
             _ => transformer::build(&mut b, &w).map_err(with_dim)?,
         }

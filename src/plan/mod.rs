@@ -1,11 +1,15 @@
-//! Plans: for one workload, scenario and value x, the tensors a training step holds at its peak
-//! and the kernel steps that write and read them. Pure and backend-free: the estimate and the
-//! probe both come from the same plan.
+//! Plans: for one workload, scenario and value x, the timeline of one step: the tensors it
+//! allocates and frees in order and the kernel steps that write and read them. Pure and
+//! backend-free: the estimate (the timeline's peak) and the probe (its replay) both come from the
+//! same plan.
 
 pub mod build;
 pub mod params;
 pub mod resnet;
+pub mod timeline;
 pub mod transformer;
+
+pub use timeline::{CurvePoint, Event, EventKind, Peak, Phase};
 
 use serde::{Deserialize, Serialize};
 
@@ -51,6 +55,8 @@ pub enum DType {
     Bf16,
     /// 1-byte elements (dropout masks).
     U8,
+    /// 8-byte integers (max-pool indices).
+    I64,
 }
 
 impl DType {
@@ -59,13 +65,14 @@ impl DType {
             DType::F32 => 4,
             DType::F16 | DType::Bf16 => 2,
             DType::U8 => 1,
+            DType::I64 => 8,
         }
     }
     /// The kernel storage type for compute over this tensor (U8 masks are only filled).
     pub fn storage(self) -> crate::kernels::Storage {
         use crate::kernels::Storage;
         match self {
-            DType::F32 | DType::U8 => Storage::F32,
+            DType::F32 | DType::U8 | DType::I64 => Storage::F32,
             DType::F16 => Storage::F16,
             DType::Bf16 => Storage::Bf16,
         }
@@ -75,7 +82,7 @@ impl DType {
 /// Index of a tensor in `Plan::tensors`.
 pub type TensorIx = usize;
 
-/// One tensor held at the step's peak.
+/// One tensor of the step (allocated once and freed at most once in the timeline).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TensorSpec {
     pub name: String,
@@ -187,33 +194,64 @@ pub enum Step {
     },
 }
 
-/// The tensors and kernels of one probe at one value of the varied dimension.
+impl Step {
+    /// The tensors a kernel reads or writes.
+    pub fn tensors(&self) -> Vec<TensorIx> {
+        match *self {
+            Step::Matmul { a, b, c, .. } => vec![a, b, c],
+            Step::Softmax { x, y, .. }
+            | Step::LayerNorm { x, y, .. }
+            | Step::Gelu { x, y, .. }
+            | Step::Relu { x, y, .. } => vec![x, y],
+            Step::Attention {
+                q,
+                k,
+                v,
+                scores,
+                probs,
+                out,
+                ..
+            } => vec![q, k, v, scores, probs, out],
+            Step::FlashAttention {
+                q,
+                k,
+                v,
+                out,
+                stats,
+                ..
+            } => vec![q, k, v, out, stats],
+            Step::Conv2d { x, w, y, .. } => vec![x, w, y],
+            Step::Adam { p, g, m, v, .. } => vec![p, g, m, v],
+        }
+    }
+}
+
+/// The timeline of one step at one value of the varied dimension.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     pub workload: crate::workload::Workload,
     pub scenario: crate::scenario::Scenario,
     /// The value of the varied dimension (params, batch or seq).
     pub value: u64,
-    /// Allocation order: model states first, then activations layer by layer, then workspace.
+    /// Every tensor the step allocates, in first-allocation order.
     pub tensors: Vec<TensorSpec>,
+    /// Kernels, referenced by `EventKind::Kernel`.
     pub steps: Vec<Step>,
+    /// The step in order: allocations, frees and kernel launches, by phase.
+    pub events: Vec<Event>,
     /// Notes a person should see (e.g. "image scaled to 64 px for the CPU adapter").
     pub notes: Vec<String>,
 }
 
 impl Plan {
-    /// Total bytes of all tensors (checked; plans are built with checked arithmetic).
-    pub fn total_bytes(&self) -> u64 {
-        self.tensors
-            .iter()
-            .map(|t| t.bytes)
-            .fold(0u64, |a, b| a.saturating_add(b))
-    }
-    /// Bytes per role.
+    /// Bytes per role at the step's peak.
     pub fn bytes_by_role(&self, role: Role) -> u64 {
+        self.peak().by_role.get(role)
+    }
+    /// Bytes of every tensor the step ever allocates, summed (an upper bound of the peak).
+    pub fn allocated_bytes(&self) -> u64 {
         self.tensors
             .iter()
-            .filter(|t| t.role == role)
             .map(|t| t.bytes)
             .fold(0u64, |a, b| a.saturating_add(b))
     }

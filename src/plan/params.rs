@@ -14,8 +14,8 @@
 //! ((P+G+K)Ψ/N). A shard holds ⌈Ψ/N⌉ elements.
 
 use super::build::{Builder, PlanError};
-use super::{DType, Role, Step, TensorIx};
-use crate::workload::{Optimizer, Precision, Workload};
+use super::{DType, Phase, Role, Step, TensorIx};
+use crate::workload::{Grads, Optimizer, OptimizerImpl, Precision, StepKind, Workload};
 
 /// The compute (activation) type of a precision: mixed computes in fp16.
 pub fn compute_dtype(p: Precision) -> DType {
@@ -86,52 +86,289 @@ pub fn shard_elems(psi: u64, kind: &StateKind, zero: u8, gpus: u64) -> u64 {
     }
 }
 
-/// Indices of the pushed model-state tensors.
-#[derive(Debug, Clone, Default)]
-pub struct StateIx {
-    pub params: TensorIx,
-    pub grads: Option<TensorIx>,
-    pub master: Option<TensorIx>,
-    pub adam: Option<(TensorIx, TensorIx)>,
+/// A group of parameters whose gradient appears at one point of the backward pass (a layer's
+/// attention or MLP, the embedding, the head). PyTorch allocates each parameter's state
+/// separately; a piece stands for the parameters of one such group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Piece {
+    pub name: String,
+    pub elems: u64,
 }
 
-/// Push the model states of Ψ parameters and, with Adam, the optimizer step over them (mixed
-/// precision: over the fp32 master weights with the fp16 gradients; the Adam kernel takes a
-/// storage type per tensor). Under ZeRO the step covers the local shard (the smallest tensor).
-pub fn push_states(
-    b: &mut Builder,
-    w: &Workload,
-    psi: u64,
-    row_elems: u64,
-) -> Result<StateIx, PlanError> {
-    let mut ix = StateIx::default();
-    for kind in state_kinds(w.precision, w.optimizer) {
-        let elems = shard_elems(psi, &kind, w.zero, w.gpus);
-        let row = row_elems.clamp(1, elems.max(1));
-        let t = b.push(kind.name, kind.role, kind.dtype, &[elems], row)?;
-        match kind.name {
-            "params" => ix.params = t,
-            "grads" => ix.grads = Some(t),
-            "opt.master" => ix.master = Some(t),
-            "opt.adam_m" => ix.adam = Some((t, 0)),
-            "opt.adam_v" => {
-                if let Some((m, _)) = ix.adam {
-                    ix.adam = Some((m, t));
-                }
-            }
-            _ => {}
+impl Piece {
+    pub fn new(name: impl Into<String>, elems: u64) -> Piece {
+        Piece {
+            name: name.into(),
+            elems,
         }
     }
-    if let (Some(g), Some((m, v))) = (ix.grads, ix.adam) {
-        let p = ix.master.unwrap_or(ix.params);
-        let elems = [p, g, m, v]
-            .iter()
-            .map(|&t| b.tensor(t).elems())
-            .min()
-            .unwrap_or(0);
-        b.step(Step::Adam { p, g, m, v, elems });
+}
+
+/// The state tensors of one piece.
+#[derive(Debug, Clone, Default)]
+pub struct PieceStates {
+    pub elems: u64,
+    pub params: TensorIx,
+    /// fp32 master weights (mixed precision).
+    pub master: Option<TensorIx>,
+    pub grad: Option<TensorIx>,
+    /// Adam m and v, or the momentum buffer.
+    pub opt: Vec<TensorIx>,
+}
+
+/// Model states through a step: set up before it, gradients as backward reaches each piece, the
+/// optimizer update and `zero_grad` after it.
+///
+/// Under ZeRO (stage ≥ 1 on more than one device) the states are DeepSpeed's flat partitioned
+/// buffers: one piece, every buffer (gradients included) allocated before the step.
+#[derive(Debug, Clone)]
+pub struct States {
+    pub pieces: Vec<PieceStates>,
+    names: Vec<String>,
+    kinds: Vec<StateKind>,
+    flat: bool,
+    keep_grads: bool,
+    first_step: bool,
+}
+
+impl States {
+    /// Allocate what exists before the step (phase `Setup`): params (and master weights), the
+    /// optimizer state in a steady-state step, the gradients when they are kept.
+    pub fn setup(b: &mut Builder, w: &Workload, pieces: &[Piece]) -> Result<States, PlanError> {
+        let flat = w.zero > 0 && w.gpus > 1;
+        let inference = w.inference();
+        let optimizer = if inference {
+            Optimizer::None
+        } else {
+            w.optimizer
+        };
+        let kinds = state_kinds(w.precision, optimizer);
+        let pieces: Vec<Piece> = if flat {
+            let total = pieces
+                .iter()
+                .try_fold(0u64, |a, p| a.checked_add(p.elems))
+                .ok_or_else(|| PlanError::Overflow {
+                    what: "the parameter count".into(),
+                })?;
+            vec![Piece::new("", total)]
+        } else {
+            pieces.to_vec()
+        };
+        let mut s = States {
+            pieces: Vec::with_capacity(pieces.len()),
+            names: pieces.iter().map(|p| p.name.clone()).collect(),
+            kinds,
+            flat,
+            keep_grads: flat || w.grads == Grads::Keep,
+            first_step: !flat && w.step == StepKind::First,
+        };
+        b.phase(Phase::Setup);
+        for p in &pieces {
+            let mut ps = PieceStates {
+                elems: p.elems,
+                ..Default::default()
+            };
+            for kind in s.kinds.clone() {
+                let present = match kind.role {
+                    Role::Params => true,
+                    Role::Gradients => s.keep_grads,
+                    _ => kind.name == "opt.master" || !s.first_step,
+                };
+                if present {
+                    let t = s.alloc_kind(b, &kind, p, w)?;
+                    ps.set(&kind, t);
+                }
+            }
+            s.pieces.push(ps);
+        }
+        Ok(s)
     }
-    Ok(ix)
+
+    fn alloc_kind(
+        &self,
+        b: &mut Builder,
+        kind: &StateKind,
+        p: &Piece,
+        w: &Workload,
+    ) -> Result<TensorIx, PlanError> {
+        let elems = shard_elems(p.elems, kind, w.zero, w.gpus);
+        let name = if p.name.is_empty() {
+            kind.name.to_string()
+        } else {
+            format!("{}.{}", kind.name, p.name)
+        };
+        b.push(&name, kind.role, kind.dtype, &[elems], elems.clamp(1, 4096))
+    }
+
+    /// Index of the piece called `name` (always 0 for flat ZeRO states); None when the model
+    /// has no such parameters.
+    pub fn piece(&self, name: &str) -> Option<usize> {
+        if self.flat {
+            return Some(0);
+        }
+        self.names.iter().position(|n| n == name)
+    }
+
+    /// The params tensor a kernel of piece `name` reads (the largest piece if there is none).
+    pub fn weights(&self, name: &str) -> TensorIx {
+        let i = self.piece(name).unwrap_or_else(|| {
+            (0..self.pieces.len())
+                .max_by_key(|&i| self.pieces[i].elems)
+                .unwrap_or(0)
+        });
+        self.pieces[i].params
+    }
+
+    /// Backward reaches piece `name`: its gradient is computed. With PyTorch's default the new
+    /// gradient becomes `.grad` (allocated now, kept until `zero_grad`); when a gradient already
+    /// exists (kept gradients, ZeRO buffers, a tied weight's second use) the new one is a
+    /// temporary added into it.
+    pub fn gradient(&mut self, b: &mut Builder, name: &str, w: &Workload) -> Result<(), PlanError> {
+        let Some(kind) = self
+            .kinds
+            .iter()
+            .find(|k| k.role == Role::Gradients)
+            .cloned()
+        else {
+            return Ok(());
+        };
+        let Some(i) = self.piece(name) else {
+            return Ok(());
+        };
+        let piece = Piece::new(self.names[i].clone(), self.pieces[i].elems);
+        if self.flat {
+            // DeepSpeed reduces into its flat buffer bucket by bucket: no per-piece temporary.
+            return Ok(());
+        }
+        if self.pieces[i].grad.is_none() {
+            let t = self.alloc_kind(b, &kind, &piece, w)?;
+            self.pieces[i].grad = Some(t);
+        } else {
+            let tmp = Piece::new(format!("{}.new", piece.name), piece.elems);
+            let t = self.alloc_kind(b, &kind, &tmp, w)?;
+            b.free(t);
+        }
+        Ok(())
+    }
+
+    /// The optimizer step (phase `Optimizer`): the first step creates the optimizer state; the
+    /// update runs per piece with its implementation's temporaries; `zero_grad` then frees the
+    /// gradients unless they are kept.
+    pub fn optimizer_step(&mut self, b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
+        b.phase(Phase::Optimizer);
+        let opt_kinds: Vec<StateKind> = self
+            .kinds
+            .iter()
+            .filter(|k| k.role == Role::Optimizer && k.name != "opt.master")
+            .cloned()
+            .collect();
+        let Some(grad_kind) = self
+            .kinds
+            .iter()
+            .find(|k| k.role == Role::Gradients)
+            .cloned()
+        else {
+            return Ok(());
+        };
+        // Pieces whose gradient never appeared (unused parameters) get none now either.
+        let n = self.pieces.len();
+        for i in 0..n {
+            if self.pieces[i].grad.is_none() && !self.keep_grads {
+                let piece = Piece::new(self.names[i].clone(), self.pieces[i].elems);
+                let t = self.alloc_kind(b, &grad_kind, &piece, w)?;
+                self.pieces[i].grad = Some(t);
+            }
+            if self.first_step {
+                let piece = Piece::new(self.names[i].clone(), self.pieces[i].elems);
+                for kind in &opt_kinds {
+                    let t = self.alloc_kind(b, kind, &piece, w)?;
+                    self.pieces[i].set(kind, t);
+                }
+            }
+        }
+        let adam = w.optimizer == Optimizer::Adam;
+        let tmp_dtype = opt_kinds.first().map(|k| k.dtype).unwrap_or(DType::F32);
+        let tmp_of = |b: &mut Builder, i: usize, what: &str, names: &[String], elems: u64| {
+            let name = format!("opt.{what}.{}", names[i]);
+            b.push(
+                &name,
+                Role::Workspace,
+                tmp_dtype,
+                &[elems],
+                elems.clamp(1, 4096),
+            )
+        };
+        let imp = w.optimizer_impl();
+        let mut foreach_tmps = Vec::new();
+        if adam && imp == OptimizerImpl::Foreach {
+            // _multi_tensor_adam: exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs), all at once.
+            for i in 0..n {
+                let t = tmp_of(b, i, "foreach_sqrt", &self.names, self.pieces[i].elems)?;
+                foreach_tmps.push(t);
+            }
+        }
+        for i in 0..n {
+            let ps = &self.pieces[i];
+            let mut loop_tmps = Vec::new();
+            if adam && imp == OptimizerImpl::ForLoop {
+                // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bc2).add_(eps): the sqrt and
+                // the quotient are alive together for a moment.
+                let elems = ps.elems;
+                loop_tmps.push(tmp_of(b, i, "sqrt", &self.names, elems)?);
+                loop_tmps.push(tmp_of(b, i, "denom", &self.names, elems)?);
+                b.free(loop_tmps.remove(0));
+            }
+            let ps = &self.pieces[i];
+            if let (Some(g), [m, v]) = (ps.grad, ps.opt.as_slice()) {
+                let p = ps.master.unwrap_or(ps.params);
+                let elems = [p, g, *m, *v]
+                    .iter()
+                    .map(|&t| b.tensor(t).elems())
+                    .min()
+                    .unwrap_or(0);
+                b.step(Step::Adam {
+                    p,
+                    g,
+                    m: *m,
+                    v: *v,
+                    elems,
+                });
+            }
+            b.free_all(loop_tmps);
+        }
+        b.free_all(foreach_tmps);
+        if !self.keep_grads {
+            for ps in &mut self.pieces {
+                if let Some(g) = ps.grad.take() {
+                    b.free(g);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A bare parameter count: its states, the gradients a backward pass would leave, one
+/// optimizer step.
+pub fn build_dense(b: &mut Builder, w: &Workload, psi: u64) -> Result<(), PlanError> {
+    let mut s = States::setup(b, w, &[Piece::new("", psi)])?;
+    if !w.inference() {
+        b.phase(Phase::Backward);
+        s.gradient(b, "", w)?;
+        s.optimizer_step(b, w)?;
+    }
+    Ok(())
+}
+
+impl PieceStates {
+    fn set(&mut self, kind: &StateKind, t: TensorIx) {
+        match kind.role {
+            Role::Params => self.params = t,
+            Role::Gradients => self.grad = Some(t),
+            _ if kind.name == "opt.master" => self.master = Some(t),
+            _ => self.opt.push(t),
+        }
+    }
 }
 
 #[cfg(test)]

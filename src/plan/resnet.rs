@@ -9,19 +9,24 @@
 //! Parameters: conv weights (no biases), BN gain and bias (2c), fc weights and bias: 25,557,032
 //! for ResNet-50 with 1000 classes.
 //!
-//! Stored activations (every conv, BN and ReLU output, as the issue asks; torchvision's in-place
-//! ReLU would share the BN output's storage, so real PyTorch holds less on those terms): the input
-//! image; per conv its output, its BN output and (where one follows) its ReLU output; the
-//! max-pool output; each block's output (ReLU after the residual add); the pooled features
-//! [b, 32w], logits [b, C] in the compute type and fp32 log-probabilities [b, C]. Max-pool indices
-//! (int64) are not counted. Workspace: the loss gradient [b, C] fp32 and two gradient buffers the
-//! size of the largest activation (one layer's backward input and output).
-//! Steps: Conv2d per conv, LayerNorm over each (n, c) plane standing in for BN, ReLU, the fc
-//! matmul; the max-pool and the residual adds have no kernel.
+//! Saved tensors as torchvision's code makes them (ReLU and the residual add are in place):
+//! the input image (stem conv input); per conv its output (BN input) and its BN output, which
+//! the in-place ReLU (and, after conv3, the in-place `+= identity` and ReLU) overwrite — so a
+//! block's output is its conv3 BN output; the max-pool's int64 indices (its input is the stem's
+//! BN output); the pooled features [b, 32w] (fc input). A projection shortcut saves its conv
+//! output; its BN output is a temporary added into the main path and never saved. The caller
+//! holds the logits [b, C]; the loss saves fp32 log-probabilities [b, C]. BN's per-channel
+//! statistics are not counted.
+//!
+//! Backward walks the convs in reverse: each makes the gradient of its BN/ReLU output and of its
+//! input, and its weight gradient appears; a block keeps its incoming gradient for the shortcut
+//! and sums the two paths into a new tensor.
+//! Steps: Conv2d per conv, LayerNorm over each (n, c) plane standing in for BN, the fc matmul;
+//! the in-place ReLUs, the max-pool and the residual adds have no kernel.
 
 use super::build::{prod, sum, Builder, PlanError};
-use super::params::{compute_dtype, push_states};
-use super::{DType, Role, Step, TensorIx};
+use super::params::{compute_dtype, Piece, States};
+use super::{DType, Phase, Role, Step, TensorIx};
 use crate::workload::{Checkpoint, Workload};
 
 /// Bottleneck blocks per stage for a ResNet depth.
@@ -50,7 +55,6 @@ struct Conv {
     stride: u64,
     pad: u64,
     h_in: u64,
-    relu: bool,
 }
 
 impl Conv {
@@ -89,7 +93,6 @@ fn net(w: &Workload) -> Result<Net, PlanError> {
         stride: 2,
         pad: 3,
         h_in: w.image,
-        relu: true,
     };
     let h1 = stem.h_out();
     let pool_h = (h1 + 2).saturating_sub(3) / 2 + 1;
@@ -113,7 +116,6 @@ fn net(w: &Workload) -> Result<Net, PlanError> {
                 stride: 1,
                 pad: 0,
                 h_in: hh,
-                relu: true,
             };
             let c2 = Conv {
                 name: format!("{p}.conv2"),
@@ -123,7 +125,6 @@ fn net(w: &Workload) -> Result<Net, PlanError> {
                 stride,
                 pad: 1,
                 h_in: hh,
-                relu: true,
             };
             let c3 = Conv {
                 name: format!("{p}.conv3"),
@@ -133,7 +134,6 @@ fn net(w: &Workload) -> Result<Net, PlanError> {
                 stride: 1,
                 pad: 0,
                 h_in: c2.h_out(),
-                relu: false,
             };
             let downsample = (bi == 0).then(|| Conv {
                 name: format!("{p}.down"),
@@ -143,7 +143,6 @@ fn net(w: &Workload) -> Result<Net, PlanError> {
                 stride,
                 pad: 0,
                 h_in: hh,
-                relu: false,
             });
             hh = c2.h_out();
             blocks.push((
@@ -164,58 +163,72 @@ fn net(w: &Workload) -> Result<Net, PlanError> {
     })
 }
 
-/// Trainable parameters: conv weights, BN (2c per BN), fc (features·C + C).
-pub fn param_count(w: &Workload) -> Result<u64, PlanError> {
+/// Parameter groups: each conv with its BN (weight + 2c), then the classifier.
+pub fn pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
     let n = net(w)?;
     let e = "the ResNet parameter count";
-    let mut total = sum(&[n.stem.weight_elems()?, 2 * n.stem.c_out], e)?;
+    let mut out = Vec::new();
+    let mut conv = |c: &Conv| -> Result<(), PlanError> {
+        out.push(Piece::new(
+            c.name.clone(),
+            sum(&[c.weight_elems()?, 2 * c.c_out], e)?,
+        ));
+        Ok(())
+    };
+    conv(&n.stem)?;
     for (_, b) in &n.blocks {
         for c in b.convs.iter().chain(b.downsample.iter()) {
-            total = sum(&[total, c.weight_elems()?, 2 * c.c_out], e)?;
+            conv(c)?;
         }
     }
-    sum(&[total, prod(&[n.features, w.vocab], e)?, w.vocab], e)
+    out.push(Piece::new(
+        "fc",
+        sum(&[prod(&[n.features, w.vocab], e)?, w.vocab], e)?,
+    ));
+    Ok(out)
 }
 
-/// Build a ResNet plan at the workload's batch and image size.
-pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
-    let n = net(w)?;
-    let c = compute_dtype(w.precision);
-    let psi = param_count(w)?;
-    let states = push_states(b, w, psi, 1)?;
-    if w.checkpoint != Checkpoint::None {
-        b.note("checkpointing is not modelled for ResNet: all activations are stored");
-    }
-    if w.zero == 3 && w.gpus > 1 {
-        b.note("ZeRO-3 on ResNet: convs read the local weight shard (no gather buffer)");
-    }
-    let weights = states.params;
-    let bsz = w.batch;
-    let wshard = b.tensor(weights).elems();
-    // Largest activation per sample (channels, side) for the backward workspace.
-    let mut largest = (3u64, w.image);
+/// Trainable parameters: conv weights, BN (2c per BN), fc (features·C + C).
+pub fn param_count(w: &Workload) -> Result<u64, PlanError> {
+    let elems: Vec<u64> = pieces(w)?.iter().map(|p| p.elems).collect();
+    sum(&elems, "the ResNet parameter count")
+}
 
-    let conv = |b: &mut Builder,
-                cv: &Conv,
-                x: TensorIx,
-                largest: &mut (u64, u64)|
-     -> Result<TensorIx, PlanError> {
+/// One conv's forward record: its saved output and BN output, and shapes for its backward.
+struct ConvFrame {
+    piece: String,
+    saved: Vec<TensorIx>,
+    in_shape: [u64; 4],
+    out_shape: [u64; 4],
+}
+
+struct R<'a> {
+    b: &'a mut Builder,
+    w: &'a Workload,
+    states: States,
+    bsz: u64,
+    c: DType,
+}
+
+impl R<'_> {
+    fn act(&mut self, name: &str, shape: [u64; 4], role: Role) -> Result<TensorIx, PlanError> {
+        let c = self.c;
+        self.b.push(name, role, c, &shape, shape[3])
+    }
+
+    /// conv → BN (→ in-place ReLU): allocates the conv output and the BN output (the layer's
+    /// output). `keep_bn` false: the BN output is a temporary the caller frees (a shortcut).
+    fn conv(&mut self, cv: &Conv, x: TensorIx) -> Result<(ConvFrame, TensorIx), PlanError> {
         let ho = cv.h_out();
+        let bsz = self.bsz;
         let shape = [bsz, cv.c_out, ho, ho];
-        if cv.c_out.saturating_mul(ho * ho) > largest.0.saturating_mul(largest.1 * largest.1) {
-            *largest = (cv.c_out, ho);
-        }
-        let y = b.push(
-            &format!("{}.out", cv.name),
-            Role::Activations,
-            c,
-            &shape,
-            ho,
-        )?;
-        if cv.weight_elems()? <= wshard {
-            b.step(Step::Conv2d {
+        let y = self.act(&format!("{}.out", cv.name), shape, Role::Activations)?;
+        let wt = self.states.weights(&cv.name);
+        // Under ZeRO-3 a conv reads the local shard; one smaller than its weight runs no kernel.
+        if cv.weight_elems()? <= self.b.tensor(wt).elems() {
+            self.b.step(Step::Conv2d {
                 x,
-                w: weights,
+                w: wt,
                 y,
                 n: bsz,
                 c_in: cv.c_in,
@@ -227,71 +240,160 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
                 pad: cv.pad,
             });
         }
-        let bn = b.push(&format!("{}.bn", cv.name), Role::Activations, c, &shape, ho)?;
-        b.step(Step::LayerNorm {
+        let bn = self.act(&format!("{}.bn", cv.name), shape, Role::Activations)?;
+        self.b.step(Step::LayerNorm {
             x: y,
             y: bn,
             rows: bsz.saturating_mul(cv.c_out),
             cols: ho * ho,
         });
-        if cv.relu {
-            let r = b.push(
-                &format!("{}.relu", cv.name),
-                Role::Activations,
-                c,
-                &shape,
-                ho,
-            )?;
-            b.step(Step::Relu {
-                x: bn,
-                y: r,
-                elems: prod(&shape, "a ResNet activation")?,
-            });
-            Ok(r)
-        } else {
-            Ok(bn)
-        }
-    };
+        Ok((
+            ConvFrame {
+                piece: cv.name.clone(),
+                saved: vec![y],
+                in_shape: [bsz, cv.c_in, cv.h_in, cv.h_in],
+                out_shape: shape,
+            },
+            bn,
+        ))
+    }
 
-    let img = w.image;
-    let image = b.push("image", Role::Activations, c, &[bsz, 3, img, img], img)?;
-    let stem = conv(b, &n.stem, image, &mut largest)?;
-    let _ = stem;
-    let ph = n.pool_h;
-    let mut x = b.push(
-        "stem.pool",
-        Role::Activations,
+    /// Backward through one conv: the gradient of its BN/ReLU output, then of its input; its
+    /// weight gradient appears; its saved tensors are freed. Consumes `g` unless `keep_g`.
+    /// The stem (`input_grad` false) makes no gradient for the image.
+    fn backward(
+        &mut self,
+        fr: ConvFrame,
+        g: TensorIx,
+        keep_g: bool,
+        input_grad: bool,
+    ) -> Result<Option<TensorIx>, PlanError> {
+        let w = self.w;
+        self.states.gradient(self.b, &fr.piece, w)?;
+        let g_bn = self.act(
+            &format!("{}.grad_bn", fr.piece),
+            fr.out_shape,
+            Role::Workspace,
+        )?;
+        if !keep_g {
+            self.b.free(g);
+        }
+        let g_in = if input_grad {
+            Some(self.act(
+                &format!("{}.grad_in", fr.piece),
+                fr.in_shape,
+                Role::Workspace,
+            )?)
+        } else {
+            None
+        };
+        self.b.free(g_bn);
+        self.b.free_all(fr.saved);
+        Ok(g_in)
+    }
+}
+
+/// Build a ResNet step's timeline at the workload's batch and image size.
+pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
+    let n = net(w)?;
+    let c = compute_dtype(w.precision);
+    let train = !w.inference();
+    let states = States::setup(b, w, &pieces(w)?)?;
+    if w.checkpoint != Checkpoint::None {
+        b.note("checkpointing is not modelled for ResNet: all activations are stored");
+    }
+    if w.zero == 3 && w.gpus > 1 {
+        b.note("ZeRO-3 on ResNet: convs read the local weight shard (no gather buffer)");
+    }
+    let bsz = w.batch;
+    let mut r = R {
+        b,
+        w,
+        states,
+        bsz,
         c,
-        &[bsz, n.stem.c_out, ph, ph],
-        ph,
-    )?;
-    for (p, blk) in &n.blocks {
+    };
+    r.b.phase(Phase::Forward);
+    let img = w.image;
+    let image = r.act("image", [bsz, 3, img, img], Role::Activations)?;
+    let (stem_fr, stem_out) = r.conv(&n.stem, image)?;
+    let ph = n.pool_h;
+    let pool_shape = [bsz, n.stem.c_out, ph, ph];
+    let pool_out = r.act("stem.pool", pool_shape, Role::Activations)?;
+    let mut x = pool_out;
+    // Frames in forward order; `None` marks a block boundary handled below.
+    let mut stem_saved = vec![image];
+    stem_saved.extend(stem_fr.saved.iter().copied());
+    stem_saved.push(stem_out);
+    if train {
+        let idx = r.b.push(
+            "stem.pool_indices",
+            Role::Activations,
+            DType::I64,
+            &pool_shape,
+            ph,
+        )?;
+        stem_saved.push(idx);
+    } else {
+        r.b.free_all(std::mem::take(&mut stem_saved));
+    }
+    let stem_fr = ConvFrame {
+        saved: stem_saved,
+        ..stem_fr
+    };
+    struct BlockRec {
+        convs: Vec<ConvFrame>,
+        down: Option<ConvFrame>,
+        input: TensorIx,
+        outputs: Vec<TensorIx>,
+    }
+    let mut blocks: Vec<BlockRec> = Vec::new();
+    for (_, blk) in &n.blocks {
+        let mut frames = Vec::new();
+        let mut outputs = Vec::new();
         let mut y = x;
         for cv in &blk.convs {
-            y = conv(b, cv, y, &mut largest)?;
+            let (fr, out) = r.conv(cv, y)?;
+            frames.push(fr);
+            outputs.push(out);
+            y = out;
         }
-        if let Some(ds) = &blk.downsample {
-            conv(b, ds, x, &mut largest)?;
+        let down = match &blk.downsample {
+            Some(ds) => {
+                let (fr, bn) = r.conv(ds, x)?;
+                // The shortcut's BN output is added in place into conv3's and freed.
+                r.b.free(bn);
+                Some(fr)
+            }
+            None => None,
+        };
+        if !train {
+            for fr in frames.iter().chain(down.iter()) {
+                r.b.free_all(fr.saved.iter().copied());
+            }
+            for &o in &outputs[..outputs.len() - 1] {
+                r.b.free(o);
+            }
+            r.b.free(x);
         }
-        let last = &blk.convs[blk.convs.len() - 1];
-        let ho = last.h_out();
-        let shape = [bsz, last.c_out, ho, ho];
-        let out = b.push(&format!("{p}.out"), Role::Activations, c, &shape, ho)?;
-        b.step(Step::Relu {
-            x: y,
-            y: out,
-            elems: prod(&shape, "a ResNet activation")?,
+        blocks.push(BlockRec {
+            convs: frames,
+            down,
+            input: x,
+            outputs: outputs.clone(),
         });
-        x = out;
+        x = y;
     }
     let f = n.features;
-    let pooled = b.push("avgpool", Role::Activations, c, &[bsz, f], f)?;
+    let pooled = r.b.push("avgpool", Role::Activations, c, &[bsz, f], f)?;
     let classes = w.vocab;
-    let logits = b.push("logits", Role::Activations, c, &[bsz, classes], classes)?;
-    if f.saturating_mul(classes) <= wshard {
-        b.step(Step::Matmul {
+    let logits =
+        r.b.push("logits", Role::Activations, c, &[bsz, classes], classes)?;
+    let wt = r.states.weights("fc");
+    if f.saturating_mul(classes) <= r.b.tensor(wt).elems() {
+        r.b.step(Step::Matmul {
             a: pooled,
-            b: weights,
+            b: wt,
             c: logits,
             batch: 1,
             m: bsz,
@@ -299,7 +401,12 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
             k: f,
         });
     }
-    let logprobs = b.push(
+    if !train {
+        r.b.free_all([x, pooled, logits]);
+        return Ok(());
+    }
+    r.b.phase(Phase::Loss);
+    let logprobs = r.b.push(
         "logprobs",
         Role::Activations,
         DType::F32,
@@ -307,28 +414,78 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         classes,
     )?;
     if c == DType::F32 {
-        b.step(Step::Softmax {
+        r.b.step(Step::Softmax {
             x: logits,
             y: logprobs,
             rows: bsz,
             cols: classes,
         });
     }
-    b.push(
-        "ws.grad_logits",
+    r.b.phase(Phase::Backward);
+    let g_lp = r.b.push(
+        "grad.logprobs",
         Role::Workspace,
         DType::F32,
         &[bsz, classes],
         classes,
     )?;
-    let (lc, lh) = largest;
-    b.push("ws.grad_act_in", Role::Workspace, c, &[bsz, lc, lh, lh], lh)?;
-    b.push(
-        "ws.grad_act_out",
+    let g_logits = r.b.push(
+        "grad.logits",
         Role::Workspace,
-        c,
-        &[bsz, lc, lh, lh],
-        lh,
+        DType::F32,
+        &[bsz, classes],
+        classes,
     )?;
+    r.b.free_all([g_lp, logprobs]);
+    r.states.gradient(r.b, "fc", w)?;
+    let g_pool = r.b.push("grad.pooled", Role::Workspace, c, &[bsz, f], f)?;
+    r.b.free_all([g_logits, pooled]);
+    // avgpool backward: the gradient of the last block's output.
+    let last_shape = blocks
+        .last()
+        .and_then(|b| b.convs.last())
+        .map(|fr| fr.out_shape)
+        .unwrap_or([bsz, f, 1, 1]);
+    let mut g = r.act("grad.features", last_shape, Role::Workspace)?;
+    r.b.free(g_pool);
+    while let Some(blk) = blocks.pop() {
+        // The block's output (its conv3 BN output) goes with conv3's frame; the incoming
+        // gradient stays alive for the shortcut.
+        let g_block = g;
+        let mut outputs = blk.outputs;
+        let mut gm = g_block;
+        let mut first = true;
+        let mut convs = blk.convs;
+        while let Some(fr) = convs.pop() {
+            let out = outputs.pop();
+            let gi = r.backward(fr, gm, first, true)?.unwrap_or(gm);
+            if let Some(o) = out {
+                r.b.free(o);
+            }
+            first = false;
+            gm = gi;
+        }
+        let g_short = match blk.down {
+            Some(fr) => r.backward(fr, g_block, true, true)?.unwrap_or(g_block),
+            None => g_block,
+        };
+        let in_shape = r.b.tensor(blk.input).shape.clone();
+        let sh = [in_shape[0], in_shape[1], in_shape[2], in_shape[3]];
+        let g_sum = r.act("grad.block_in", sh, Role::Workspace)?;
+        r.b.free(gm);
+        if g_short != g_block {
+            r.b.free(g_short);
+        }
+        r.b.free(g_block);
+        g = g_sum;
+    }
+    // Max-pool backward, then the stem; the block input of the first block is the pool output.
+    r.b.free(pool_out);
+    let g_stem = r.act("grad.stem_out", stem_fr.out_shape, Role::Workspace)?;
+    r.b.free(g);
+    r.backward(stem_fr, g_stem, false, false)?;
+    let w_ = r.w;
+    r.states.optimizer_step(r.b, w_)?;
+    r.b.free(logits);
     Ok(())
 }

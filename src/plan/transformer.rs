@@ -70,77 +70,107 @@
 //! recomputation (`recompute.*`): min(K, L) full layers minus the segment input, which is the
 //! checkpoint. Full recompute thus holds `L·B·sbh + (one layer − B·sbh)`.
 
-use super::build::{prod, sum, Builder, PlanError, PENDING_SCORES, PENDING_WEIGHTS};
-use super::params::{compute_dtype, push_states};
-use super::{DType, Role, Step, TensorIx};
-use crate::workload::{presets::vit_tokens, Arch, Attention, Checkpoint, Workload};
+use super::build::{prod, sum, Builder, PlanError};
+use super::params::{compute_dtype, Piece, States};
+use super::{DType, Phase, Role, Step, TensorIx};
+use crate::workload::{presets::vit_tokens, Arch, Attention, Checkpoint, Gelu, Workload};
 
-/// Parameters of one transformer layer.
-pub fn layer_params(w: &Workload) -> Result<u64, PlanError> {
+/// Parameters of one layer's attention block (with its norm) and MLP block (with its norm).
+fn block_params(w: &Workload) -> Result<(u64, u64), PlanError> {
     let (h, f) = (w.hidden, w.ffn);
     let e = "the per-layer parameter count";
     let hh = prod(&[4, h, h], e)?;
     match w.arch {
-        // 4h² (q, k, v, o) + 3hf (gate, up, down) + 2h (two RMSNorm gains), no biases.
-        Arch::Llama => sum(&[hh, prod(&[3, h, f], e)?, prod(&[2, h], e)?], e),
-        // 4h² + 4h (q, k, v, o with biases) + 2hf + f + h (fc1, fc2 with biases) + 4h (two LNs).
-        _ => sum(&[hh, prod(&[2, h, f], e)?, prod(&[9, h], e)?, f], e),
+        // q, k, v, o without biases + one RMSNorm gain; gate, up, down + one RMSNorm gain.
+        Arch::Llama => Ok((sum(&[hh, h], e)?, sum(&[prod(&[3, h, f], e)?, h], e)?)),
+        // q, k, v, o with biases (4h² + 4h) + LN (2h); fc1, fc2 with biases (2hf + f + h) + LN.
+        _ => Ok((
+            sum(&[hh, prod(&[6, h], e)?], e)?,
+            sum(&[prod(&[2, h, f], e)?, f, prod(&[3, h], e)?], e)?,
+        )),
     }
+}
+
+/// Parameters of one transformer layer.
+pub fn layer_params(w: &Workload) -> Result<u64, PlanError> {
+    let (a, m) = block_params(w)?;
+    sum(&[a, m], "the per-layer parameter count")
+}
+
+/// The model's parameter groups in backward order of need: `embed` (the token embedding, also
+/// the output head when tied), `embed.rest` (positions, token types, embedding norm, patch
+/// embedding), per layer `L{i}.attn` and `L{i}.mlp`, `head.rest` (final norm, BERT's MLM
+/// transform and decoder bias, ViT's classifier) and `head` (an untied output head).
+pub fn pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
+    let (h, v) = (w.hidden, w.vocab);
+    let e = "the parameter count";
+    let emb = prod(&[v, h], e)?;
+    // Learned positions grow with a longer --seq than the preset's context.
+    let positions = prod(&[w.max_positions.max(w.seq), h], e)?;
+    let (embed, embed_rest, head_rest) = match w.arch {
+        // wte; wpe; final LN.
+        Arch::Gpt2 => (emb, positions, 2 * h),
+        // word; position + token type (2h) + LN (2h); MLM transform (h² + h) + LN (2h) +
+        // decoder bias (V). BertForMaskedLM has no pooler.
+        Arch::Bert => (
+            emb,
+            sum(&[positions, 4 * h], e)?,
+            sum(&[prod(&[h, h], e)?, 3 * h, v], e)?,
+        ),
+        // embed; final RMSNorm.
+        Arch::Llama => (emb, 0, h),
+        // patch conv (3p²h + h) + class token (h) + positions (tokens·h); final LN (2h) +
+        // classifier (hC + C).
+        Arch::Vit => {
+            let conv = sum(&[prod(&[3, w.patch, w.patch, h], e)?, h], e)?;
+            let pos = prod(&[vit_tokens(w.image, w.patch), h], e)?;
+            (0, sum(&[conv, h, pos], e)?, sum(&[2 * h, emb, v], e)?)
+        }
+        Arch::Resnet | Arch::Dense => return Err(PlanError::Invalid("not a transformer".into())),
+    };
+    let (attn, mlp) = block_params(w)?;
+    let mut out = vec![
+        Piece::new("embed", embed),
+        Piece::new("embed.rest", embed_rest),
+    ];
+    for i in 0..w.layers {
+        out.push(Piece::new(format!("L{i}.attn"), attn));
+        out.push(Piece::new(format!("L{i}.mlp"), mlp));
+    }
+    out.push(Piece::new("head.rest", head_rest));
+    if w.arch != Arch::Vit && !w.tied_head() {
+        out.push(Piece::new("head", emb));
+    }
+    out.retain(|p| p.elems > 0);
+    Ok(out)
 }
 
 /// Total trainable parameters (embeddings, layers, head).
 pub fn param_count(w: &Workload) -> Result<u64, PlanError> {
-    let (h, v) = (w.hidden, w.vocab);
-    let e = "the parameter count";
-    let layers = prod(&[w.layers, layer_params(w)?], e)?;
-    let emb = prod(&[v, h], e)?;
-    let untied_head = if w.tied_head() { 0 } else { emb };
-    // Learned positions grow with a longer --seq than the preset's context.
-    let positions = prod(&[w.max_positions.max(w.seq), h], e)?;
-    match w.arch {
-        // wte + wpe + layers + final LN (2h) [+ lm_head if untied].
-        Arch::Gpt2 => sum(&[emb, positions, layers, 2 * h, untied_head], e),
-        // word + position + token-type (2h) embeddings and their LN (2h); layers; pooler (h² + h);
-        // MLM head: transform dense (h² + h) + LN (2h) + decoder bias (V), decoder tied to the
-        // word embedding.
-        Arch::Bert => {
-            let dense = sum(&[prod(&[h, h], e)?, h], e)?;
-            sum(
-                &[
-                    emb,
-                    positions,
-                    4 * h,
-                    layers,
-                    dense,
-                    dense,
-                    2 * h,
-                    v,
-                    untied_head,
-                ],
-                e,
-            )
-        }
-        // embed + layers + final RMSNorm (h) + lm_head (untied unless the config ties it).
-        Arch::Llama => sum(&[emb, layers, h, untied_head], e),
-        // patch conv (3p²h + h) + class token (h) + positions (tokens·h) + layers + final LN (2h)
-        // + classifier (hC + C).
-        Arch::Vit => {
-            let conv = sum(&[prod(&[3, w.patch, w.patch, h], e)?, h], e)?;
-            let pos = prod(&[vit_tokens(w.image, w.patch), h], e)?;
-            sum(&[conv, h, pos, layers, 2 * h, emb, v], e)
-        }
-        Arch::Resnet | Arch::Dense => Err(PlanError::Invalid("not a transformer".into())),
-    }
+    let p = pieces(w)?;
+    let elems: Vec<u64> = p.iter().map(|p| p.elems).collect();
+    sum(&elems, "the parameter count")
 }
 
-/// Where a layer writes its output.
-enum Out {
-    New(String),
-    Existing(TensorIx),
+/// What one backward frame is: a layer's attention or MLP block.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Block {
+    Attn,
+    Mlp,
+}
+
+/// The tensors one block saved in forward (freed as backward passes it) and its parameters.
+#[derive(Debug, Clone)]
+struct Frame {
+    block: Block,
+    piece: String,
+    saved: Vec<TensorIx>,
 }
 
 struct T<'a> {
     b: &'a mut Builder,
+    w: &'a Workload,
+    states: States,
     bsz: u64,
     s: u64,
     h: u64,
@@ -151,7 +181,11 @@ struct T<'a> {
     flash: bool,
     causal: bool,
     llama: bool,
-    weights: TensorIx,
+    train: bool,
+    /// ZeRO-3's gathered weights (kernels read them instead of the local shard).
+    gather: Option<TensorIx>,
+    /// Tensors the caller holds until the end of the step (logits, a kept KV cache).
+    held: Vec<TensorIx>,
 }
 
 impl T<'_> {
@@ -160,23 +194,35 @@ impl T<'_> {
         self.b.push(name, role, c, &[bsz, s, h], h)
     }
     fn wide(&mut self, name: &str) -> Result<TensorIx, PlanError> {
-        let (bsz, s, f, c) = (self.bsz, self.s, self.f, self.c);
-        self.b.push(name, Role::Activations, c, &[bsz, s, f], f)
+        self.wide_as(name, Role::Activations)
     }
-    fn mask(&mut self, name: &str) -> Result<(), PlanError> {
+    fn wide_as(&mut self, name: &str, role: Role) -> Result<TensorIx, PlanError> {
+        let (bsz, s, f, c) = (self.bsz, self.s, self.f, self.c);
+        self.b.push(name, role, c, &[bsz, s, f], f)
+    }
+    fn scores(&mut self, name: &str, role: Role, dtype: DType) -> Result<TensorIx, PlanError> {
+        let (bsz, a, s) = (self.bsz, self.a, self.s);
+        self.b.push(name, role, dtype, &[bsz, a, s, s], s)
+    }
+    fn mask(&mut self, name: &str, saved: &mut Vec<TensorIx>) -> Result<(), PlanError> {
         if self.dropout {
             let (bsz, s, h) = (self.bsz, self.s, self.h);
-            self.b
-                .push(name, Role::Activations, DType::U8, &[bsz, s, h], h)?;
+            saved.push(
+                self.b
+                    .push(name, Role::Activations, DType::U8, &[bsz, s, h], h)?,
+            );
         }
         Ok(())
     }
     fn rows(&self) -> u64 {
         self.bsz.saturating_mul(self.s)
     }
-    fn matmul(&mut self, a: TensorIx, c: TensorIx, n: u64, k: u64) {
+    fn weights(&self, piece: &str) -> TensorIx {
+        self.gather.unwrap_or_else(|| self.states.weights(piece))
+    }
+    fn matmul(&mut self, piece: &str, a: TensorIx, c: TensorIx, n: u64, k: u64) {
         let m = self.rows();
-        let b = self.weights;
+        let b = self.weights(piece);
         self.b.step(Step::Matmul {
             a,
             b,
@@ -192,14 +238,34 @@ impl T<'_> {
         self.b.step(Step::LayerNorm { x, y, rows, cols });
     }
 
-    /// The attention core: stored q, k, v, scores (naive) or stats (flash), and ctx.
-    fn attention(&mut self, p: &str, x: TensorIx) -> Result<TensorIx, PlanError> {
+    /// The attention core: q, k, v, the probabilities (naive; the pre-softmax scores are a
+    /// temporary) or the softmax statistics (flash), and the context.
+    fn attention(
+        &mut self,
+        p: &str,
+        piece: &str,
+        x: TensorIx,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
         let h = self.h;
         let q = self.hidden(&format!("{p}.q"), Role::Activations)?;
         let k = self.hidden(&format!("{p}.k"), Role::Activations)?;
         let v = self.hidden(&format!("{p}.v"), Role::Activations)?;
+        saved.extend([q, k, v]);
         for t in [q, k, v] {
-            self.matmul(x, t, h, h);
+            self.matmul(piece, x, t, h, h);
+        }
+        if self.w.kv_cache && self.causal {
+            // use_cache: the returned cache keeps this layer's key and value (in training too).
+            let (bsz, s, c) = (self.bsz, self.s, self.c);
+            let kv = self.b.push(
+                &format!("{p}.kv_cache"),
+                Role::Activations,
+                c,
+                &[2, bsz, s, h],
+                h,
+            )?;
+            self.held.push(kv);
         }
         let (bsz, s, a, c) = (self.bsz, self.s, self.a, self.c);
         let bh = bsz.saturating_mul(a);
@@ -214,6 +280,7 @@ impl T<'_> {
                 2,
             )?;
             let ctx = self.hidden(&format!("{p}.ctx"), Role::Activations)?;
+            saved.extend([stats, ctx]);
             self.b.step(Step::FlashAttention {
                 q,
                 k,
@@ -227,35 +294,21 @@ impl T<'_> {
             });
             Ok(ctx)
         } else {
-            let probs = self.b.push(
-                &format!("{p}.attn.probs"),
-                Role::Attention,
-                c,
-                &[bsz, a, s, s],
-                s,
-            )?;
+            let scores = self.scores(&format!("{p}.attn.scores"), Role::Workspace, c)?;
+            let probs = self.scores(&format!("{p}.attn.probs"), Role::Attention, c)?;
+            saved.push(probs);
             if self.dropout {
-                self.b.push(
-                    &format!("{p}.attn.drop_mask"),
-                    Role::Attention,
-                    DType::U8,
-                    &[bsz, a, s, s],
-                    s,
-                )?;
-                self.b.push(
-                    &format!("{p}.attn.drop_out"),
-                    Role::Attention,
-                    c,
-                    &[bsz, a, s, s],
-                    s,
-                )?;
+                let m = self.scores(&format!("{p}.attn.drop_mask"), Role::Attention, DType::U8)?;
+                let o = self.scores(&format!("{p}.attn.drop_out"), Role::Attention, c)?;
+                saved.extend([m, o]);
             }
             let ctx = self.hidden(&format!("{p}.ctx"), Role::Activations)?;
+            saved.push(ctx);
             self.b.step(Step::Attention {
                 q,
                 k,
                 v,
-                scores: PENDING_SCORES,
+                scores,
                 probs,
                 out: ctx,
                 batch_heads: bh,
@@ -263,29 +316,43 @@ impl T<'_> {
                 head_dim,
                 causal,
             });
+            self.b.free(scores);
             Ok(ctx)
         }
     }
 
-    /// One layer reading `x`; returns the output tensor.
-    fn layer(&mut self, p: &str, x: TensorIx, out: Out) -> Result<TensorIx, PlanError> {
+    /// One layer's forward reading `x`: its two frames and its output (a new tensor).
+    fn layer(
+        &mut self,
+        i: u64,
+        p: &str,
+        x: TensorIx,
+        out_name: &str,
+    ) -> Result<(Frame, Frame, TensorIx), PlanError> {
         let (h, f) = (self.h, self.f);
+        let (pa, pm) = (format!("L{i}.attn"), format!("L{i}.mlp"));
+        let mut sa = vec![x];
         let n1 = self.hidden(&format!("{p}.ln1.out"), Role::Activations)?;
+        sa.push(n1);
         self.norm(x, n1);
-        let ctx = self.attention(p, n1)?;
-        self.mask(&format!("{p}.proj.drop_mask"))?;
+        let ctx = self.attention(p, &pa, n1, &mut sa)?;
+        self.mask(&format!("{p}.proj.drop_mask"), &mut sa)?;
+        let mut sm = Vec::new();
         let x2 = self.hidden(&format!("{p}.ln2.in"), Role::Activations)?;
-        self.matmul(ctx, x2, h, h);
+        sm.push(x2);
+        self.matmul(&pa, ctx, x2, h, h);
         let n2 = self.hidden(&format!("{p}.ln2.out"), Role::Activations)?;
+        sm.push(n2);
         self.norm(x2, n2);
+        let elems = self.rows().saturating_mul(f);
         let last = if self.llama {
             let gate = self.wide(&format!("{p}.mlp.gate"))?;
             let up = self.wide(&format!("{p}.mlp.up"))?;
             let act = self.wide(&format!("{p}.mlp.act"))?;
             let prod = self.wide(&format!("{p}.mlp.prod"))?;
-            self.matmul(n2, gate, f, h);
-            self.matmul(n2, up, f, h);
-            let elems = self.rows().saturating_mul(f);
+            sm.extend([gate, up, act, prod]);
+            self.matmul(&pm, n2, gate, f, h);
+            self.matmul(&pm, n2, up, f, h);
             // SiLU runs as the GeLU kernel (same cost class); the gate product act·up has no
             // kernel of its own, so a GeLU over act writes `prod` with the same extent.
             self.b.step(Step::Gelu {
@@ -301,9 +368,17 @@ impl T<'_> {
             prod
         } else {
             let fc1 = self.wide(&format!("{p}.fc1.out"))?;
-            self.matmul(n2, fc1, f, h);
+            sm.push(fc1);
+            self.matmul(&pm, n2, fc1, f, h);
+            if self.w.gelu == Gelu::Unfused && self.train {
+                // gelu_new: 0.5·x · (1 + tanh(√(2/π)·(x + 0.044715·x³))) in separate ops saves
+                // tanh's output, 0.5·x and 1 + tanh (both factors of the last product).
+                for t in ["tanh", "half_x", "one_plus_tanh"] {
+                    sm.push(self.wide(&format!("{p}.gelu.{t}"))?);
+                }
+            }
             let gelu = self.wide(&format!("{p}.gelu.out"))?;
-            let elems = self.rows().saturating_mul(f);
+            sm.push(gelu);
             self.b.step(Step::Gelu {
                 x: fc1,
                 y: gelu,
@@ -311,13 +386,106 @@ impl T<'_> {
             });
             gelu
         };
-        self.mask(&format!("{p}.mlp.drop_mask"))?;
-        let out = match out {
-            Out::New(name) => self.hidden(&name, Role::Activations)?,
-            Out::Existing(ix) => ix,
-        };
-        self.matmul(last, out, h, f);
-        Ok(out)
+        self.mask(&format!("{p}.mlp.drop_mask"), &mut sm)?;
+        let out = self.hidden(out_name, Role::Activations)?;
+        self.matmul(&pm, last, out, h, f);
+        Ok((
+            Frame {
+                block: Block::Attn,
+                piece: pa,
+                saved: sa,
+            },
+            Frame {
+                block: Block::Mlp,
+                piece: pm,
+                saved: sm,
+            },
+            out,
+        ))
+    }
+
+    /// Layers `from..to` in forward from `x`. Saving (a training forward without
+    /// checkpointing, or a recomputation) keeps every frame; otherwise (inference, a checkpointed
+    /// segment under no_grad) each layer's tensors are freed once its output exists, except `x`.
+    fn layers(
+        &mut self,
+        from: u64,
+        to: u64,
+        x: TensorIx,
+        saving: bool,
+        out_name: &dyn Fn(u64) -> String,
+    ) -> Result<(Vec<Frame>, TensorIx), PlanError> {
+        let mut frames = Vec::new();
+        let mut cur = x;
+        for i in from..to {
+            let (fa, fm, out) = self.layer(i, &format!("L{i}"), cur, &out_name(i))?;
+            if saving {
+                frames.push(fa);
+                frames.push(fm);
+            } else {
+                for t in fa.saved.into_iter().chain(fm.saved) {
+                    if t != x {
+                        self.b.free(t);
+                    }
+                }
+            }
+            cur = out;
+        }
+        Ok((frames, cur))
+    }
+
+    /// Backward through one frame: its weight gradient, the activation gradients it makes and
+    /// frees, its saved tensors freed. Takes the incoming gradient and returns the outgoing one.
+    fn backward(&mut self, fr: Frame, incoming: TensorIx) -> Result<TensorIx, PlanError> {
+        let w = self.w;
+        self.states.gradient(self.b, &fr.piece, w)?;
+        let p = &fr.piece;
+        let c = self.c;
+        match fr.block {
+            Block::Mlp => {
+                // fc2 backward makes the gradient of its input [b,s,f]; the activation's backward
+                // another [b,s,f] (both alive for a moment); fc1's the gradient of LN2's output.
+                let g1 = self.wide_as(&format!("{p}.grad_wide_out"), Role::Workspace)?;
+                let g2 = self.wide_as(&format!("{p}.grad_wide_in"), Role::Workspace)?;
+                self.b.free(g1);
+                let gn = self.hidden(&format!("{p}.grad_norm_out"), Role::Workspace)?;
+                self.b.free(g2);
+                let gx = self.hidden(&format!("{p}.grad_in"), Role::Workspace)?;
+                self.b.free(gn);
+                self.b.free_all(fr.saved);
+                self.b.free(incoming);
+                Ok(gx)
+            }
+            Block::Attn => {
+                let gctx = self.hidden(&format!("{p}.grad_ctx"), Role::Workspace)?;
+                let mut last = gctx;
+                if !self.flash {
+                    // probs·V backward: the gradient of the probabilities; softmax backward: of
+                    // the scores; the scale/mask ops pass on one more of the same size.
+                    let g1 = self.scores(&format!("{p}.grad_probs"), Role::Workspace, c)?;
+                    let g2 = self.scores(&format!("{p}.grad_scores"), Role::Workspace, c)?;
+                    self.b.free(g1);
+                    self.b.free(last);
+                    last = g2;
+                }
+                let (bsz, s, h) = (self.bsz, self.s, self.h);
+                let gqkv = self.b.push(
+                    &format!("{p}.grad_qkv"),
+                    Role::Workspace,
+                    c,
+                    &[bsz, s, 3, h],
+                    h,
+                )?;
+                self.b.free(last);
+                let gn = self.hidden(&format!("{p}.grad_norm_out"), Role::Workspace)?;
+                self.b.free(gqkv);
+                let gx = self.hidden(&format!("{p}.grad_in"), Role::Workspace)?;
+                self.b.free(gn);
+                self.b.free_all(fr.saved);
+                self.b.free(incoming);
+                Ok(gx)
+            }
+        }
     }
 }
 
@@ -340,125 +508,158 @@ pub fn segment(checkpoint: Checkpoint, layers: u64) -> Option<u64> {
     }
 }
 
-/// Build a transformer plan at the workload's batch and sequence.
+/// Build a transformer step's timeline at the workload's batch and sequence.
 pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     let (bsz, s, h, a, f, v) = (w.batch, w.seq, w.hidden, w.heads, w.ffn, w.vocab);
     let c = compute_dtype(w.precision);
-    let psi = param_count(w)?;
-    let states = push_states(b, w, psi, h)?;
+    let train = !w.inference();
+    let states = States::setup(b, w, &pieces(w)?)?;
     let zero3 = w.zero == 3 && w.gpus > 1;
-    let weights = if zero3 {
-        PENDING_WEIGHTS
-    } else {
-        states.params
-    };
     let mut t = T {
         b,
+        w,
+        states,
         bsz,
         s,
         h,
         a,
         f,
         c,
-        dropout: w.dropout,
+        dropout: w.dropout && train,
         flash: w.attention == Attention::Flash,
         causal: matches!(w.arch, Arch::Gpt2 | Arch::Llama),
         llama: w.arch == Arch::Llama,
-        weights,
+        train,
+        gather: None,
+        held: Vec::new(),
     };
-
-    // Embedding terms.
-    let mut image = None;
-    match w.arch {
-        Arch::Bert => {
-            t.hidden("emb.ln_in", Role::Activations)?;
+    t.b.phase(Phase::Forward);
+    if zero3 {
+        // One layer's gathered weights (or the embedding/head matrix if larger), prefetched
+        // for the whole forward and backward.
+        let e = "the ZeRO-3 gather buffer";
+        let mut gather = layer_params(w)?.max(prod(&[v, h], e)?);
+        if w.arch == Arch::Vit {
+            gather = gather.max(prod(&[3, w.patch, w.patch, h], e)?);
         }
+        t.gather = Some(t.b.push(
+            "ws.zero3_gather",
+            Role::Workspace,
+            c,
+            &[gather],
+            h.min(gather),
+        )?);
+    }
+
+    // Embedding: its saved tensors form the last backward frame.
+    let mut emb_saved = Vec::new();
+    let x0 = match w.arch {
         Arch::Vit => {
             let img = w.image;
-            image = Some(t.b.push("image", Role::Activations, c, &[bsz, 3, img, img], img)?);
-        }
-        _ => {}
-    }
-    t.mask("emb.drop_mask")?;
-
-    // Layers.
-    let l = w.layers;
-    let first_in;
-    let head_in = match segment(w.checkpoint, l) {
-        None => {
-            let mut x = t.hidden("L0.in", Role::Activations)?;
-            first_in = Some(x);
-            for i in 0..l {
-                let name = if i + 1 == l {
-                    "head.in".to_string()
-                } else {
-                    format!("L{}.in", i + 1)
-                };
-                x = t.layer(&format!("L{i}"), x, Out::New(name))?;
-            }
-            x
-        }
-        Some(k) => {
-            let n_ckpt = l.div_ceil(k);
-            let mut ckpts = Vec::new();
-            for j in 0..n_ckpt {
-                ckpts.push(t.hidden(&format!("ckpt{j}.L{}.in", j * k), Role::Activations)?);
-            }
-            let head_in = t.hidden("head.in", Role::Activations)?;
-            let seg = k.min(l);
-            first_in = ckpts.first().copied();
-            let mut x = head_in;
-            if let Some(&c0) = ckpts.first() {
-                x = c0;
-            }
-            for i in 0..seg {
-                let out = if i + 1 == seg {
-                    Out::Existing(ckpts.get(1).copied().unwrap_or(head_in))
-                } else {
-                    Out::New(format!("recompute.L{}.in", i + 1))
-                };
-                x = t.layer(&format!("recompute.L{i}"), x, out)?;
-            }
-            let _ = x;
-            t.b.note(format!(
-                "checkpointing: inputs of every {k}th layer stored ({n_ckpt} of {l}), one segment of {seg} layer(s) recomputed"
-            ));
-            head_in
-        }
-    };
-    // Patch embedding of a ViT writes the first layer's input.
-    if let (Some(x), Some(y)) = (image, first_in) {
-        {
+            let image =
+                t.b.push("image", Role::Activations, c, &[bsz, 3, img, img], img)?;
+            emb_saved.push(image);
+            let x0 = t.hidden("L0.in", Role::Activations)?;
+            let wt = t.weights("embed.rest");
             t.b.step(Step::Conv2d {
-                x,
-                w: weights,
-                y,
+                x: image,
+                w: wt,
+                y: x0,
                 n: bsz,
                 c_in: 3,
-                h: w.image,
-                w_in: w.image,
+                h: img,
+                w_in: img,
                 c_out: h,
                 kernel: w.patch,
                 stride: w.patch,
                 pad: 0,
             });
+            x0
         }
-    }
+        Arch::Bert => {
+            let ln_in = t.hidden("emb.ln_in", Role::Activations)?;
+            emb_saved.push(ln_in);
+            let x0 = t.hidden("L0.in", Role::Activations)?;
+            t.norm(ln_in, x0);
+            x0
+        }
+        _ => t.hidden("L0.in", Role::Activations)?,
+    };
+    t.mask("emb.drop_mask", &mut emb_saved)?;
 
-    // Head.
+    // Layers.
+    let l = w.layers;
+    let name_out = |i: u64| {
+        if i + 1 == l {
+            "head.in".to_string()
+        } else {
+            format!("L{}.in", i + 1)
+        }
+    };
+    let seg = if train {
+        segment(w.checkpoint, l)
+    } else {
+        None
+    };
+    let mut frames = Vec::new();
+    let mut ckpts = Vec::new();
+    let head_in = match seg {
+        None => {
+            let (fr, out) = t.layers(0, l, x0, train, &name_out)?;
+            if !train {
+                t.b.free(x0);
+            }
+            frames = fr;
+            out
+        }
+        Some(k) => {
+            let mut x = x0;
+            let mut j = 0;
+            while j < l {
+                let end = (j + k).min(l);
+                ckpts.push((j, end, x));
+                let ckpt_name = |i: u64| {
+                    if i + 1 == l {
+                        "head.in".to_string()
+                    } else {
+                        format!("ckpt.L{}.in", i + 1)
+                    }
+                };
+                let (_, out) = t.layers(j, end, x, false, &ckpt_name)?;
+                x = out;
+                j = end;
+            }
+            t.b.note(format!(
+                "checkpointing: inputs of every {k}th layer stored ({} of {l}), each segment recomputed in backward",
+                ckpts.len()
+            ));
+            x
+        }
+    };
+
+    // Head and loss.
     let classes_only = w.arch == Arch::Vit;
+    let head_piece = if w.tied_head() { "embed" } else { "head" };
+    let head_piece = if classes_only {
+        "head.rest"
+    } else {
+        head_piece
+    };
+    let mut head_saved = vec![head_in];
     let head_x = if w.arch == Arch::Bert {
         let d = t.hidden("head.dense_out", Role::Activations)?;
-        t.matmul(head_in, d, h, h);
+        t.matmul("head.rest", head_in, d, h, h);
         let g = t.hidden("head.gelu_out", Role::Activations)?;
         let elems = t.rows().saturating_mul(h);
         t.b.step(Step::Gelu { x: d, y: g, elems });
         let n = t.hidden("head.ln_out", Role::Activations)?;
         t.norm(g, n);
+        head_saved.extend([d, g, n]);
         n
     } else {
         let n = t.hidden("final_ln.out", Role::Activations)?;
         t.norm(head_in, n);
+        head_saved.push(n);
         n
     };
     let (logit_rows, logit_shape): (u64, Vec<u64>) = if classes_only {
@@ -467,15 +668,39 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         (bsz.saturating_mul(s), vec![bsz, s, v])
     };
     let logits = t.b.push("logits", Role::Activations, c, &logit_shape, v)?;
+    let wt = t.weights(head_piece);
     t.b.step(Step::Matmul {
         a: head_x,
-        b: weights,
+        b: wt,
         c: logits,
         batch: 1,
         m: logit_rows,
         n: v,
         k: h,
     });
+    if !train {
+        t.b.free_all(head_saved);
+        t.b.free_all(emb_saved);
+        // The caller keeps the logits (and a KV cache) until the step is over.
+        t.b.free(logits);
+        let held = std::mem::take(&mut t.held);
+        t.b.free_all(held);
+        return Ok(());
+    }
+    t.held.push(logits);
+    t.b.phase(Phase::Loss);
+    // The loss runs in fp32: a 16-bit model's logits are cast first (HF's `logits.float()`).
+    let loss_in = if c == DType::F32 {
+        None
+    } else {
+        Some(t.b.push(
+            "loss.logits_f32",
+            Role::Workspace,
+            DType::F32,
+            &logit_shape,
+            v,
+        )?)
+    };
     let logprobs =
         t.b.push("logprobs", Role::Activations, DType::F32, &logit_shape, v)?;
     if c == DType::F32 {
@@ -486,36 +711,74 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
             cols: v,
         });
     }
-
-    // Workspace.
-    if !t.flash {
-        let ws =
-            t.b.push("ws.attn_scores", Role::Workspace, c, &[bsz, a, s, s], s)?;
-        t.b.patch(PENDING_SCORES, ws);
+    if let Some(x) = loss_in {
+        t.b.free(x);
     }
-    t.b.push(
-        "ws.grad_logits",
+
+    // Backward: nll_loss and log_softmax backward make two fp32 [rows, V] gradients.
+    t.b.phase(Phase::Backward);
+    let g_lp = t.b.push(
+        "grad.logprobs",
         Role::Workspace,
         DType::F32,
         &logit_shape,
         v,
     )?;
-    t.b.push("ws.grad_ffn", Role::Workspace, c, &[bsz, s, f], f)?;
-    t.b.push("ws.grad_hidden", Role::Workspace, c, &[bsz, s, h], h)?;
-    if zero3 {
-        let e = "the ZeRO-3 gather buffer";
-        let mut gather = layer_params(w)?.max(prod(&[v, h], e)?);
-        if w.arch == Arch::Vit {
-            gather = gather.max(prod(&[3, w.patch, w.patch, h], e)?);
-        }
-        let g = t.b.push(
-            "ws.zero3_gather",
-            Role::Workspace,
-            c,
-            &[gather],
-            h.min(gather),
-        )?;
-        t.b.patch(PENDING_WEIGHTS, g);
+    let g_logits =
+        t.b.push("grad.logits", Role::Workspace, DType::F32, &logit_shape, v)?;
+    t.b.free(g_lp);
+    t.b.free(logprobs);
+    let g_logits = if c == DType::F32 {
+        g_logits
+    } else {
+        let g =
+            t.b.push("grad.logits_16", Role::Workspace, c, &logit_shape, v)?;
+        t.b.free(g_logits);
+        g
+    };
+    // The head's matmul: its weight gradient and the gradient of its input.
+    let w_ = t.w;
+    t.states.gradient(t.b, head_piece, w_)?;
+    // (ViT's classifier reads one token; its input gradient is still [b, s, h], zeros elsewhere.)
+    let gx = t.hidden("grad.head_x", Role::Workspace)?;
+    t.b.free(g_logits);
+    if head_piece != "head.rest" {
+        t.states.gradient(t.b, "head.rest", w_)?;
     }
+    let gin = t.hidden("grad.head_in", Role::Workspace)?;
+    t.b.free(gx);
+    t.b.free_all(head_saved);
+    let mut g = gin;
+    match seg {
+        None => {
+            while let Some(fr) = frames.pop() {
+                g = t.backward(fr, g)?;
+            }
+        }
+        Some(_) => {
+            while let Some((from, to, x)) = ckpts.pop() {
+                // Recompute the segment from its checkpoint, then backward through it.
+                let (mut fr, out) =
+                    t.layers(from, to, x, true, &|i| format!("recompute.L{}.out", i + 1))?;
+                t.b.free(out);
+                while let Some(f) = fr.pop() {
+                    g = t.backward(f, g)?;
+                }
+            }
+        }
+    }
+    // Embedding backward: the dense gradient of the token embedding (added into the tied head's
+    // gradient when it already exists) and of the positions.
+    t.states.gradient(t.b, "embed", w_)?;
+    t.states.gradient(t.b, "embed.rest", w_)?;
+    t.b.free_all(emb_saved);
+    t.b.free(g);
+    if let Some(gb) = t.gather.take() {
+        t.b.free(gb);
+    }
+    let held = std::mem::take(&mut t.held);
+    t.states.optimizer_step(t.b, w_)?;
+    // The caller drops the outputs (logits, cache) after the step.
+    t.b.free_all(held);
     Ok(())
 }

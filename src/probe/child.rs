@@ -43,7 +43,7 @@ pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
         Ok(p) => p,
         Err(e) => return failed_record(req.value, 0, Outcome::Error, e.to_string(), started),
     };
-    let bytes = plan.total_bytes();
+    let bytes = plan.peak_bytes();
     let backend = match crate::backend::open::open_device(&req.device.backend, req.device.index) {
         Ok(b) => b,
         Err(e) => return failed_record(req.value, bytes, Outcome::Error, e.to_string(), started),
@@ -74,6 +74,7 @@ fn failed_record(
         step_seconds: None,
         checksum: None,
         detail: Some(detail),
+        failed_at: None,
     }
 }
 
@@ -125,7 +126,7 @@ impl ChildRunner {
     pub fn run(&self, req: &ChildRequest) -> ProbeRecord {
         let started = Instant::now();
         let bytes = Plan::for_value(&req.workload, req.scenario, req.value)
-            .map(|p| p.total_bytes())
+            .map(|p| p.peak_bytes())
             .unwrap_or(0);
         let fail =
             |outcome, detail: String| failed_record(req.value, bytes, outcome, detail, started);

@@ -1,12 +1,15 @@
-//! Execute one plan on a Backend: allocate every tensor in order, write and verify every byte,
-//! run the plan's kernels (full mode), read back a checksum, free. OOM is a result, not an error.
+//! Execute one plan on a Backend by replaying its timeline in order: each allocation is made
+//! and written at once, kernels run at their points (full mode), each tensor is read back when
+//! it is freed (verified against its pattern, or checksummed once a kernel wrote it), and what
+//! the step keeps to its end is read back last. OOM is a result, not an error: a failure records
+//! the event, phase and live bytes where it happened.
 
 use std::time::Instant;
 
 use crate::backend::{AllocError, Backend, BackendError};
 use crate::ops;
-use crate::plan::Plan;
-use crate::report::{Outcome, ProbeRecord};
+use crate::plan::{EventKind, Plan};
+use crate::report::{FailurePoint, Outcome, ProbeRecord};
 use crate::tensor::{self, DeviceTensor};
 
 use super::Compute;
@@ -32,102 +35,180 @@ pub fn outcome_of_backend(e: &BackendError) -> Outcome {
     }
 }
 
-/// Run one probe of `plan` on `backend`. Always frees what it allocated before returning.
-pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) -> ProbeRecord {
-    let started = Instant::now();
-    let bytes = plan.total_bytes();
-    let mut record = ProbeRecord {
-        value: plan.value,
-        outcome: Outcome::Fit,
-        bytes,
-        bytes_allocated: 0,
-        failed_tensor: None,
-        seconds: 0.0,
-        step_seconds: None,
-        checksum: None,
-        detail: None,
-    };
-
-    let mut tensors: Vec<DeviceTensor> = Vec::with_capacity(plan.tensors.len());
-    for spec in &plan.tensors {
-        match tensor::allocate_tensor(backend, spec) {
-            Ok(t) => tensors.push(t),
-            Err(e) => {
-                record.outcome = outcome_of_alloc(&e);
-                record.failed_tensor = Some(spec.name.clone());
-                record.detail = Some(e.to_string());
-                break;
-            }
-        }
-    }
-    record.bytes_allocated = backend.allocated_bytes();
-
-    if record.outcome.is_fit() {
-        let step_started = Instant::now();
-        match run_step(backend, plan, &tensors, compute) {
-            Ok(check) => {
-                record.checksum = Some(match compute {
-                    Compute::Full => format!("{check:016x}"),
-                    Compute::Touch => format!("verified {check} words"),
-                });
-                record.step_seconds = Some(step_started.elapsed().as_secs_f64());
-            }
-            Err((outcome, detail)) => {
-                record.outcome = outcome;
-                record.detail = Some(detail);
-            }
-        }
-    }
-
-    for t in tensors {
-        tensor::free_tensor(backend, t);
-    }
-    record.seconds = started.elapsed().as_secs_f64();
-    record
+/// A failure during the replay: its outcome, detail and the event where it happened.
+struct Failure {
+    outcome: Outcome,
+    detail: String,
+    event: usize,
+    requested: u64,
+    tensor: Option<String>,
 }
 
-/// Fill and verify every tensor; in full mode run the kernels and fold the tensors' checksums.
-/// Returns the folded checksum (full) or the number of words verified (touch).
-fn run_step(
-    backend: &mut dyn Backend,
-    plan: &Plan,
-    tensors: &[DeviceTensor],
+/// The replay's state: live device tensors by plan index, and what has been read back.
+struct Replay<'a> {
+    backend: &'a mut dyn Backend,
+    plan: &'a Plan,
     compute: Compute,
-) -> Result<u64, (Outcome, String)> {
-    let fail = |e: BackendError| (outcome_of_backend(&e), e.to_string());
-    for (i, t) in tensors.iter().enumerate() {
-        ops::words::fill_tensor(backend, t, seed_of(i)).map_err(fail)?;
+    live: Vec<Option<DeviceTensor>>,
+    /// Tensors a kernel has written (read back by checksum, not against their pattern).
+    written: Vec<bool>,
+    words_verified: u64,
+    folded: u64,
+    peak_allocated: u64,
+}
+
+impl Replay<'_> {
+    fn run(&mut self) -> Result<(), Failure> {
+        let plan = self.plan;
+        for (i, e) in plan.events.iter().enumerate() {
+            let fail = |outcome, detail: String| Failure {
+                outcome,
+                detail,
+                event: i,
+                requested: 0,
+                tensor: None,
+            };
+            match e.kind {
+                EventKind::Alloc(t) => {
+                    let spec = &plan.tensors[t];
+                    let dt =
+                        tensor::allocate_tensor(self.backend, spec).map_err(|err| Failure {
+                            outcome: outcome_of_alloc(&err),
+                            detail: err.to_string(),
+                            event: i,
+                            requested: spec.bytes,
+                            tensor: Some(spec.name.clone()),
+                        })?;
+                    self.peak_allocated = self.peak_allocated.max(self.backend.allocated_bytes());
+                    let r = ops::words::fill_tensor(self.backend, &dt, seed_of(t));
+                    self.live[t] = Some(dt);
+                    r.map_err(|err| fail(outcome_of_backend(&err), err.to_string()))?;
+                }
+                EventKind::Free(t) => {
+                    self.read_back(t).map_err(|(o, d)| fail(o, d))?;
+                    if let Some(dt) = self.live[t].take() {
+                        tensor::free_tensor(self.backend, dt);
+                    }
+                }
+                EventKind::Kernel(k) => {
+                    if self.compute == Compute::Full {
+                        let step = &plan.steps[k];
+                        for t in step.tensors() {
+                            self.written[t] = true;
+                        }
+                        let live = &self.live;
+                        let r = ops::compute::run_step_with(self.backend, step, &|t| {
+                            live.get(t).and_then(Option::as_ref)
+                        });
+                        r.map_err(|err| fail(outcome_of_backend(&err), err.to_string()))?;
+                    }
+                }
+            }
+        }
+        let end = plan.events.len();
+        for t in 0..self.live.len() {
+            if self.live[t].is_some() {
+                self.read_back(t).map_err(|(o, d)| Failure {
+                    outcome: o,
+                    detail: d,
+                    event: end,
+                    requested: 0,
+                    tensor: None,
+                })?;
+            }
+        }
+        self.backend.synchronize().map_err(|err| Failure {
+            outcome: outcome_of_backend(&err),
+            detail: err.to_string(),
+            event: end,
+            requested: 0,
+            tensor: None,
+        })
     }
-    for (i, t) in tensors.iter().enumerate() {
-        let v = ops::words::verify_tensor(backend, t, seed_of(i)).map_err(fail)?;
-        let expected = t.words();
+
+    /// Read a live tensor back: verify its pattern, or fold its checksum once a kernel wrote it.
+    fn read_back(&mut self, t: usize) -> Result<(), (Outcome, String)> {
+        let Some(dt) = self.live[t].as_ref() else {
+            return Ok(());
+        };
+        let fail = |e: BackendError| (outcome_of_backend(&e), e.to_string());
+        if self.written[t] {
+            let c = ops::words::checksum_tensor(self.backend, dt).map_err(fail)?;
+            self.folded = self.folded.rotate_left(7) ^ c.sum;
+            return Ok(());
+        }
+        let v = ops::words::verify_tensor(self.backend, dt, seed_of(t)).map_err(fail)?;
+        let expected = dt.words();
         if v.words_seen != expected || v.mismatches != 0 {
             return Err((
                 Outcome::Error,
                 format!(
                     "tensor {} read back wrong: {} of {} words seen, {} mismatches",
-                    plan.tensors[i].name, v.words_seen, expected, v.mismatches
+                    self.plan.tensors[t].name, v.words_seen, expected, v.mismatches
                 ),
             ));
         }
+        self.words_verified += v.words_seen;
+        Ok(())
     }
-    if compute == Compute::Full {
-        for step in &plan.steps {
-            ops::compute::run_step(backend, step, tensors).map_err(fail)?;
+}
+
+/// Run one probe of `plan` on `backend`. Always frees what it allocated before returning.
+pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) -> ProbeRecord {
+    let started = Instant::now();
+    let bytes = plan.peak_bytes();
+    let n = plan.tensors.len();
+    let mut r = Replay {
+        backend,
+        plan,
+        compute,
+        live: (0..n).map(|_| None).collect(),
+        written: vec![false; n],
+        words_verified: 0,
+        folded: 0,
+        peak_allocated: 0,
+    };
+    let result = r.run();
+    let mut record = ProbeRecord {
+        value: plan.value,
+        outcome: Outcome::Fit,
+        bytes,
+        bytes_allocated: r.peak_allocated,
+        failed_tensor: None,
+        seconds: 0.0,
+        step_seconds: None,
+        checksum: None,
+        detail: None,
+        failed_at: None,
+    };
+    match result {
+        Ok(()) => {
+            record.checksum = Some(match compute {
+                Compute::Full => format!("{:016x}", r.folded),
+                Compute::Touch => format!("verified {} words", r.words_verified),
+            });
+            record.step_seconds = Some(started.elapsed().as_secs_f64());
+        }
+        Err(f) => {
+            record.outcome = f.outcome;
+            record.detail = Some(f.detail);
+            record.failed_tensor = f.tensor;
+            record.failed_at = Some(FailurePoint {
+                event: f.event,
+                phase: plan
+                    .events
+                    .get(f.event.min(plan.events.len().saturating_sub(1)))
+                    .map_or(crate::plan::Phase::Setup, |e| e.phase),
+                live_bytes: plan.live_before(f.event),
+                requested_bytes: f.requested,
+            });
         }
     }
-    backend.synchronize().map_err(fail)?;
-    if compute == Compute::Touch {
-        // Verify has read every word back; its count is the check.
-        let words: u64 = tensors.iter().map(|t| t.words()).sum();
-        return Ok(words);
+    for dt in r.live.iter_mut().filter_map(Option::take) {
+        tensor::free_tensor(r.backend, dt);
     }
-    let mut folded: u64 = 0;
-    for t in tensors {
-        let c = ops::words::checksum_tensor(backend, t).map_err(fail)?;
-        folded = folded.rotate_left(7) ^ c.sum;
-    }
-    Ok(folded)
+    record.seconds = started.elapsed().as_secs_f64();
+    record
 }
 
 /// The fill seed of the i-th tensor: distinct per tensor so a mixed-up buffer is caught.

@@ -100,9 +100,9 @@ impl RunContext {
         });
         let plan_at = |x: u64| Plan::for_value(&spec.workload, spec.scenario, x).ok();
         let max_plan = found.max_fit.and_then(plan_at);
-        let bytes_at_max_fit = max_plan.as_ref().map(|p| p.total_bytes());
+        let bytes_at_max_fit = max_plan.as_ref().map(|p| p.peak_bytes());
         let activation_share = max_plan.as_ref().and_then(|p| {
-            let total = p.total_bytes();
+            let total = p.peak_bytes();
             let act = p
                 .bytes_by_role(Role::Activations)
                 .saturating_add(p.bytes_by_role(Role::Attention));

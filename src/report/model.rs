@@ -77,6 +77,21 @@ pub struct ProbeRecord {
     /// One-line detail for failures.
     #[serde(default)]
     pub detail: Option<String>,
+    /// Additive: where in the step's timeline the probe failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_at: Option<FailurePoint>,
+}
+
+/// The point of the timeline where a probe failed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FailurePoint {
+    /// Index into the plan's events.
+    pub event: usize,
+    pub phase: crate::plan::Phase,
+    /// Bytes the plan held live just before the failing event.
+    pub live_bytes: u64,
+    /// Bytes the failing allocation asked for (0 when a kernel or a read-back failed).
+    pub requested_bytes: u64,
 }
 
 /// One scenario's search.

@@ -7,7 +7,7 @@
 
 use crate::backend::{BackendKind, DeviceInfo, DeviceType};
 use crate::scenario::Scenario;
-use crate::workload::{Arch, Attention, Checkpoint, Optimizer, Precision, Workload};
+use crate::workload::{Arch, Attention, Checkpoint, Workload};
 
 use super::model::{Outcome, ProbeRecord, ProbeReport, RunResult, ToolInfo, SCHEMA_VERSION};
 
@@ -20,29 +20,19 @@ pub fn workload(
     layers: u64,
     hidden: u64,
 ) -> Workload {
-    Workload {
-        name: name.to_string(),
-        arch,
-        batch,
-        seq,
-        layers,
-        hidden,
-        heads: (hidden / 64).max(1),
-        ffn: hidden * 4,
-        vocab: 50257,
-        image: 224,
-        patch: 16,
-        params: None,
-        max_positions: 1024,
-        precision: Precision::Fp32,
-        optimizer: Optimizer::Adam,
-        attention: Attention::Naive,
-        checkpoint: Checkpoint::None,
-        dropout: true,
-        zero: 0,
-        gpus: 1,
-        tie_embeddings: None,
-    }
+    let mut w = crate::workload::presets::base(name, arch);
+    w.batch = batch;
+    w.seq = seq;
+    w.layers = layers;
+    w.hidden = hidden;
+    w.heads = (hidden / 64).max(1);
+    w.ffn = hidden * 4;
+    w.vocab = 50257;
+    w.image = 224;
+    w.patch = 16;
+    w.max_positions = 1024;
+    w.dropout = true;
+    w
 }
 
 /// How one simulated run behaves.
@@ -85,6 +75,7 @@ pub fn simulate(spec: &SimSpec<'_>, capacity: u64) -> RunResult {
             step_seconds: ok.then_some(step),
             checksum: ok.then(|| format!("{:08x}", x.wrapping_mul(2654435761) & 0xffff_ffff)),
             detail: (!ok).then(|| "budget: allocation would pass the budget".to_string()),
+            failed_at: None,
         });
         ok
     };

@@ -148,7 +148,7 @@ fn plan_curve(run: &RunResult, xa: &Axis) -> Option<Vec<(u64, u64)>> {
     let total = |x: u64| {
         Plan::for_value(&run.workload, run.scenario, x)
             .ok()
-            .map(|p| p.total_bytes())
+            .map(|p| p.peak_bytes())
     };
     if run.probes.is_empty() {
         return None;

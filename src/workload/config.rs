@@ -58,6 +58,37 @@ pub enum ConfigError {
     },
 }
 
+/// The GELU implementation a config's activation name stands for (`default` when absent).
+fn gelu_of(
+    path: &str,
+    key: &str,
+    v: Option<&Json>,
+    default: &str,
+) -> Result<super::Gelu, ConfigError> {
+    let name = match v {
+        None | Some(Json::Null) => default.to_string(),
+        Some(Json::String(s)) => s.clone(),
+        Some(x) => {
+            return Err(field_err(
+                path,
+                key,
+                format!("expected a string, found {x}"),
+            ))
+        }
+    };
+    match name.as_str() {
+        // Hugging Face's NewGELUActivation and FastGELUActivation: the tanh formula in ops.
+        "gelu_new" | "gelu_fast" => Ok(super::Gelu::Unfused),
+        // One op: F.gelu (exact or approximate="tanh"); relu saves as little.
+        "gelu" | "gelu_pytorch_tanh" | "relu" => Ok(super::Gelu::Fused),
+        other => Err(field_err(
+            path,
+            key,
+            format!("unsupported activation '{other}' (gelu_new, gelu_fast, gelu, gelu_pytorch_tanh, relu)"),
+        )),
+    }
+}
+
 /// What a config file holds.
 #[derive(Debug, Clone)]
 pub enum LoadedConfig {
@@ -131,8 +162,30 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         ($($f:ident),*) => { WorkloadArgs { $($f: over.$f.clone().or_else(|| base.$f.clone()),)* } };
     }
     pick!(
-        model, config, batch, seq, layers, hidden, heads, ffn, vocab, image, params, precision,
-        optimizer, attention, checkpoint, dropout, zero, gpus
+        model,
+        config,
+        batch,
+        seq,
+        layers,
+        hidden,
+        heads,
+        ffn,
+        vocab,
+        image,
+        params,
+        precision,
+        optimizer,
+        attention,
+        checkpoint,
+        dropout,
+        zero,
+        gpus,
+        mode,
+        grads,
+        step,
+        optimizer_impl,
+        gelu,
+        kv_cache
     )
 }
 
@@ -261,6 +314,24 @@ pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
                     .ok_or_else(|| field_err(path, "n_embd", "too large"))?,
             };
             w.dropout = dropout("resid_pdrop")?;
+            w.gelu = gelu_of(
+                path,
+                "activation_function",
+                obj.get("activation_function"),
+                "gelu_new",
+            )?;
+            // GPT2Config's use_cache defaults to true, and transformers keeps it on in training.
+            w.kv_cache = match obj.get("use_cache") {
+                None | Some(Json::Null) => true,
+                Some(Json::Bool(b)) => *b,
+                Some(x) => {
+                    return Err(field_err(
+                        path,
+                        "use_cache",
+                        format!("expected true or false, found {x}"),
+                    ))
+                }
+            };
         }
         _ => {
             w.hidden = req_u("hidden_size")?;
@@ -268,6 +339,9 @@ pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
             w.heads = req_u("num_attention_heads")?;
             w.ffn = req_u("intermediate_size")?;
             w.dropout = dropout("hidden_dropout_prob")?;
+            if arch != Arch::Llama {
+                w.gelu = gelu_of(path, "hidden_act", obj.get("hidden_act"), "gelu")?;
+            }
         }
     }
     match arch {
@@ -348,7 +422,18 @@ pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
 }
 
 /// Workload keys of a case file and how each is typed.
-const STRING_KEYS: [&str; 5] = ["precision", "optimizer", "attention", "checkpoint", "model"];
+const STRING_KEYS: [&str; 10] = [
+    "precision",
+    "optimizer",
+    "attention",
+    "checkpoint",
+    "model",
+    "mode",
+    "grads",
+    "step",
+    "optimizer_impl",
+    "gelu",
+];
 const NUMBER_KEYS: [&str; 11] = [
     "batch", "seq", "layers", "hidden", "heads", "ffn", "vocab", "image", "params", "zero", "gpus",
 ];
@@ -370,6 +455,12 @@ fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
         "attention" => &mut args.attention,
         "checkpoint" => &mut args.checkpoint,
         "dropout" => &mut args.dropout,
+        "kv_cache" => &mut args.kv_cache,
+        "mode" => &mut args.mode,
+        "grads" => &mut args.grads,
+        "step" => &mut args.step,
+        "optimizer_impl" => &mut args.optimizer_impl,
+        "gelu" => &mut args.gelu,
         "zero" => &mut args.zero,
         _ => &mut args.gpus,
     };
@@ -420,7 +511,7 @@ fn workload_key(
                 ))
             }
         }
-    } else if key == "dropout" {
+    } else if key == "dropout" || key == "kv_cache" {
         match v {
             T::Boolean(b) => set_arg(args, key, if *b { "on" } else { "off" }.to_string()),
             other => {

@@ -61,6 +61,64 @@ pub enum Checkpoint {
     Every(u32),
 }
 
+/// What the step is: a training step (forward, loss, backward, optimizer) or an inference
+/// forward under `no_grad`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Train,
+    Inference,
+}
+
+/// What happens to weight gradients between steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Grads {
+    /// PyTorch's default `zero_grad(set_to_none=True)`: gradients appear during backward and
+    /// are freed after the optimizer step.
+    #[default]
+    Free,
+    /// Gradient accumulation (or `set_to_none=False`): gradients exist before the step.
+    Keep,
+}
+
+/// Which training step: the first (no optimizer state yet: Adam creates it in `step()`) or a
+/// steady-state one (optimizer state present throughout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StepKind {
+    #[default]
+    Steady,
+    First,
+}
+
+/// How the optimizer update is implemented (it decides its temporaries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimizerImpl {
+    /// `torch.optim` with `foreach=True` (PyTorch's default on CUDA): Adam holds a temporary the
+    /// size of all parameters (`_foreach_sqrt` of the second moments) during the update.
+    Foreach,
+    /// Fused kernels (`fused=True`, DeepSpeed's FusedAdam): no temporaries.
+    Fused,
+    /// The for-loop implementation (`foreach=False`, PyTorch's default on CPU): two temporaries
+    /// the size of one parameter tensor at a time.
+    ForLoop,
+}
+
+/// GELU as the model implements it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Gelu {
+    /// One op (`gelu`, `gelu_pytorch_tanh`): saves its input only.
+    #[default]
+    Fused,
+    /// Hugging Face's `gelu_new` tanh formula in separate ops: saves three more [b, s, ffn]
+    /// tensors (tanh output, 0.5·x and 1 + tanh).
+    Unfused,
+}
+
 /// Everything a plan needs to know. Sizes are u64; zero is rejected when parsing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Workload {
@@ -95,9 +153,36 @@ pub struct Workload {
     /// (GPT-2 and BERT tied, LLaMA untied). Set from a config.json's `tie_word_embeddings`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tie_embeddings: Option<bool>,
+    #[serde(default)]
+    pub mode: Mode,
+    #[serde(default)]
+    pub grads: Grads,
+    #[serde(default)]
+    pub step: StepKind,
+    /// None: the precision's default (fused for `mixed`, DeepSpeed's FusedAdam; foreach
+    /// otherwise, PyTorch's CUDA default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_impl: Option<OptimizerImpl>,
+    #[serde(default)]
+    pub gelu: Gelu,
+    /// Hugging Face's `use_cache` left on in training: each layer's key and value are kept in
+    /// the returned cache.
+    #[serde(default)]
+    pub kv_cache: bool,
 }
 
 impl Workload {
+    /// An inference forward (`--mode inference`, or `--optimizer none`).
+    pub fn inference(&self) -> bool {
+        self.mode == Mode::Inference || self.optimizer == Optimizer::None
+    }
+    /// The optimizer implementation in effect.
+    pub fn optimizer_impl(&self) -> OptimizerImpl {
+        self.optimizer_impl.unwrap_or(match self.precision {
+            Precision::Mixed => OptimizerImpl::Fused,
+            _ => OptimizerImpl::Foreach,
+        })
+    }
     /// Whether the output head shares the token embedding (see `tie_embeddings`).
     pub fn tied_head(&self) -> bool {
         self.tie_embeddings

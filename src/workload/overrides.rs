@@ -13,7 +13,10 @@ use crate::units::parse_count;
 
 use super::config::{load_config, LoadedConfig};
 use super::presets::{self, vit_tokens};
-use super::{Arch, Attention, Checkpoint, Optimizer, Precision, Workload};
+use super::{
+    Arch, Attention, Checkpoint, Gelu, Grads, Mode, Optimizer, OptimizerImpl, Precision, StepKind,
+    Workload,
+};
 
 /// A resolved workload and the warnings a person should see.
 #[derive(Debug, Clone, PartialEq)]
@@ -110,6 +113,59 @@ pub fn parse_zero(v: &str) -> Result<u8, CliError> {
             format!("ZeRO stage must be 0, 1, 2 or 3, not '{v}'"),
         )),
     }
+}
+
+/// Parse one of a flag's named values.
+fn choice<T: Copy>(flag: &str, v: &str, values: &[(&str, T)]) -> Result<T, CliError> {
+    let l = v.to_ascii_lowercase();
+    values
+        .iter()
+        .find(|(n, _)| *n == l)
+        .map(|&(_, t)| t)
+        .ok_or_else(|| {
+            let names: Vec<&str> = values.iter().map(|(n, _)| *n).collect();
+            usage(flag, format!("unknown value '{v}' ({})", names.join(", ")))
+        })
+}
+
+pub fn parse_mode(v: &str) -> Result<Mode, CliError> {
+    choice(
+        "mode",
+        v,
+        &[("train", Mode::Train), ("inference", Mode::Inference)],
+    )
+}
+
+pub fn parse_grads(v: &str) -> Result<Grads, CliError> {
+    choice("grads", v, &[("free", Grads::Free), ("keep", Grads::Keep)])
+}
+
+pub fn parse_step(v: &str) -> Result<StepKind, CliError> {
+    choice(
+        "step",
+        v,
+        &[("steady", StepKind::Steady), ("first", StepKind::First)],
+    )
+}
+
+pub fn parse_optimizer_impl(v: &str) -> Result<OptimizerImpl, CliError> {
+    choice(
+        "optimizer-impl",
+        v,
+        &[
+            ("foreach", OptimizerImpl::Foreach),
+            ("fused", OptimizerImpl::Fused),
+            ("for-loop", OptimizerImpl::ForLoop),
+        ],
+    )
+}
+
+pub fn parse_gelu(v: &str) -> Result<Gelu, CliError> {
+    choice(
+        "gelu",
+        v,
+        &[("fused", Gelu::Fused), ("unfused", Gelu::Unfused)],
+    )
 }
 
 /// The largest layer count or GPU count we accept (anything above is a typo).
@@ -259,6 +315,31 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
             ));
         }
         w.gpus = n;
+    }
+    if let Some(v) = &args.mode {
+        w.mode = parse_mode(v)?;
+        if w.mode == Mode::Train && w.optimizer == Optimizer::None {
+            return Err(usage(
+                "mode",
+                "train needs an optimizer (--optimizer none means an inference forward)",
+            ));
+        }
+    }
+    if let Some(v) = &args.grads {
+        w.grads = parse_grads(v)?;
+    }
+    if let Some(v) = &args.step {
+        w.step = parse_step(v)?;
+    }
+    if let Some(v) = &args.optimizer_impl {
+        w.optimizer_impl = Some(parse_optimizer_impl(v)?);
+    }
+    if let Some(v) = &args.gelu {
+        w.gelu = parse_gelu(v)?;
+    }
+    if let Some(v) = &args.kv_cache {
+        w.kv_cache = parse_dropout(v)
+            .map_err(|_| usage("kv-cache", format!("expected on or off, not '{v}'")))?;
     }
     validate(&w).map_err(|e| CliError::usage(format!("invalid workload {name}: {e}")))?;
     if text && w.max_positions > 0 && w.seq > w.max_positions {

@@ -9,7 +9,9 @@
 
 use thiserror::Error;
 
-use super::{Arch, Attention, Checkpoint, Optimizer, Precision, Workload};
+use super::{
+    Arch, Attention, Checkpoint, Gelu, Grads, Mode, Optimizer, Precision, StepKind, Workload,
+};
 
 /// Every preset name, in the order `--help` lists them.
 pub const NAMES: [&str; 14] = [
@@ -59,6 +61,12 @@ pub(crate) fn base(name: &str, arch: Arch) -> Workload {
         zero: 0,
         gpus: 1,
         tie_embeddings: None,
+        mode: Mode::Train,
+        grads: Grads::Free,
+        step: StepKind::Steady,
+        optimizer_impl: None,
+        gelu: Gelu::Fused,
+        kv_cache: false,
     }
 }
 
@@ -82,6 +90,10 @@ fn text(
     w.max_positions = ctx;
     w.seq = ctx;
     w.dropout = arch != Arch::Llama;
+    if arch == Arch::Gpt2 {
+        // Hugging Face's GPT-2 uses activation_function "gelu_new" (the unfused tanh formula).
+        w.gelu = Gelu::Unfused;
+    }
     if arch == Arch::Llama {
         w.precision = Precision::Mixed;
     }

@@ -191,13 +191,12 @@ fn open_cuda(index: Option<usize>) -> Result<Box<dyn Backend>, OpenError> {
     #[cfg(feature = "cuda")]
     {
         // Hook owned by the CUDA backend (src/backend/cuda): a nonexistent ordinal is bad
-        // input; anything else (no driver, no NVRTC) is a failed run.
+        // input; anything else (no driver, no device) is a failed run.
         if let Some(i) = index {
-            if let Ok(devices) = crate::backend::cuda::list_devices() {
-                if i >= devices.len() {
+            if let Ok(count) = crate::backend::cuda::device_count() {
+                if i >= count {
                     return Err(OpenError::Usage(format!(
-                        "CUDA device {i} does not exist: there are {} (see `oomprobe devices`)",
-                        devices.len()
+                        "CUDA device {i} does not exist: there are {count} (see `oomprobe devices`)"
                     )));
                 }
             }

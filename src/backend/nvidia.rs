@@ -133,15 +133,17 @@ pub fn cpu_only_advice(devices: &[DeviceInfo], nvidia: Presence) -> Option<Strin
     })
 }
 
-/// The note for a probe on `device`: [`cpu_only_advice`] when `device` is a CPU adapter.
+/// The note for a probe on `device`: [`cpu_only_advice`] when `device` is a CPU adapter (the
+/// adapters and the driver are only looked for then).
 pub fn probe_note(
     device: &DeviceInfo,
-    wgpu_devices: &[DeviceInfo],
-    nvidia: Presence,
+    wgpu_devices: impl FnOnce() -> Vec<DeviceInfo>,
+    nvidia: impl FnOnce() -> Presence,
 ) -> Option<String> {
-    (device.device_type == DeviceType::Cpu)
-        .then(|| cpu_only_advice(wgpu_devices, nvidia))
-        .flatten()
+    if device.device_type != DeviceType::Cpu {
+        return None;
+    }
+    cpu_only_advice(&wgpu_devices(), nvidia())
 }
 
 #[cfg(test)]
@@ -196,13 +198,23 @@ mod tests {
         assert!(advice.contains("libnvidia-gl"), "{advice}");
         assert!(advice.contains("/proc/driver/nvidia"), "{advice}");
         // No driver, or a real GPU adapter: nothing to say.
-        assert_eq!(cpu_only_advice(&[cpu.clone()], Presence::default()), None);
+        assert_eq!(
+            cpu_only_advice(std::slice::from_ref(&cpu), Presence::default()),
+            None
+        );
         assert_eq!(cpu_only_advice(&[cpu.clone(), gpu.clone()], present), None);
         // No adapter at all under a driver: the ICD is missing too.
         assert!(cpu_only_advice(&[], present).is_some());
         // A probe gets the note on the CPU adapter only.
-        assert!(probe_note(&cpu, &[cpu.clone()], present).is_some());
-        assert_eq!(probe_note(&cuda, &[cpu.clone()], present), None);
-        assert_eq!(probe_note(&cpu, &[cpu.clone(), gpu], present), None);
+        let only_cpu = || vec![cpu.clone()];
+        assert!(probe_note(&cpu, only_cpu, || present).is_some());
+        assert_eq!(
+            probe_note(&cuda, || panic!("not looked at"), || present),
+            None
+        );
+        assert_eq!(
+            probe_note(&cpu, || vec![cpu.clone(), gpu.clone()], || present),
+            None
+        );
     }
 }

@@ -87,11 +87,9 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
     };
     let mut runs = suite::plan_runs(&args.scenario, user.as_ref(), cap.predict_against);
     // A CPU adapter standing in for a GPU whose Vulkan driver is missing says so.
-    if let Some(note) = nvidia::probe_note(
-        &info,
-        &crate::backend::open::list_devices(),
-        nvidia::detect(),
-    ) {
+    if let Some(note) =
+        nvidia::probe_note(&info, crate::backend::open::list_devices, nvidia::detect)
+    {
         cap.notes.push(note.clone());
         for r in &mut runs {
             r.notes.push(note.clone());

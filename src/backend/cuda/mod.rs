@@ -23,7 +23,7 @@ pub mod ptx;
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
@@ -57,18 +57,18 @@ const WARM_UP_SCRATCH_BYTES: u64 = 4096;
 /// and its overhead measured ([`crate::backend::overhead`]); a device whose warm-up fails is
 /// listed with the overhead unknown (the reason is logged).
 pub fn list_devices() -> Result<Vec<DeviceInfo>, String> {
-    let count = device_count()?;
-    (0..count)
-        .map(|i| {
-            let mut backend = CudaBackend::new(i)?;
-            Ok(
-                crate::backend::overhead::measured_info(&mut backend).unwrap_or_else(|e| {
-                    log::warn!("CUDA device {i}: overhead not measured: {e}");
-                    backend.info().clone()
-                }),
-            )
-        })
-        .collect()
+    (0..device_count()?).map(measured_device).collect()
+}
+
+/// One device as [`list_devices`] lists it (opened, warmed up, measured, closed again).
+pub fn measured_device(ordinal: usize) -> Result<DeviceInfo, String> {
+    let mut backend = CudaBackend::new(ordinal)?;
+    Ok(
+        crate::backend::overhead::measured_info(&mut backend).unwrap_or_else(|e| {
+            log::warn!("CUDA device {ordinal}: overhead not measured: {e}");
+            backend.info().clone()
+        }),
+    )
 }
 
 /// How many CUDA devices the driver reports (an error when none, or no driver).
@@ -399,11 +399,8 @@ impl CudaBackend {
         }
         let mut loaded = match self.source {
             KernelSource::Nvrtc(target) => {
-                let compiled = nvrtc::compile(kernel, target).map_err(BackendError::Other)?;
-                if !compiled.log.trim().is_empty() {
-                    log::debug!("NVRTC log for {}: {}", kernel.label(), compiled.log.trim());
-                }
-                self.load_image(kernel, compiled.image)?
+                let image = compiled_image(kernel, target).map_err(BackendError::Other)?;
+                self.load_image(kernel, image)?
             }
             KernelSource::Embedded => self.load_image(kernel, ptx::embedded_image(kernel))?,
         };
@@ -475,6 +472,26 @@ impl CudaBackend {
         }
         self.synchronize()
     }
+}
+
+/// NVRTC's module image of a kernel, compiled once per process and target (listing several
+/// cards of one architecture, or a warm-up then a probe, compiles each kernel once).
+fn compiled_image(kernel: KernelId, target: nvrtc::Target) -> Result<Vec<u8>, String> {
+    type Cache = Mutex<HashMap<(KernelId, nvrtc::Target), Vec<u8>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (ptx::canonical(kernel), target);
+    if let Some(image) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return Ok(image);
+    }
+    let compiled = nvrtc::compile(key.0, target)?;
+    if !compiled.log.trim().is_empty() {
+        log::debug!("NVRTC log for {}: {}", kernel.label(), compiled.log.trim());
+    }
+    if let Ok(mut c) = cache.lock() {
+        c.insert(key, compiled.image.clone());
+    }
+    Ok(compiled.image)
 }
 
 /// (size of parameter 0, number of parameters) of a kernel's entry point in the embedded PTX.

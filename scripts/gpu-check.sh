@@ -7,7 +7,15 @@
 # BIN_DIR (default: target/release) holds `oomprobe`; test executables are looked up under
 # BIN_DIR/tests/ (copy target/debug/deps/{kernels,backend_alloc,cuda_kernels}-* there).
 # Writes logs and JSON results to OUT_DIR.
+#
+# Carried to the GPU machine: that BIN_DIR (the `oomprobe` binary and the test executables)
+# and this script; nothing else. No NVRTC and no CUDA toolkit: the CUDA kernels are inside the
+# binaries as PTX (shaders/ptx, compute_50, PTX ISA 7.0) and the NVIDIA driver JIT-compiles
+# them, so the machine needs only its driver (libcuda, CUDA 11.2 / r460 or newer). The CUDA
+# runs set OOMPROBE_CUDA_EMBEDDED=1 so that they use the embedded PTX even where an NVRTC
+# happens to be installed: the driver-only path is the one checked.
 set -uo pipefail
+export OOMPROBE_CUDA_EMBEDDED=1
 out=${1:?usage: scripts/gpu-check.sh OUT_DIR [BIN_DIR]}
 bin=${2:-target/release}
 mkdir -p "$out"

@@ -3,7 +3,7 @@
 //! bf16 storage, tensors cut into small chunks), plus the word kernels against the host
 //! pattern and an allocation run to `OutOfMemory`.
 //!
-//! These need an NVIDIA GPU with its driver (and NVRTC): they are `#[ignore]`d so CI skips
+//! These need an NVIDIA GPU with its driver (NVRTC optional): they are `#[ignore]`d so CI skips
 //! them explicitly; `scripts/gpu-check.sh` runs them with `--include-ignored`, where a missing
 //! device is a failure. The kernel checks are the ones tests/kernels.rs runs on wgpu, shared
 //! through tests/common/kernel_checks.rs, so the two backends pass the same bar.
@@ -22,8 +22,8 @@ use oomprobe::ops::words;
 use oomprobe::plan::DType;
 use oomprobe::tensor::allocate;
 
-const NO_GPU: &str = "no usable CUDA device (these tests need an NVIDIA GPU, its driver, and \
-                      NVRTC: pip install nvidia-cuda-nvrtc-cu12, lib dir on LD_LIBRARY_PATH)";
+const NO_GPU: &str = "no usable CUDA device (these tests need an NVIDIA GPU and its driver; \
+                      NVRTC is optional: without it the embedded PTX is loaded)";
 
 fn open(cap: Option<u64>) -> Mutex<CudaBackend> {
     let mut b = match CudaBackend::new(0) {
@@ -249,15 +249,67 @@ fn mismatched_dispatches_and_copies_are_errors() {
         [1, 1, 1],
     );
     eprintln!("fill with two buffers: {e:?}");
-    if b.driver_version() >= 12040 {
-        // cuFuncGetParamInfo tells the kernel's signature: the mismatch is caught.
-        assert!(e.is_err(), "a 1-buffer kernel was launched with 2 buffers");
-        let e = b.dispatch(KernelId::words(Op::Fill), &[0u8; 8], &[buf], [1, 1, 1]);
-        assert!(
-            e.is_err(),
-            "an 8-byte params block for a 16-byte struct was launched"
-        );
-    }
+    // cuFuncGetParamInfo (driver 12.4+) or else the embedded PTX tells the kernel's
+    // signature: the mismatch is caught.
+    assert!(e.is_err(), "a 1-buffer kernel was launched with 2 buffers");
+    let e = b.dispatch(KernelId::words(Op::Fill), &[0u8; 8], &[buf], [1, 1, 1]);
+    assert!(
+        e.is_err(),
+        "an 8-byte params block for a 16-byte struct was launched"
+    );
     b.synchronize().expect("device still usable");
     b.free_buffer(buf);
+}
+
+/// The embedded PTX (what a machine without NVRTC runs) passes the same checks as whatever
+/// `device()` loads, on its own pair of devices.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh"]
+fn embedded_ptx_kernels_match_reference() {
+    let open_embedded = |cap: Option<u64>| {
+        let mut b = CudaBackend::with_embedded_ptx(0).unwrap_or_else(|e| panic!("{NO_GPU}: {e}"));
+        if let Some(c) = cap {
+            b.cap_max_buffer(c);
+        }
+        b
+    };
+    let (mut full, mut chunked) = (open_embedded(None), open_embedded(Some(SMALL_CHUNK)));
+    assert!(
+        full.info().driver.contains("embedded PTX"),
+        "{}",
+        full.info().driver
+    );
+    kc::matmul_matches_reference(&mut full, &mut chunked);
+    kc::row_kernels_match_reference(&mut full, &mut chunked);
+    kc::flash_attention_matches_reference(&mut full, &mut chunked);
+    kc::adam_matches_reference(&mut full, &mut chunked);
+}
+
+/// After every kernel is loaded and launched once, the overhead is what the device holds
+/// beyond free memory; printed for the GPU check's log.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh"]
+fn overhead_is_measured_after_the_warm_up() {
+    use oomprobe::backend::overhead;
+    let mut b = CudaBackend::with_embedded_ptx(0).unwrap_or_else(|e| panic!("{NO_GPU}: {e}"));
+    let o = overhead::measure(&mut b)
+        .expect("warm-up")
+        .expect("CUDA tells free memory");
+    eprintln!(
+        "total {} free at open {} free after warm-up {}: overhead {} (kernels {})",
+        o.total,
+        o.free_open,
+        o.free_warm,
+        o.overhead_bytes(),
+        o.kernel_bytes()
+    );
+    assert!(o.overhead_bytes() > 0, "a context costs memory: {o:?}");
+    assert!(o.kernel_bytes() <= o.overhead_bytes(), "{o:?}");
+    assert_eq!(o.free_warm + o.overhead_bytes(), o.total);
+    // The warm-up left nothing allocated and the device usable.
+    assert_eq!(b.allocated_bytes(), 0);
+    let info = overhead::apply(b.info().clone(), Some(o));
+    assert_eq!(info.memory_free_bytes, Some(o.free_warm));
+    let listed = oomprobe::backend::cuda::list_devices().expect("list");
+    assert!(listed[0].overhead_bytes.is_some(), "{:?}", listed[0]);
 }

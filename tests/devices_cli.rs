@@ -136,3 +136,61 @@ fn no_adapter_at_all_exits_1_with_how_to_install_one() {
     assert!(out.stdout.is_empty());
     assert!(err.contains("mesa-vulkan-drivers"), "{err}");
 }
+
+/// Every device object carries the (additive) overhead fields: numbers where measured (CUDA),
+/// null on wgpu, which tells no free memory to measure them by.
+#[test]
+fn devices_json_has_the_overhead_fields() {
+    let out = oomprobe().args(["devices", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    for d in v.as_array().expect("an array") {
+        for key in ["overhead_bytes", "kernel_overhead_bytes"] {
+            assert!(d.get(key).is_some(), "missing {key} in {d}");
+            if d["backend"] == "cuda" {
+                assert!(d[key].as_u64().is_some(), "{key} measured on CUDA: {d}");
+            } else {
+                assert!(d[key].is_null(), "{key} unknown on wgpu: {d}");
+            }
+        }
+    }
+}
+
+/// With an NVIDIA driver present (forced here: no GPU in CI) and only CPU adapters in wgpu,
+/// `devices` says how to install the Vulkan ICD; without the driver it says nothing of it.
+/// The JSON on stdout stays the contract array (the advice goes to stderr).
+#[test]
+fn a_driver_without_a_vulkan_gpu_gets_the_icd_advice() {
+    let only_cpu = {
+        let out = oomprobe().args(["devices", "--json"]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        v.as_array()
+            .expect("array")
+            .iter()
+            .filter(|d| d["backend"] != "cuda")
+            .all(|d| d["device_type"] == "cpu")
+    };
+    let run = |driver: &str, json: bool| {
+        let mut c = oomprobe();
+        c.env("OOMPROBE_NVIDIA_DRIVER", driver).arg("devices");
+        if json {
+            c.arg("--json");
+        }
+        c.output().unwrap()
+    };
+    let table = run("present", false);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert_eq!(table.status.code(), Some(0), "{text}");
+    assert_eq!(
+        text.contains("NVIDIA_DRIVER_CAPABILITIES"),
+        only_cpu,
+        "advice iff only CPU adapters:\n{text}"
+    );
+    let json = run("present", true);
+    let _: serde_json::Value = serde_json::from_slice(&json.stdout).expect("stdout stays JSON");
+    assert_eq!(
+        String::from_utf8_lossy(&json.stderr).contains("graphics"),
+        only_cpu
+    );
+    let absent = run("absent", false);
+    assert!(!String::from_utf8_lossy(&absent.stdout).contains("NVIDIA_DRIVER_CAPABILITIES"));
+}

@@ -257,3 +257,58 @@ fn device_all_probes_each_device_and_compares() {
     let cell = &cmp["rows"][0]["cells"][0];
     assert!(cell["max_fit"].as_u64().is_some_and(|m| m > 1), "{cmp}");
 }
+
+/// A probe on a CPU adapter while an NVIDIA driver is present (forced: no GPU in CI) and wgpu
+/// offers nothing else says so in its report, on every run; without the driver it does not.
+#[test]
+fn a_probe_on_the_cpu_under_an_nvidia_driver_says_so() {
+    require_adapter();
+    let notes = |driver: &str| -> Vec<String> {
+        let out = oomprobe()
+            .env("OOMPROBE_NVIDIA_DRIVER", driver)
+            .args([
+                "probe",
+                "--model",
+                "tiny-gpt",
+                "--scenario",
+                "batch",
+                "--budget",
+                "48MiB",
+                "--at",
+                "1",
+                "--json",
+                "--quiet",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert!(report["device"].get("overhead_bytes").is_some(), "{report}");
+        if report["device"]["device_type"] != "cpu" {
+            return vec!["not a CPU adapter".into()];
+        }
+        only_run(&report)["notes"]
+            .as_array()
+            .expect("notes")
+            .iter()
+            .map(|n| n.as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let with = notes("present");
+    if with == ["not a CPU adapter"] {
+        eprintln!("the default adapter is a GPU: the CPU note does not apply");
+        return;
+    }
+    assert!(
+        with.iter().any(|n| n.contains("NVIDIA Vulkan ICD")),
+        "{with:?}"
+    );
+    assert!(
+        !notes("absent").iter().any(|n| n.contains("NVIDIA")),
+        "no driver, no note"
+    );
+}

@@ -117,6 +117,10 @@ impl<B: Backend + ?Sized> Backend for BudgetBackend<B> {
         self.inner.synchronize()
     }
 
+    fn warm_up(&mut self) -> Result<(), BackendError> {
+        self.inner.warm_up()
+    }
+
     fn allocated_bytes(&self) -> u64 {
         self.inner.allocated_bytes()
     }

@@ -25,6 +25,11 @@ pub struct MockBackend {
     /// Count of dispatches run (for tests).
     pub dispatches: u64,
     lost: Option<String>,
+    /// Bytes the driver would hold once the device is open (a context) ...
+    context_bytes: u64,
+    /// ... and once the kernels are loaded and launched (`warm_up`).
+    kernel_bytes: u64,
+    warm: bool,
 }
 
 impl MockBackend {
@@ -46,6 +51,8 @@ impl MockBackend {
                 memory_free_bytes: Some(capacity),
                 max_buffer_size,
                 max_storage_binding_size,
+                overhead_bytes: None,
+                kernel_overhead_bytes: None,
             },
             capacity,
             buffers: HashMap::new(),
@@ -53,7 +60,24 @@ impl MockBackend {
             allocated: 0,
             dispatches: 0,
             lost: None,
+            context_bytes: 0,
+            kernel_bytes: 0,
+            warm: false,
         }
+    }
+
+    /// Simulates a driver's own memory: `context` bytes gone once open, `kernels` more after
+    /// `warm_up` (as CUDA's modules and first-launch local memory).
+    pub fn with_overhead(mut self, context: u64, kernels: u64) -> Self {
+        self.context_bytes = context;
+        self.kernel_bytes = kernels;
+        self.info.memory_free_bytes = Some(self.capacity.saturating_sub(context));
+        self
+    }
+
+    /// Bytes the simulated driver holds now.
+    fn reserved(&self) -> u64 {
+        self.context_bytes + if self.warm { self.kernel_bytes } else { 0 }
     }
 
     /// The set capacity in bytes.
@@ -186,7 +210,11 @@ impl Backend for MockBackend {
     fn memory(&self) -> MemoryInfo {
         MemoryInfo {
             total_bytes: Some(self.capacity),
-            free_bytes: Some(self.capacity.saturating_sub(self.allocated)),
+            free_bytes: Some(
+                self.capacity
+                    .saturating_sub(self.reserved())
+                    .saturating_sub(self.allocated),
+            ),
         }
     }
 
@@ -202,7 +230,7 @@ impl Backend for MockBackend {
             return Err(AllocError::DeviceLost(m.clone()));
         }
         let size = bytes.div_ceil(4).max(1) * 4;
-        if self.allocated.saturating_add(size) > self.capacity {
+        if self.allocated.saturating_add(size) > self.capacity.saturating_sub(self.reserved()) {
             return Err(AllocError::OutOfMemory {
                 requested: size,
                 detail: format!(
@@ -279,6 +307,12 @@ impl Backend for MockBackend {
                 "mock backend runs word kernels only".into(),
             )),
         }
+    }
+
+    fn warm_up(&mut self) -> Result<(), BackendError> {
+        self.check_lost()?;
+        self.warm = true;
+        Ok(())
     }
 
     fn synchronize(&mut self) -> Result<(), BackendError> {

@@ -7,7 +7,9 @@ pub mod budget;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod mock;
+pub mod nvidia;
 pub mod open;
+pub mod overhead;
 pub mod wgpu;
 
 use serde::{Deserialize, Serialize};
@@ -63,6 +65,16 @@ pub struct DeviceInfo {
     pub memory_free_bytes: Option<u64>,
     pub max_buffer_size: u64,
     pub max_storage_binding_size: u64,
+    /// What the device holds before the first tensor (total − free once it is open, its
+    /// kernels loaded and each launched once): the context, the modules, the local memory
+    /// sized at the first launch, and other processes' memory. `memory_free_bytes` is what is
+    /// left after it. Null where the API tells no free memory (wgpu) or it was not measured.
+    #[serde(default)]
+    pub overhead_bytes: Option<u64>,
+    /// The part of `overhead_bytes` that appeared with loading the kernels and their first
+    /// launch (the rest was there once the context existed). Null where not measured.
+    #[serde(default)]
+    pub kernel_overhead_bytes: Option<u64>,
 }
 
 impl DeviceInfo {
@@ -162,6 +174,12 @@ pub trait Backend {
     fn synchronize(&mut self) -> Result<(), BackendError>;
     /// Bytes currently held in live buffers allocated through this backend.
     fn allocated_bytes(&self) -> u64;
+    /// Loads every kernel and launches each once on no data, so that what the driver takes for
+    /// kernels (module code, local memory sized at the first launch) is taken now, before
+    /// memory is measured (see [`overhead`]). Nothing to do where the API tells no free memory.
+    fn warm_up(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
 }
 
 /// A boxed backend for code that chooses one at run time.

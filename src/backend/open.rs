@@ -17,6 +17,9 @@ pub const NO_ADAPTER_HINT: &str = "no GPU adapter found: install your GPU's driv
      support), or the software Vulkan driver lavapipe: `apt-get install -y mesa-vulkan-drivers \
      libvulkan1`";
 
+/// Why a build without the `cuda` feature has no CUDA devices.
+pub const NO_CUDA_BUILD: &str = "this build has no CUDA backend (build with --features cuda)";
+
 /// The backend names `--backend` accepts.
 pub const BACKEND_NAMES: &str = "auto, vulkan, metal, dx12, gl, cuda";
 
@@ -91,7 +94,7 @@ pub fn list_cuda_devices() -> Result<Vec<DeviceInfo>, String> {
     }
     #[cfg(not(feature = "cuda"))]
     {
-        Err("this build has no CUDA backend (build with --features cuda)".to_string())
+        Err(NO_CUDA_BUILD.to_string())
     }
 }
 
@@ -132,19 +135,31 @@ pub fn open_wgpu(
 /// process must not hold device memory while its children measure).
 pub fn device_info(backend: &str, index: Option<usize>) -> Result<DeviceInfo, OpenError> {
     match parse_backend(backend)? {
-        BackendChoice::Cuda => {
-            let devices = list_cuda_devices().map_err(|m| OpenError::Run(format!("CUDA: {m}")))?;
-            let i = index.unwrap_or(0);
-            devices.into_iter().nth(i).ok_or_else(|| {
-                OpenError::Usage(format!(
-                    "CUDA device {i} does not exist (see `oomprobe devices`)"
-                ))
-            })
-        }
+        BackendChoice::Cuda => cuda_device_info(index.unwrap_or(0)),
         BackendChoice::Auto => select_wgpu(None, index).map(|(_, a, i)| wg::adapter_info(i, &a[i])),
         BackendChoice::Wgpu(kind) => {
             select_wgpu(Some(kind), index).map(|(_, a, i)| wg::adapter_info(i, &a[i]))
         }
+    }
+}
+
+/// CUDA device `i` as `devices` lists it (only that one is opened and measured).
+fn cuda_device_info(i: usize) -> Result<DeviceInfo, OpenError> {
+    #[cfg(feature = "cuda")]
+    {
+        use crate::backend::cuda;
+        let count = cuda::device_count().map_err(|m| OpenError::Run(format!("CUDA: {m}")))?;
+        if i >= count {
+            return Err(OpenError::Usage(format!(
+                "CUDA device {i} does not exist (see `oomprobe devices`)"
+            )));
+        }
+        cuda::measured_device(i).map_err(|m| OpenError::Run(format!("CUDA: {m}")))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = i;
+        Err(OpenError::Run(format!("CUDA: {NO_CUDA_BUILD}")))
     }
 }
 
@@ -191,13 +206,12 @@ fn open_cuda(index: Option<usize>) -> Result<Box<dyn Backend>, OpenError> {
     #[cfg(feature = "cuda")]
     {
         // Hook owned by the CUDA backend (src/backend/cuda): a nonexistent ordinal is bad
-        // input; anything else (no driver, no NVRTC) is a failed run.
+        // input; anything else (no driver, no device) is a failed run.
         if let Some(i) = index {
-            if let Ok(devices) = crate::backend::cuda::list_devices() {
-                if i >= devices.len() {
+            if let Ok(count) = crate::backend::cuda::device_count() {
+                if i >= count {
                     return Err(OpenError::Usage(format!(
-                        "CUDA device {i} does not exist: there are {} (see `oomprobe devices`)",
-                        devices.len()
+                        "CUDA device {i} does not exist: there are {count} (see `oomprobe devices`)"
                     )));
                 }
             }
@@ -207,9 +221,7 @@ fn open_cuda(index: Option<usize>) -> Result<Box<dyn Backend>, OpenError> {
     #[cfg(not(feature = "cuda"))]
     {
         let _ = index;
-        Err(OpenError::Usage(
-            "this build has no CUDA backend (build with --features cuda)".to_string(),
-        ))
+        Err(OpenError::Usage(NO_CUDA_BUILD.to_string()))
     }
 }
 

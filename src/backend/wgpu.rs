@@ -88,6 +88,8 @@ pub fn adapter_info(index: usize, adapter: &wgpu::Adapter) -> DeviceInfo {
         memory_free_bytes: mem.free_bytes,
         max_buffer_size: limits.max_buffer_size,
         max_storage_binding_size: limits.max_storage_buffer_binding_size,
+        overhead_bytes: None,
+        kernel_overhead_bytes: None,
     }
 }
 

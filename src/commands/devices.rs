@@ -7,6 +7,7 @@
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, ContentArrangement, Table};
 
+use crate::backend::nvidia;
 use crate::backend::open::{self, NO_ADAPTER_HINT};
 use crate::backend::DeviceInfo;
 use crate::cli::DevicesArgs;
@@ -15,6 +16,7 @@ use crate::units::fmt_bytes;
 
 pub fn run(args: &DevicesArgs) -> CliResult<()> {
     let mut devices = open::list_devices();
+    let icd_advice = nvidia::cpu_only_advice(&devices, nvidia::detect());
     let cuda = open::list_cuda_devices();
     let cuda_note = match cuda {
         Ok(list) => {
@@ -24,12 +26,18 @@ pub fn run(args: &DevicesArgs) -> CliResult<()> {
         Err(reason) => Some(reason),
     };
     if devices.is_empty() {
-        return Err(CliError::run(NO_ADAPTER_HINT));
+        return Err(CliError::run(match icd_advice {
+            Some(a) => format!("{NO_ADAPTER_HINT}; {a}"),
+            None => NO_ADAPTER_HINT.to_string(),
+        }));
     }
     if args.json {
         let text = serde_json::to_string_pretty(&devices)
             .map_err(|e| CliError::run(format!("writing JSON: {e}")))?;
         println!("{text}");
+        if let Some(a) = &icd_advice {
+            eprintln!("oomprobe: note: {a}");
+        }
     } else {
         println!("{}", table(&devices));
         if cfg!(feature = "cuda") {
@@ -45,6 +53,9 @@ pub fn run(args: &DevicesArgs) -> CliResult<()> {
                 "Note: CPU adapters (e.g. lavapipe) report a heap size they do not enforce; \
                  their real limit is host memory."
             );
+        }
+        if let Some(a) = &icd_advice {
+            println!("Note: {a}");
         }
     }
     Ok(())
@@ -67,6 +78,7 @@ pub fn table(devices: &[DeviceInfo]) -> Table {
             "driver",
             "memory",
             "free",
+            "overhead",
             "max buffer",
             "max binding",
         ]);
@@ -83,6 +95,7 @@ pub fn table(devices: &[DeviceInfo]) -> Table {
             Cell::new(&d.driver),
             Cell::new(opt_bytes(d.memory_total_bytes)).set_alignment(CellAlignment::Right),
             Cell::new(opt_bytes(d.memory_free_bytes)).set_alignment(CellAlignment::Right),
+            Cell::new(opt_bytes(d.overhead_bytes)).set_alignment(CellAlignment::Right),
             Cell::new(fmt_bytes(d.max_buffer_size)).set_alignment(CellAlignment::Right),
             Cell::new(fmt_bytes(d.max_storage_binding_size)).set_alignment(CellAlignment::Right),
         ]);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::backend::{DeviceInfo, DeviceType};
+use crate::backend::{nvidia, DeviceInfo, DeviceType};
 use crate::cli::{ComputeMode, OutputFormat, ProbeArgs};
 use crate::error::{CliError, CliResult};
 use crate::probe::capacity::{self, Capacity};
@@ -85,7 +85,16 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         compute,
         isolation,
     };
-    let runs = suite::plan_runs(&args.scenario, user.as_ref(), cap.predict_against);
+    let mut runs = suite::plan_runs(&args.scenario, user.as_ref(), cap.predict_against);
+    // A CPU adapter standing in for a GPU whose Vulkan driver is missing says so.
+    if let Some(note) =
+        nvidia::probe_note(&info, crate::backend::open::list_devices, nvidia::detect)
+    {
+        cap.notes.push(note.clone());
+        for r in &mut runs {
+            r.notes.push(note.clone());
+        }
+    }
     if runs.is_empty() {
         return Err(CliError::usage("no scenario applies to this workload"));
     }
@@ -233,8 +242,12 @@ fn progress_bar(quiet: bool, spec: &RunSpec) -> ProgressBar {
 
 fn device_banner(info: &DeviceInfo, cap: &Capacity, compute: Compute) -> String {
     let mem = |b: Option<u64>| b.map(units::fmt_bytes).unwrap_or_else(|| "unknown".into());
+    let overhead = info
+        .overhead_bytes
+        .map(|o| format!(" (after an overhead of {})", units::fmt_bytes(o)))
+        .unwrap_or_default();
     format!(
-        "probing {} ({}, {}), memory total {} free {}, budget {}, compute {}",
+        "probing {} ({}, {}), memory total {} free {}{overhead}, budget {}, compute {}",
         info.name,
         info.backend.as_str(),
         report::device_type_name(info.device_type),

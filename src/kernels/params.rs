@@ -173,6 +173,36 @@ pub struct AdamParams {
     pub _pad: u32,
 }
 
+/// Bytes of the params struct an op takes (the first kernel argument in CUDA, the uniform in
+/// WGSL).
+pub fn params_bytes(op: super::Op) -> usize {
+    use super::Op;
+    use std::mem::size_of;
+    match op {
+        Op::Fill | Op::Verify | Op::Checksum => size_of::<WordParams>(),
+        Op::Matmul => size_of::<MatmulParams>(),
+        Op::Softmax | Op::Attention => size_of::<SoftmaxParams>(),
+        Op::LayerNorm => size_of::<LayerNormParams>(),
+        Op::Relu | Op::Gelu => size_of::<ElemParams>(),
+        Op::Conv2d => size_of::<Conv2dParams>(),
+        Op::FlashAttention => size_of::<FlashParams>(),
+        Op::Adam => size_of::<AdamParams>(),
+    }
+}
+
+/// Storage buffers an op binds after its params (bindings 1.., as documented above).
+pub fn buffer_count(op: super::Op) -> usize {
+    use super::Op;
+    match op {
+        Op::Fill => 1,
+        Op::Verify | Op::Checksum => 2,
+        Op::Softmax | Op::Attention | Op::LayerNorm | Op::Relu | Op::Gelu => 2,
+        Op::Matmul | Op::Conv2d => 3,
+        Op::Adam => 4,
+        Op::FlashAttention => 5,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

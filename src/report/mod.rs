@@ -308,6 +308,13 @@ pub fn device_line(report: &ProbeReport) -> String {
         mem(d.memory_total_bytes),
         mem(d.memory_free_bytes)
     ));
+    if let Some(o) = d.overhead_bytes {
+        s.push_str(&format!(
+            " after an overhead of {} (kernels {})",
+            fmt_bytes(o),
+            mem(d.kernel_overhead_bytes)
+        ));
+    }
     if let Some(b) = report.budget_bytes {
         s.push_str(&format!("; budget {}", fmt_bytes(b)));
     }

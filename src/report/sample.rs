@@ -155,6 +155,8 @@ pub fn device(name: &str, total: u64) -> DeviceInfo {
         memory_free_bytes: None,
         max_buffer_size: (2 << 30) - 1,
         max_storage_binding_size: 128 << 20,
+        overhead_bytes: None,
+        kernel_overhead_bytes: None,
     }
 }
 

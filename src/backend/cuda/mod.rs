@@ -1,8 +1,10 @@
-//! The CUDA backend through cudarc (dynamic loading; NVRTC-compiled kernels from shaders/*.cu).
+//! The CUDA backend through cudarc (dynamic loading; kernels from shaders/*.cu).
 //!
-//! Building needs no CUDA; at run time the driver library and NVRTC are checked for before
-//! cudarc is called (see [`loader`]), so a machine without them gets an `Err` with the reason,
-//! never a panic.
+//! Building needs no CUDA, and running needs only the NVIDIA driver: the kernels ship inside
+//! the binary as PTX ([`ptx`]), which the driver JIT-compiles for the card. Where NVRTC is found
+//! at run time, kernels are compiled by it instead, as a CUBIN for the exact card
+//! ([`KernelSource`]). The driver library is checked for before cudarc is called (see
+//! [`loader`]), so a machine without it gets an `Err` with the reason, never a panic.
 //!
 //! Memory: buffers are plain `cuMemAlloc` / `cuMemFree` (not cudarc's stream-ordered pool), so
 //! `CUDA_ERROR_OUT_OF_MEMORY` comes back at the allocation that does not fit, and freed memory
@@ -17,10 +19,11 @@
 
 pub mod loader;
 pub mod nvrtc;
+pub mod ptx;
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
@@ -30,7 +33,7 @@ use cudarc::nvrtc::Ptx;
 use super::{
     AllocError, Backend, BackendError, BackendKind, BufferId, DeviceInfo, DeviceType, MemoryInfo,
 };
-use crate::kernels::KernelId;
+use crate::kernels::{params, KernelId};
 
 pub use nvrtc::compile_all_kernels;
 
@@ -43,9 +46,33 @@ pub const MAX_PARAM_BYTES: usize = 256;
 /// CUDA's grid limits (x up to 2^31 - 1 blocks, y and z up to 65535).
 const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
 
-/// Lists the CUDA devices, or says why CUDA is unavailable (no driver library, no NVRTC, no
-/// device, a driver error). Never panics.
+/// Set to `1` to load the embedded PTX even where NVRTC is found (the driver-only path).
+pub const EMBEDDED_ENV: &str = "OOMPROBE_CUDA_EMBEDDED";
+
+/// Bytes of the one buffer every warm-up launch binds (no kernel touches it on empty params).
+const WARM_UP_SCRATCH_BYTES: u64 = 4096;
+
+/// Lists the CUDA devices, or says why CUDA is unavailable (no driver library, no device, a
+/// driver error). Never panics. Each device is opened, its kernels loaded and launched once,
+/// and its overhead measured ([`crate::backend::overhead`]); a device whose warm-up fails is
+/// listed with the overhead unknown (the reason is logged).
 pub fn list_devices() -> Result<Vec<DeviceInfo>, String> {
+    (0..device_count()?).map(measured_device).collect()
+}
+
+/// One device as [`list_devices`] lists it (opened, warmed up, measured, closed again).
+pub fn measured_device(ordinal: usize) -> Result<DeviceInfo, String> {
+    let mut backend = CudaBackend::new(ordinal)?;
+    Ok(
+        crate::backend::overhead::measured_info(&mut backend).unwrap_or_else(|e| {
+            log::warn!("CUDA device {ordinal}: overhead not measured: {e}");
+            backend.info().clone()
+        }),
+    )
+}
+
+/// How many CUDA devices the driver reports (an error when none, or no driver).
+pub fn device_count() -> Result<usize, String> {
     loader::driver_library()?;
     let count = loader::guarded("cuDeviceGetCount", || -> Result<usize, String> {
         cu::init().map_err(|e| format!("cuInit failed: {}", err_text(e)))?;
@@ -56,13 +83,7 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>, String> {
     if count == 0 {
         return Err("the NVIDIA driver reports no CUDA device".to_string());
     }
-    loader::nvrtc_library()?;
-    (0..count)
-        .map(|i| {
-            let ctx = new_context(i)?;
-            device_info(&ctx, i)
-        })
-        .collect()
+    Ok(count)
 }
 
 /// Opens CUDA device `index` (default 0) as a backend, or says why it cannot.
@@ -70,10 +91,53 @@ pub fn open(index: Option<usize>) -> Result<Box<dyn Backend>, String> {
     Ok(Box::new(CudaBackend::new(index.unwrap_or(0))?))
 }
 
-/// Both libraries present, or the reason one is not (no driver call is made).
+/// The driver library present, or the reason it is not (no driver call is made). NVRTC is
+/// optional (see [`KernelSource`]).
 pub fn available() -> Result<(), String> {
-    loader::driver_library()?;
-    loader::nvrtc_library()
+    loader::driver_library()
+}
+
+/// Where a device's kernels come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelSource {
+    /// NVRTC at run time: a CUBIN for the card's own architecture, or PTX for the newest one
+    /// NVRTC knows below it.
+    Nvrtc(nvrtc::Target),
+    /// The PTX inside the binary ([`ptx`]), JIT-compiled by the driver: no NVRTC needed.
+    Embedded,
+}
+
+impl std::fmt::Display for KernelSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KernelSource::Nvrtc(t) => match nvrtc::version() {
+                Ok((a, b)) => write!(f, "NVRTC {a}.{b} {t}"),
+                Err(_) => write!(f, "NVRTC {t}"),
+            },
+            KernelSource::Embedded => write!(
+                f,
+                "embedded PTX compute_{} ISA {}.{}",
+                ptx::EMBED_ARCH,
+                ptx::EMBED_ISA.0,
+                ptx::EMBED_ISA.1
+            ),
+        }
+    }
+}
+
+/// NVRTC when it is found and can target the card (unless [`EMBEDDED_ENV`] says otherwise),
+/// else the embedded PTX.
+fn kernel_source(major: i32, minor: i32) -> KernelSource {
+    if std::env::var_os(EMBEDDED_ENV).is_some_and(|v| v == "1") {
+        return KernelSource::Embedded;
+    }
+    match loader::nvrtc_library().and_then(|()| nvrtc::target_for_device(major, minor)) {
+        Ok(t) => KernelSource::Nvrtc(t),
+        Err(reason) => {
+            log::info!("CUDA kernels: the embedded PTX ({reason})");
+            KernelSource::Embedded
+        }
+    }
 }
 
 fn new_context(ordinal: usize) -> Result<Arc<CudaContext>, String> {
@@ -95,7 +159,11 @@ fn new_context(ordinal: usize) -> Result<Arc<CudaContext>, String> {
     })?
 }
 
-fn device_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo, String> {
+fn device_info(
+    ctx: &Arc<CudaContext>,
+    ordinal: usize,
+    source: KernelSource,
+) -> Result<DeviceInfo, String> {
     loader::guarded("device info", || {
         let name = ctx
             .name()
@@ -112,9 +180,6 @@ fn device_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo, Str
         let driver = driver_version()
             .map(|v| format!("CUDA {}.{}", v / 1000, (v % 1000) / 10))
             .unwrap_or_else(|e| format!("CUDA (version unknown: {e})"));
-        let nvrtc = nvrtc::version()
-            .map(|(a, b)| format!("NVRTC {a}.{b}"))
-            .unwrap_or_else(|_| "NVRTC ?".to_string());
         let total = total as u64;
         Ok(DeviceInfo {
             index: ordinal,
@@ -125,11 +190,13 @@ fn device_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo, Str
             } else {
                 DeviceType::Discrete
             },
-            driver: format!("{driver}, sm_{major}{minor}, {nvrtc}"),
+            driver: format!("{driver}, sm_{major}{minor}, {source}"),
             memory_total_bytes: Some(total),
             memory_free_bytes: Some(free as u64),
             max_buffer_size: total,
             max_storage_binding_size: total.min(MAX_BINDING_BYTES),
+            overhead_bytes: None,
+            kernel_overhead_bytes: None,
         })
     })?
 }
@@ -222,8 +289,8 @@ struct ParamBlock([u8; MAX_PARAM_BYTES]);
 pub struct CudaBackend {
     info: DeviceInfo,
     ctx: Arc<CudaContext>,
-    /// What kernels are compiled to (CUBIN for the device, or PTX for the driver to JIT).
-    target: nvrtc::Target,
+    /// Where kernels come from (NVRTC for the card, or the embedded PTX).
+    source: KernelSource,
     /// Driver version as an integer (e.g. 12040), for feature checks and error hints.
     driver_version: i32,
     buffers: HashMap<u64, Buffer>,
@@ -235,20 +302,28 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// Opens CUDA device `ordinal`. Errors (as one line) when CUDA or NVRTC is unavailable.
+    /// Opens CUDA device `ordinal`. Errors (as one line) when the driver is unavailable.
     pub fn new(ordinal: usize) -> Result<Self, String> {
+        Self::open(ordinal, None)
+    }
+
+    /// Opens CUDA device `ordinal` with the embedded PTX as its kernels, NVRTC or not.
+    pub fn with_embedded_ptx(ordinal: usize) -> Result<Self, String> {
+        Self::open(ordinal, Some(KernelSource::Embedded))
+    }
+
+    fn open(ordinal: usize, source: Option<KernelSource>) -> Result<Self, String> {
         loader::driver_library()?;
         let ctx = new_context(ordinal)?;
-        loader::nvrtc_library()?;
-        let info = device_info(&ctx, ordinal)?;
         let (major, minor) = loader::guarded("compute capability", || ctx.compute_capability())?
             .map_err(|e| format!("compute capability: {}", err_text(e)))?;
-        let target = nvrtc::target_for_device(major, minor)?;
+        let source = source.unwrap_or_else(|| kernel_source(major, minor));
+        let info = device_info(&ctx, ordinal, source)?;
         let driver_version = loader::guarded("cuDriverGetVersion", driver_version)??;
         Ok(CudaBackend {
             info,
             ctx,
-            target,
+            source,
             driver_version,
             buffers: HashMap::new(),
             next_id: 1,
@@ -270,9 +345,9 @@ impl CudaBackend {
         self.driver_version
     }
 
-    /// What kernels are compiled to on this device.
-    pub fn target(&self) -> nvrtc::Target {
-        self.target
+    /// Where kernels come from on this device.
+    pub fn kernel_source(&self) -> KernelSource {
+        self.source
     }
 
     fn bind(&self) -> Result<(), DriverError> {
@@ -317,35 +392,43 @@ impl CudaBackend {
         }
     }
 
-    /// Compiles (NVRTC) and loads a kernel on first use.
+    /// Compiles (NVRTC) or takes (embedded PTX) a kernel and loads it, on first use.
     fn load(&mut self, kernel: KernelId) -> Result<(), BackendError> {
         if self.kernels.contains_key(&kernel) {
             return Ok(());
         }
-        let compiled = nvrtc::compile(kernel, self.target).map_err(BackendError::Other)?;
-        if !compiled.log.trim().is_empty() {
-            log::debug!("NVRTC log for {}: {}", kernel.label(), compiled.log.trim());
+        let mut loaded = match self.source {
+            KernelSource::Nvrtc(target) => {
+                let image = compiled_image(kernel, target).map_err(BackendError::Other)?;
+                self.load_image(kernel, image)?
+            }
+            KernelSource::Embedded => self.load_image(kernel, ptx::embedded_image(kernel))?,
+        };
+        if let (Err(e), KernelSource::Nvrtc(_)) = (&loaded, self.source) {
+            if classify(*e) == Class::Other {
+                // E.g. NVRTC's PTX is newer than this driver, or its CUBIN is of another CUDA
+                // major version: the embedded PTX is older than both.
+                log::info!(
+                    "{}: NVRTC's image did not load ({}); loading the embedded PTX",
+                    kernel.label(),
+                    err_name(*e)
+                );
+                loaded = self.load_image(kernel, ptx::embedded_image(kernel))?;
+            }
         }
-        let ctx = self.ctx.clone();
-        let loaded = loader::guarded("cuModuleLoadData", || {
-            // PTX images end with their NUL; CUBIN images are ELF: both load from the bytes.
-            ctx.load_module(Ptx::from_binary(compiled.image))
-                .and_then(|m| m.load_function(nvrtc::entry_point(kernel.op)))
-        })
-        .map_err(BackendError::Other)?;
         let func = match loaded {
             Ok(f) => f,
             Err(e) => {
                 let mut err = self.backend_error(&format!("loading kernel {}", kernel.label()), e);
                 if err_name(e) == "CUDA_ERROR_UNSUPPORTED_PTX_VERSION" {
                     let hint = format!(
-                        "; the NVRTC in use emits PTX newer than this driver (CUDA {}.{}) \
-                         accepts: install a matching NVRTC, e.g. `pip install \
-                         nvidia-cuda-nvrtc-cu12=={}.{}.*`",
+                        "; this driver (CUDA {}.{}) is older than the PTX ISA {}.{} of the \
+                         embedded kernels needs: {} or newer",
                         self.driver_version / 1000,
                         (self.driver_version % 1000) / 10,
-                        self.driver_version / 1000,
-                        (self.driver_version % 1000) / 10
+                        ptx::EMBED_ISA.0,
+                        ptx::EMBED_ISA.1,
+                        ptx::EMBED_MIN_DRIVER
                     );
                     if let BackendError::Other(m) = &mut err {
                         m.push_str(&hint);
@@ -357,11 +440,67 @@ impl CudaBackend {
         let signature = if self.driver_version >= 12040 {
             loader::guarded("cuFuncGetParamInfo", || signature(&func)).unwrap_or(None)
         } else {
-            None
+            // Older drivers cannot tell: the embedded PTX declares the same entry point.
+            ptx_signature(kernel)
         };
         self.kernels.insert(kernel, Loaded { func, signature });
         Ok(())
     }
+
+    /// Loads a module image (PTX text with its NUL, or CUBIN bytes) and finds the entry point.
+    fn load_image(
+        &self,
+        kernel: KernelId,
+        image: Vec<u8>,
+    ) -> Result<Result<CudaFunction, DriverError>, BackendError> {
+        let ctx = self.ctx.clone();
+        loader::guarded("cuModuleLoadData", || {
+            ctx.load_module(Ptx::from_binary(image))
+                .and_then(|m| m.load_function(nvrtc::entry_point(kernel.op)))
+        })
+        .map_err(BackendError::Other)
+    }
+
+    /// Launches every kernel once on empty params (each then does nothing) over one small
+    /// scratch buffer.
+    fn launch_each_kernel_once(&mut self, scratch: BufferId) -> Result<(), BackendError> {
+        self.write_buffer(scratch, 0, &[0u8; WARM_UP_SCRATCH_BYTES as usize])?;
+        for id in nvrtc::all_kernel_ids() {
+            let params = vec![0u8; params::params_bytes(id.op)];
+            let buffers = vec![scratch; params::buffer_count(id.op)];
+            self.dispatch(id, &params, &buffers, [1, 1, 1])?;
+        }
+        self.synchronize()
+    }
+}
+
+/// NVRTC's module image of a kernel, compiled once per process and target (listing several
+/// cards of one architecture, or a warm-up then a probe, compiles each kernel once).
+fn compiled_image(kernel: KernelId, target: nvrtc::Target) -> Result<Vec<u8>, String> {
+    type Cache = Mutex<HashMap<(KernelId, nvrtc::Target), Vec<u8>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (ptx::canonical(kernel), target);
+    if let Some(image) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return Ok(image);
+    }
+    let compiled = nvrtc::compile(key.0, target)?;
+    if !compiled.log.trim().is_empty() {
+        log::debug!("NVRTC log for {}: {}", kernel.label(), compiled.log.trim());
+    }
+    if let Ok(mut c) = cache.lock() {
+        c.insert(key, compiled.image.clone());
+    }
+    Ok(compiled.image)
+}
+
+/// (size of parameter 0, number of parameters) of a kernel's entry point in the embedded PTX.
+fn ptx_signature(kernel: KernelId) -> Option<(usize, usize)> {
+    let entries = ptx::parse_entries(ptx::embedded(kernel)).ok()?;
+    let entry = entries
+        .into_iter()
+        .find(|e| e.name == nvrtc::entry_point(kernel.op))?;
+    Some((entry.params.first()?.size(), entry.params.len()))
 }
 
 /// (size of parameter 0, number of parameters) of a kernel, where the driver tells.
@@ -609,6 +748,16 @@ impl Backend for CudaBackend {
 
     fn allocated_bytes(&self) -> u64 {
         self.allocated
+    }
+
+    /// Loads every kernel (30 modules) and launches each once: module code and the local
+    /// memory the driver sizes at the first launch (per thread the card can hold) are taken.
+    fn warm_up(&mut self) -> Result<(), BackendError> {
+        self.check_lost()?;
+        let scratch = self.alloc_buffer(WARM_UP_SCRATCH_BYTES)?;
+        let r = self.launch_each_kernel_once(scratch);
+        self.free_buffer(scratch);
+        r
     }
 }
 

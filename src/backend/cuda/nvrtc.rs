@@ -133,7 +133,7 @@ pub fn all_kernel_ids() -> Vec<KernelId> {
 }
 
 /// What NVRTC is asked to produce.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Target {
     /// PTX for `compute_XX`, JIT-compiled by the driver at load time. The driver must be at
     /// least as new as NVRTC (PTX has no minor-version compatibility).

@@ -208,6 +208,8 @@ struct R<'a> {
     states: States,
     bsz: u64,
     c: DType,
+    /// Training saves each conv output for backward; inference (no_grad) frees it after BN.
+    train: bool,
 }
 
 impl R<'_> {
@@ -247,10 +249,16 @@ impl R<'_> {
             rows: bsz.saturating_mul(cv.c_out),
             cols: ho * ho,
         });
+        let saved = if self.train {
+            vec![y]
+        } else {
+            self.b.free(y);
+            Vec::new()
+        };
         Ok((
             ConvFrame {
                 piece: cv.name.clone(),
-                saved: vec![y],
+                saved,
                 in_shape: [bsz, cv.c_in, cv.h_in, cv.h_in],
                 out_shape: shape,
             },
@@ -312,6 +320,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         states,
         bsz,
         c,
+        train,
     };
     r.b.phase(Phase::Forward);
     let img = w.image;
@@ -354,6 +363,10 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         let mut y = x;
         for cv in &blk.convs {
             let (fr, out) = r.conv(cv, y)?;
+            if !train && y != x {
+                // no_grad: the previous conv's output dies once the next one has read it.
+                r.b.free(y);
+            }
             frames.push(fr);
             outputs.push(out);
             y = out;
@@ -368,12 +381,6 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
             None => None,
         };
         if !train {
-            for fr in frames.iter().chain(down.iter()) {
-                r.b.free_all(fr.saved.iter().copied());
-            }
-            for &o in &outputs[..outputs.len() - 1] {
-                r.b.free(o);
-            }
             r.b.free(x);
         }
         blocks.push(BlockRec {
@@ -485,7 +492,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     r.b.free(g);
     r.backward(stem_fr, g_stem, false, false)?;
     let w_ = r.w;
-    r.states.optimizer_step(r.b, w_)?;
     r.b.free(logits);
+    r.states.optimizer_step(r.b, w_)?;
     Ok(())
 }

@@ -251,12 +251,22 @@ impl T<'_> {
         let q = self.hidden(&format!("{p}.q"), Role::Activations)?;
         let k = self.hidden(&format!("{p}.k"), Role::Activations)?;
         let v = self.hidden(&format!("{p}.v"), Role::Activations)?;
-        saved.extend([q, k, v]);
         for t in [q, k, v] {
             self.matmul(piece, x, t, h, h);
         }
-        if self.w.kv_cache && self.causal {
-            // use_cache: the returned cache keeps this layer's key and value (in training too).
+        // use_cache: the returned cache (DynamicCache, `torch.cat` copies) keeps this layer's
+        // key and value until the caller drops the output. In training with batch ≥ 2 the 4-D
+        // matmuls copy q, k and v anyway and the saved k, v are the cache's copies (held, not
+        // freed by backward); with batch 1 q·kᵀ saves views of the fused projection, so the
+        // cache's copies come on top (measured, validation/saved_breakdown.md).
+        let cache = self.w.kv_cache && self.causal;
+        if cache && self.train && self.bsz > 1 {
+            saved.push(q);
+            self.held.extend([k, v]);
+        } else {
+            saved.extend([q, k, v]);
+        }
+        if cache && (!self.train || self.bsz == 1) {
             let (bsz, s, c) = (self.bsz, self.s, self.c);
             let kv = self.b.push(
                 &format!("{p}.kv_cache"),
@@ -776,9 +786,10 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     if let Some(gb) = t.gather.take() {
         t.b.free(gb);
     }
+    // The caller drops the outputs (logits, cache) once backward is done: Hugging Face's Trainer
+    // and Lightning keep only the detached loss through the optimizer step.
     let held = std::mem::take(&mut t.held);
-    t.states.optimizer_step(t.b, w_)?;
-    // The caller drops the outputs (logits, cache) after the step.
     t.b.free_all(held);
+    t.states.optimizer_step(t.b, w_)?;
     Ok(())
 }

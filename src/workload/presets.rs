@@ -91,8 +91,10 @@ fn text(
     w.seq = ctx;
     w.dropout = arch != Arch::Llama;
     if arch == Arch::Gpt2 {
-        // Hugging Face's GPT-2 uses activation_function "gelu_new" (the unfused tanh formula).
+        // Hugging Face's GPT-2: activation_function "gelu_new" (the unfused tanh formula) and
+        // use_cache true (a KV cache returned even in training).
         w.gelu = Gelu::Unfused;
+        w.kv_cache = true;
     }
     if arch == Arch::Llama {
         w.precision = Precision::Mixed;

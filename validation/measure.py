@@ -234,8 +234,20 @@ def make_inputs(row: dict) -> dict[str, torch.Tensor]:
     raise ValueError(arch)
 
 
+def precision_context(row: dict):
+    """fp32 rows run as they are; autocast-bf16 rows run forward and loss under CPU autocast."""
+    if row["precision"] == "autocast-bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def run_forward(row: dict, model, inputs, with_labels: bool = True):
     """One forward in the model's own way; returns (loss or None, output object)."""
+    with precision_context(row):
+        return _run_forward(row, model, inputs, with_labels)
+
+
+def _run_forward(row: dict, model, inputs, with_labels: bool):
     if row["arch"] == "resnet50":
         logits = model(inputs["pixel_values"])
         loss = F.cross_entropy(logits, inputs["labels"]) if with_labels else None
@@ -254,7 +266,7 @@ def run_forward(row: dict, model, inputs, with_labels: bool = True):
 
 class ModuleTracker:
     def __init__(self, model: torch.nn.Module, profile_ranges: bool):
-        self.names = {id(m): n for n, m in model.named_modules()}
+        self.names = {id(m): (n or "<model>") for n, m in model.named_modules()}
         self.stack: list[str] = []
         self.ranges: list[Any] = []
         self.profile_ranges = profile_ranges
@@ -307,6 +319,26 @@ def mark(phase: str):
 # ----------------------------------------------------------------------------------------------
 
 
+VIEW_NODES = ("TBackward0", "TransposeBackward0", "ViewBackward0", "PermuteBackward0", "ExpandBackward0",
+              "UnsqueezeBackward0", "SqueezeBackward0", "AsStridedBackward0", "ReshapeAliasBackward0")
+
+
+def is_param_cast(t: torch.Tensor) -> bool:
+    """A dtype cast of a parameter (autocast's weight-cast cache), possibly seen through views."""
+    node = t.grad_fn
+    for _ in range(4):
+        if node is None:
+            return False
+        if node.name() == "ToCopyBackward0":
+            nxt = [n for n, _ in node.next_functions if n is not None]
+            return len(nxt) == 1 and nxt[0].name() == "torch::autograd::AccumulateGrad"
+        if node.name() not in VIEW_NODES:
+            return False
+        nxt = [n for n, _ in node.next_functions if n is not None]
+        node = nxt[0] if len(nxt) == 1 else None
+    return False
+
+
 class SavedRecorder:
     """saved_tensors_hooks that record every saved tensor and keep memory behaviour unchanged:
     pack returns a detached alias (same storage, no grad_fn: no reference cycle)."""
@@ -317,6 +349,7 @@ class SavedRecorder:
         self.phase = "forward"
         self.records: list[dict] = []
         self.keys: set[int] = set()
+        self.cast_keys: set[int] = set()  # autocast's low-precision copies of parameters
 
     def pack(self, t: torch.Tensor):
         key = storage_key(t)
@@ -327,11 +360,14 @@ class SavedRecorder:
             "dtype": str(t.dtype).replace("torch.", ""),
             "numel": t.numel(),
             "param": key in self.exclude,
+            "weight_cast": key not in self.exclude and is_param_cast(t),
             "phase": self.phase,
             "module": self.tracker.current if self.tracker else "",
         }
         self.records.append(rec)
-        if not rec["param"]:
+        if rec["weight_cast"]:
+            self.cast_keys.add(key)
+        elif not rec["param"]:
             self.keys.add(key)
         return t.detach()
 
@@ -346,8 +382,11 @@ class SavedRecorder:
         by_phase: dict[str, dict[int, int]] = {"forward": {}, "loss": {}}
         first_phase: dict[int, str] = {}
         bool_bytes: dict[int, int] = {}
+        casts: dict[int, int] = {}
         for r in self.records:
-            if r["param"] or r["storage_bytes"] == 0:
+            if r["weight_cast"]:
+                casts[r["key"]] = r["storage_bytes"]
+            if r["param"] or r["weight_cast"] or r["storage_bytes"] == 0:
                 continue
             ph = first_phase.setdefault(r["key"], r["phase"])
             by_phase[ph][r["key"]] = r["storage_bytes"]
@@ -360,6 +399,7 @@ class SavedRecorder:
             "saved_forward_bytes": fwd,
             "saved_loss_bytes": loss,
             "dropout_mask_bytes": sum(bool_bytes.values()),
+            "weight_cast_bytes": sum(casts.values()),
         }
 
 
@@ -384,7 +424,7 @@ def measure_saved(row: dict, cuda_like_dropout: bool, breakdown: bool = False) -
         loss, out = run_forward(row, model, inputs)
     h.remove()
     totals = rec.totals()
-    held = [t for t in collect_tensors(out) if storage_key(t) not in rec.keys]
+    held = [t for t in collect_tensors(out) if storage_key(t) not in rec.keys | rec.cast_keys]
     held_keys = {storage_key(t): storage_nbytes(t) for t in held}
     for k in list(held_keys):
         if k in exclude or held_keys[k] == 0:
@@ -429,6 +469,8 @@ def saved_breakdown(loss, rec: SavedRecorder, out, held_keys) -> dict:
     for r in rec.records:
         if r["param"] or r["storage_bytes"] == 0:
             continue
+        if r["weight_cast"]:
+            r = dict(r, module=r["module"] + " [weight cast]")
         s = storages.get(r["key"])
         if s is None:
             s = storages[r["key"]] = {
@@ -608,7 +650,7 @@ def measure_train_steps(row: dict, foreach_modes=(True, False), saved_hooks: boo
                     mark("forward")
                     with tracker, saving:
                         loss, out = run_forward(row, model, inputs)
-                    held = {storage_key(t) for t in collect_tensors(out)} - rec.keys - param_keys
+                    held = {storage_key(t) for t in collect_tensors(out)} - rec.keys - rec.cast_keys - param_keys
                     mark("backward")
                     loss.backward()
                     grad_keys = {storage_key(p.grad) for p in params if p.grad is not None}
@@ -622,6 +664,7 @@ def measure_train_steps(row: dict, foreach_modes=(True, False), saved_hooks: boo
                 # a pointer names a tensor only among allocations of the phase that made it
                 tags = {
                     "saved_activations": (set(rec.keys), ("forward", "loss")),
+                    "weight_casts": (set(rec.cast_keys), ("forward", "loss")),
                     "caller_held_outputs": (held, ("forward", "loss")),
                     "weight_grads": (grad_keys, ("backward",)),
                     "adam_state": (state_keys, ("optimizer",)),
@@ -700,17 +743,25 @@ def all_rows() -> list[dict]:
     for b, img in ((1, 224), (2, 224), (2, 128)):
         rows.append(dict(RESNET, model="resnet50", batch=b, image=img, seq=0))
     for r in rows:
-        r["id"] = row_id(r)
         r["precision"] = "fp32"
+    # CPU autocast bf16 (params, grads and Adam state stay fp32; CPU's autocast op lists, not CUDA's)
+    rows.append(dict(GPT2, model="gpt2-fused", gelu="gelu_pytorch_tanh", use_cache=False, dropout=0.0,
+                     batch=1, seq=128, precision="autocast-bf16"))
+    rows.append(dict(VIT, model="vit-b16", dropout=0.0, batch=1, seq=197, precision="autocast-bf16"))
+    for r in rows:
+        r["id"] = row_id(r)
     return rows
 
 
 def row_id(r: dict) -> str:
     shape = f"b{r['batch']}-s{r['seq']}" if r["arch"] in ("gpt2", "bert") else f"b{r['batch']}-i{r['image']}"
-    return f"{r['model']}-p{r['dropout']:g}-{shape}"
+    prec = "" if r["precision"] == "fp32" else f"-{r['precision']}"
+    return f"{r['model']}-p{r['dropout']:g}-{shape}{prec}"
 
 
 BREAKDOWN_IDS = {
+    "gpt2-fused-p0-b1-s128-autocast-bf16",
+    "vit-b16-p0-b1-i224-autocast-bf16",
     "gpt2-hf-p0.1-b1-s128",
     "gpt2-fused-p0.1-b1-s128",
     "bert-base-p0.1-b1-s128",
@@ -742,7 +793,8 @@ def measure_row(row: dict, breakdown: bool, log) -> tuple[dict, dict | None]:
         out["saved_bytes_cpu_dropout"] = out["saved_bytes"]
     log(f"  saved {out['saved_bytes']:,} (cpu dropout {out['saved_bytes_cpu_dropout']:,}) "
         f"held {out['caller_held_bytes']:,}  [{time.time() - t0:.0f}s]")
-    steps = measure_train_steps(row, (True, False) if breakdown else (True,))
+    forloop_too = breakdown and row["precision"] == "fp32"
+    steps = measure_train_steps(row, (True, False) if forloop_too else (True,))
     for name, res in steps.items():
         out[f"train_{name}_peak_bytes"] = res["peak_bytes"]
         out[f"train_{name}_peak_phase"] = res["peak_phase"]
@@ -770,6 +822,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="regex on row ids")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows of an existing --out file that this run does not measure (same versions only)")
     ap.add_argument("--check-hooks", action="store_true",
                     help="measure the matching rows' steps with and without the saved-tensor hooks and compare")
     args = ap.parse_args(argv)
@@ -838,12 +892,25 @@ def main(argv=None) -> int:
         "seconds": round(time.time() - t0, 1),
         "rows": measured,
     }
+    if args.merge and os.path.exists(args.out):
+        old = json.load(open(args.out))
+        if old.get("versions") != doc["versions"]:
+            print(f"measure.py: --merge: {args.out} was measured with {old.get('versions')}", file=sys.stderr)
+            return 2
+        mine = {r["id"] for r in measured}
+        order = [r["id"] for r in all_rows()]
+        kept = [r for r in old["rows"] if r["id"] not in mine]
+        doc["rows"] = sorted(kept + measured, key=lambda r: order.index(r["id"]) if r["id"] in order else 1e9)
+        doc["seconds"] = round(old.get("seconds", 0) + doc["seconds"], 1)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=False)
         f.write("\n")
     log(f"wrote {args.out} ({len(measured)} rows, {doc['seconds']}s)")
     if breakdowns:
+        if args.merge and os.path.exists(args.breakdown_out):
+            old_bd = json.load(open(args.breakdown_out))["rows"]
+            breakdowns = {**{k: v for k, v in old_bd.items() if k not in breakdowns}, **breakdowns}
         with open(args.breakdown_out, "w") as f:
             json.dump({"versions": doc["versions"], "rows": breakdowns}, f, indent=1)
             f.write("\n")

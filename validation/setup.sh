@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Creates the validation venv OUTSIDE the repository and installs torch, torchvision and
+# transformers from PyPI into it. Never used by CI: the committed fixture
+# (tests/fixtures/validation.json) is what the Rust tests read.
+#
+#   validation/setup.sh                      # venv at $HOME/.cache/oomprobe-validation-venv
+#   OOMPROBE_VENV=/some/dir validation/setup.sh
+#   "$OOMPROBE_VENV/bin/python" validation/measure.py
+#
+# PyPI's Linux torch wheel depends on the CUDA runtime wheels (cuBLAS, cuDNN, NCCL, ...): the
+# venv is about 5.6 GiB. A `pip install --no-deps torch` is 1.3 GiB but `import torch` then fails
+# (torch preloads libcublasLt at import even on a CPU-only machine), so the full set is installed.
+# The CPU-only wheel index is not on PyPI.
+set -euo pipefail
+
+VENV="${OOMPROBE_VENV:-$HOME/.cache/oomprobe-validation-venv}"
+PYTHON="${PYTHON:-python3}"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+case "$(cd "$(dirname "$VENV")" 2>/dev/null && pwd)/" in
+  "$REPO"/*) echo "setup.sh: OOMPROBE_VENV must be outside the repository ($REPO)" >&2; exit 2 ;;
+esac
+
+# The versions the committed fixture was measured with.
+TORCH="${OOMPROBE_TORCH:-torch==2.15.0}"
+TORCHVISION="${OOMPROBE_TORCHVISION:-torchvision==0.29.2}"
+TRANSFORMERS="${OOMPROBE_TRANSFORMERS:-transformers==5.24.0}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --upgrade pip
+fi
+"$VENV/bin/pip" install --quiet "$TORCH" "$TORCHVISION" "$TRANSFORMERS"
+"$VENV/bin/python" - <<'PY'
+import torch, torchvision, transformers
+x = torch.randn(4, 4, requires_grad=True)
+(x @ x).sum().backward()
+print(f"validation venv ready: torch {torch.__version__}, torchvision {torchvision.__version__}, "
+      f"transformers {transformers.__version__}")
+PY
+echo "run: $VENV/bin/python $REPO/validation/measure.py"

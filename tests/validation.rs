@@ -1,0 +1,264 @@
+//! Every plan against PyTorch: the rows of `tests/fixtures/validation.json` (measured on CPU by
+//! `validation/measure.py`, torch + transformers + torchvision, fp32) must be reproduced by the
+//! timeline: parameter counts exactly, saved activations (plus the outputs the caller holds)
+//! when backward starts, the whole-step peak for grads free/keep × first/steady step × Adam
+//! foreach/for-loop, and the inference peak. No torch is needed here: the fixture is committed.
+//!
+//! `OOMPROBE_VALIDATION_TABLE=FILE cargo test --test validation` writes the Markdown table that
+//! `docs/validation.md` shows.
+
+use oomprobe::plan::build::param_count;
+use oomprobe::plan::Plan;
+use oomprobe::workload::presets::{self, vit_tokens};
+use oomprobe::workload::{Gelu, Grads, Mode, OptimizerImpl, StepKind, Workload};
+use serde_json::Value;
+
+fn fixture() -> Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/validation.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("fixture JSON")
+}
+
+fn u(r: &Value, k: &str) -> u64 {
+    r[k].as_u64()
+        .unwrap_or_else(|| panic!("{}: no {k}", r["id"]))
+}
+
+/// The workload a fixture row measured, from the preset of its architecture.
+fn workload(r: &Value) -> Workload {
+    let arch = r["arch"].as_str().unwrap();
+    let preset = match arch {
+        "gpt2" => "gpt2",
+        "bert" => "bert-base",
+        "vit" => "vit-b16",
+        "resnet50" => "resnet50",
+        other => panic!("unknown arch {other}"),
+    };
+    let mut w = presets::get(preset).unwrap();
+    w.batch = u(r, "batch");
+    match arch {
+        "resnet50" => {
+            w.image = u(r, "image");
+            w.vocab = u(r, "classes");
+        }
+        _ => {
+            w.layers = u(r, "layers");
+            w.hidden = u(r, "hidden");
+            w.heads = u(r, "heads");
+            w.ffn = u(r, "ffn");
+            w.dropout = r["dropout"].as_f64().unwrap() > 0.0;
+            w.gelu = match r["gelu"].as_str().unwrap() {
+                "gelu_new" | "gelu_fast" => Gelu::Unfused,
+                _ => Gelu::Fused,
+            };
+            if arch == "vit" {
+                w.image = u(r, "image");
+                w.patch = u(r, "patch");
+                w.vocab = u(r, "classes");
+                w.seq = vit_tokens(w.image, w.patch);
+                w.max_positions = w.seq;
+            } else {
+                w.vocab = u(r, "vocab");
+                w.seq = u(r, "seq");
+                w.max_positions = u(r, "max_positions");
+                w.kv_cache = r["use_cache"].as_bool().unwrap_or(false);
+            }
+        }
+    }
+    w
+}
+
+/// One compared quantity.
+struct Check {
+    row: String,
+    what: String,
+    measured: u64,
+    estimated: u64,
+    /// Relative tolerance and why it is not the default.
+    tol: f64,
+    phases: Option<(String, String)>,
+}
+
+impl Check {
+    fn error(&self) -> f64 {
+        (self.estimated as f64 - self.measured as f64) / self.measured as f64
+    }
+}
+
+/// The training variants the harness measures: (fixture key part, workload settings).
+fn variants() -> Vec<(String, OptimizerImpl, Grads, StepKind)> {
+    let mut v = Vec::new();
+    for (imp, oi) in [
+        ("foreach", OptimizerImpl::Foreach),
+        ("forloop", OptimizerImpl::ForLoop),
+    ] {
+        for (g, grads) in [("free", Grads::Free), ("keep", Grads::Keep)] {
+            for (s, step) in [("first", StepKind::First), ("steady", StepKind::Steady)] {
+                v.push((format!("{imp}_{g}_{s}"), oi, grads, step));
+            }
+        }
+    }
+    v
+}
+
+fn checks() -> Vec<Check> {
+    let fx = fixture();
+    let mut out = Vec::new();
+    for r in fx["rows"].as_array().unwrap() {
+        let id = r["id"].as_str().unwrap().to_string();
+        let w = workload(r);
+        assert_eq!(param_count(&w).unwrap(), u(r, "params"), "{id}: parameters");
+        let plan = Plan::for_workload(&w).unwrap();
+        plan.check_timeline().unwrap();
+        out.push(Check {
+            row: id.clone(),
+            what: "saved + held".into(),
+            measured: u(r, "saved_bytes") + u(r, "caller_held_bytes"),
+            estimated: plan.saved_bytes(),
+            tol: 0.01,
+            phases: None,
+        });
+        for (key, oi, grads, step) in variants() {
+            let k = format!("train_{key}_peak_bytes");
+            if r.get(&k).is_none() {
+                continue;
+            }
+            let mut v = w.clone();
+            v.optimizer_impl = Some(oi);
+            v.grads = grads;
+            v.step = step;
+            let p = Plan::for_workload(&v).unwrap();
+            let peak = p.peak();
+            // Known gap: with kept gradients the harness's backward reaches params + grads +
+            // 4 B/param more (a whole extra gradient set) that a minimal profile of the same
+            // model does not show (in-place accumulation, one temporary at a time); with
+            // foreach the optimizer's own temporary hides it.
+            let tol = if key.starts_with("forloop_keep") {
+                0.08
+            } else {
+                0.03
+            };
+            out.push(Check {
+                row: id.clone(),
+                what: format!("train {}", key.replace('_', " ")),
+                measured: u(r, &k),
+                estimated: peak.bytes,
+                tol,
+                phases: Some((
+                    r[format!("train_{key}_peak_phase")]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
+                    peak.phase.map_or("", |p| p.name()).to_string(),
+                )),
+            });
+        }
+        if r.get("inference_peak_bytes").is_some() {
+            let mut v = w.clone();
+            v.mode = Mode::Inference;
+            let p = Plan::for_workload(&v).unwrap();
+            // ResNet on CPU: mkldnn's convolution workspaces (up to 10 MB) set the inference
+            // peak; cuDNN's differ and neither is modelled.
+            let tol = if w.arch == oomprobe::workload::Arch::Resnet {
+                0.05
+            } else {
+                0.03
+            };
+            out.push(Check {
+                row: id.clone(),
+                what: "inference".into(),
+                measured: u(r, "inference_peak_bytes"),
+                estimated: p.peak_bytes(),
+                tol,
+                phases: None,
+            });
+        }
+    }
+    out
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1}", b as f64 / (1u64 << 20) as f64)
+}
+
+#[test]
+fn every_fixture_row_is_reproduced() {
+    let checks = checks();
+    assert!(checks.len() >= 100, "{} checks", checks.len());
+    if let Ok(path) = std::env::var("OOMPROBE_VALIDATION_TABLE") {
+        let mut t = String::from(
+            "| row | quantity | measured MiB | estimated MiB | error | peak phase (measured / estimated) |\n|---|---|---:|---:|---:|---|\n",
+        );
+        for c in &checks {
+            let ph = c
+                .phases
+                .as_ref()
+                .map_or(String::new(), |(m, e)| format!("{m} / {e}"));
+            t.push_str(&format!(
+                "| {} | {} | {} | {} | {:+.2}% | {ph} |\n",
+                c.row,
+                c.what,
+                mib(c.measured),
+                mib(c.estimated),
+                c.error() * 100.0
+            ));
+        }
+        std::fs::write(path, t).unwrap();
+    }
+    let bad: Vec<String> = checks
+        .iter()
+        .filter(|c| c.error().abs() > c.tol)
+        .map(|c| {
+            format!(
+                "{} {}: measured {} estimated {} ({:+.2}%, tolerance {:.0}%)",
+                c.row,
+                c.what,
+                c.measured,
+                c.estimated,
+                c.error() * 100.0,
+                c.tol * 100.0
+            )
+        })
+        .collect();
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    // Saved activations are exact up to what is not modelled (LayerNorm's per-row statistics,
+    // integer token ids): within 0.5 % on every row.
+    for c in checks.iter().filter(|c| c.what == "saved + held") {
+        assert!(
+            c.error().abs() < 0.005,
+            "{}: {:+.3}%",
+            c.row,
+            c.error() * 100.0
+        );
+    }
+}
+
+#[test]
+fn shapes_beyond_the_fixture_scale_as_measured() {
+    // Saved bytes are exactly linear in batch for a fixed sequence (nothing in a step couples
+    // samples), so doubling the measured batch doubles the estimate's activations.
+    let fx = fixture();
+    let r = fx["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "gpt2-fused-p0.1-b2-s256")
+        .unwrap();
+    let w = workload(r);
+    let one = {
+        let mut v = w.clone();
+        v.batch = 1;
+        Plan::for_workload(&v).unwrap().saved_bytes()
+    };
+    let four = {
+        let mut v = w.clone();
+        v.batch = 4;
+        Plan::for_workload(&v).unwrap().saved_bytes()
+    };
+    assert_eq!(four, 4 * one);
+    let measured = u(r, "saved_bytes") + u(r, "caller_held_bytes");
+    let est = Plan::for_workload(&w).unwrap().saved_bytes();
+    assert!((est as f64 - measured as f64).abs() / (measured as f64) < 0.005);
+}

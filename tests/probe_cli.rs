@@ -86,6 +86,22 @@ fn budget_boundary_is_exact_and_each_side_checks_out_with_at() {
     };
     assert_eq!(at(max), "fit");
     assert_eq!(at(max + 1), "budget");
+
+    // The failure is placed in the step's timeline: the plan's live bytes before the refused
+    // allocation plus its request pass the budget, and the peak (start of backward, the loss
+    // gradients) is where tiny-gpt's batch fails.
+    let fail = run["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["outcome"] == "budget")
+        .expect("a refused probe");
+    let at = &fail["failed_at"];
+    assert_eq!(at["phase"], "backward", "{fail}");
+    let live = at["live_bytes"].as_u64().unwrap();
+    let req = at["requested_bytes"].as_u64().unwrap();
+    assert!(live <= 48 << 20 && live + req > 48 << 20, "{fail}");
+    assert!(at["event"].as_u64().unwrap() > 0);
 }
 
 #[test]

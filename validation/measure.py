@@ -822,11 +822,58 @@ def measure_row(row: dict, breakdown: bool, log) -> tuple[dict, dict | None]:
     return out, bd
 
 
+METHOD = {
+    "saved_bytes": "saved_tensors_hooks during one training forward + loss, unique storages, "
+                   "params and buffers excluded; dropout via torch.native_dropout (bool mask, as CUDA)",
+    "saved_bytes_cpu_dropout": "same with PyTorch's CPU dropout path (fp32 bernoulli noise saved)",
+    "caller_held_bytes": "tensors reachable from the returned output object (logits, KV cache) "
+                         "that autograd did not save",
+    "train_peak": "baseline (params+buffers+grads before+Adam state before+inputs, exact) + max "
+                  "cumulative delta of torch.profiler CPU allocator events over forward, loss, "
+                  "backward, outputs dropped, optimizer.step(), zero_grad",
+    "variants": "train_{foreach|forloop}_{free|keep}_{first|steady}: Adam foreach=True (CUDA default) "
+                "or False (CPU default); grads free = zero_grad(set_to_none=True) and no grads before "
+                "the step, keep = grads exist before and zero_grad(set_to_none=False); first = no Adam "
+                "state before the step, steady = Adam state present",
+    "inference_peak": "eval(), no_grad, one forward without labels: params+buffers+inputs + max delta",
+}
+
+
+def write_fixture(path: str, rows: list[dict], versions: dict, threads: int, seconds: float, merge: bool) -> int:
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "versions": versions,
+        "device": "cpu",
+        "threads": threads,
+        "method": METHOD,
+        "seconds": seconds,
+        "rows": rows,
+    }
+    if merge and os.path.exists(path):
+        old = json.load(open(path))
+        if old.get("versions") != versions:
+            print(f"measure.py: --merge: {path} was measured with {old.get('versions')}", file=sys.stderr)
+            return 2
+        mine = {r["id"] for r in rows}
+        order = [r["id"] for r in all_rows()]
+        kept = [r for r in old["rows"] if r["id"] not in mine]
+        doc["rows"] = sorted(kept + rows, key=lambda r: order.index(r["id"]) if r["id"] in order else 1e9)
+        doc["seconds"] = round(old.get("seconds", 0) + seconds, 1)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=False)
+        f.write("\n")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(here)
     ap.add_argument("--out", default=os.path.join(root, "tests", "fixtures", "validation.json"))
+    ap.add_argument("--autocast-out", default=os.path.join(root, "tests", "fixtures", "validation_autocast.json"),
+                    help="where the autocast rows go (a separate file: the fp32 fixture's reader models fp32)")
     ap.add_argument("--breakdown-out", default=os.path.join(here, "saved_breakdown.json"))
     ap.add_argument("--only", default="", help="regex on row ids")
     ap.add_argument("--threads", type=int, default=2)
@@ -874,56 +921,25 @@ def main(argv=None) -> int:
         measured.append(res)
         if bd is not None:
             breakdowns[row["id"]] = bd
-    doc = {
-        "schema_version": SCHEMA_VERSION,
-        "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "torchvision": torchvision.__version__,
-            "python": platform.python_version(),
-        },
-        "device": "cpu",
-        "threads": args.threads,
-        "method": {
-            "saved_bytes": "saved_tensors_hooks during one training forward + loss, unique storages, "
-                           "params and buffers excluded; dropout via torch.native_dropout (bool mask, as CUDA)",
-            "saved_bytes_cpu_dropout": "same with PyTorch's CPU dropout path (fp32 bernoulli noise saved)",
-            "caller_held_bytes": "tensors reachable from the returned output object (logits, KV cache) "
-                                 "that autograd did not save",
-            "train_peak": "baseline (params+buffers+grads before+Adam state before+inputs, exact) + max "
-                          "cumulative delta of torch.profiler CPU allocator events over forward, loss, "
-                          "backward, outputs dropped, optimizer.step(), zero_grad",
-            "variants": "train_{foreach|forloop}_{free|keep}_{first|steady}: Adam foreach=True (CUDA default) "
-                        "or False (CPU default); grads free = zero_grad(set_to_none=True) and no grads before "
-                        "the step, keep = grads exist before and zero_grad(set_to_none=False); first = no Adam "
-                        "state before the step, steady = Adam state present",
-            "inference_peak": "eval(), no_grad, one forward without labels: params+buffers+inputs + max delta",
-        },
-        "seconds": round(time.time() - t0, 1),
-        "rows": measured,
+    versions = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torchvision": torchvision.__version__,
+        "python": platform.python_version(),
     }
-    if args.merge and os.path.exists(args.out):
-        old = json.load(open(args.out))
-        if old.get("versions") != doc["versions"]:
-            print(f"measure.py: --merge: {args.out} was measured with {old.get('versions')}", file=sys.stderr)
+    seconds = round(time.time() - t0, 1)
+    for path, group in ((args.out, [r for r in measured if r["precision"] == "fp32"]),
+                        (args.autocast_out, [r for r in measured if r["precision"] != "fp32"])):
+        if group and write_fixture(path, group, versions, args.threads, seconds, args.merge) != 0:
             return 2
-        mine = {r["id"] for r in measured}
-        order = [r["id"] for r in all_rows()]
-        kept = [r for r in old["rows"] if r["id"] not in mine]
-        doc["rows"] = sorted(kept + measured, key=lambda r: order.index(r["id"]) if r["id"] in order else 1e9)
-        doc["seconds"] = round(old.get("seconds", 0) + doc["seconds"], 1)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=False)
-        f.write("\n")
-    log(f"wrote {args.out} ({len(measured)} rows, {doc['seconds']}s)")
+        if group:
+            log(f"wrote {path} ({len(group)} rows measured now)")
     if breakdowns:
         if args.merge and os.path.exists(args.breakdown_out):
             old_bd = json.load(open(args.breakdown_out))["rows"]
             breakdowns = {**{k: v for k, v in old_bd.items() if k not in breakdowns}, **breakdowns}
         with open(args.breakdown_out, "w") as f:
-            json.dump({"versions": doc["versions"], "rows": breakdowns}, f, indent=1)
+            json.dump({"versions": versions, "rows": breakdowns}, f, indent=1)
             f.write("\n")
         log(f"wrote {args.breakdown_out}")
     return 0

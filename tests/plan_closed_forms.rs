@@ -143,13 +143,15 @@ fn bytes_with_prefix(plan: &Plan, prefix: &str) -> u64 {
         .sum()
 }
 
-/// GPT-2 with a one-op GELU (Korthikanti's accounting; HF's default gelu_new saves more).
+/// GPT-2 with a one-op GELU and no KV cache (Korthikanti's accounting; HF's defaults,
+/// gelu_new and use_cache, save more).
 fn gpt2(batch: u64, seq: u64, precision: Precision) -> Workload {
     let mut w = preset("gpt2");
     w.batch = batch;
     w.seq = seq;
     w.precision = precision;
     w.gelu = Gelu::Fused;
+    w.kv_cache = false;
     w
 }
 

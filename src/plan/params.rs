@@ -129,6 +129,9 @@ pub struct States {
     flat: bool,
     keep_grads: bool,
     first_step: bool,
+    /// A tied parameter's first gradient contributions, waiting in autograd's input buffer for
+    /// the last one: (piece, tensor).
+    pending: Vec<(usize, TensorIx)>,
 }
 
 impl States {
@@ -161,6 +164,7 @@ impl States {
             flat,
             keep_grads: flat || w.grads == Grads::Keep,
             first_step: !flat && w.step == StepKind::First,
+            pending: Vec::new(),
         };
         b.phase(Phase::Setup);
         for p in &pieces {
@@ -219,10 +223,42 @@ impl States {
         self.pieces[i].params
     }
 
-    /// Backward reaches piece `name`: its gradient is computed. With PyTorch's default the new
-    /// gradient becomes `.grad` (allocated now, kept until `zero_grad`); when a gradient already
-    /// exists (kept gradients, ZeRO buffers, a tied weight's second use) the new one is a
-    /// temporary added into it.
+    /// A tied parameter's gradient from one of its uses before the last (the output head of a
+    /// tied embedding): autograd holds it in the parameter's input buffer until the last use's
+    /// gradient arrives (`gradient`).
+    pub fn gradient_part(
+        &mut self,
+        b: &mut Builder,
+        name: &str,
+        w: &Workload,
+    ) -> Result<(), PlanError> {
+        let Some(kind) = self.grad_kind() else {
+            return Ok(());
+        };
+        let Some(i) = self.piece(name) else {
+            return Ok(());
+        };
+        if self.flat {
+            return Ok(());
+        }
+        let part = Piece::new(format!("{}.part", self.names[i]), self.pieces[i].elems);
+        let t = self.alloc_kind(b, &kind, &part, w)?;
+        self.pending.push((i, t));
+        Ok(())
+    }
+
+    fn grad_kind(&self) -> Option<StateKind> {
+        self.kinds
+            .iter()
+            .find(|k| k.role == Role::Gradients)
+            .cloned()
+    }
+
+    /// Backward reaches piece `name` (its last use): its gradient is computed. With PyTorch's
+    /// default the new gradient becomes `.grad` (allocated now, kept until `zero_grad`); when a
+    /// gradient already exists (kept gradients) the new one is a temporary added into it in
+    /// place. Pending parts of a tied parameter are first summed with it into a new tensor
+    /// (measured: three [V, h] live at once at GPT-2's embedding backward).
     pub fn gradient(&mut self, b: &mut Builder, name: &str, w: &Workload) -> Result<(), PlanError> {
         let Some(kind) = self
             .kinds
@@ -238,6 +274,27 @@ impl States {
         let piece = Piece::new(self.names[i].clone(), self.pieces[i].elems);
         if self.flat {
             // DeepSpeed reduces into its flat buffer bucket by bucket: no per-piece temporary.
+            return Ok(());
+        }
+        let parts: Vec<TensorIx> = self
+            .pending
+            .iter()
+            .filter(|(p, _)| *p == i)
+            .map(|&(_, t)| t)
+            .collect();
+        if !parts.is_empty() {
+            self.pending.retain(|(p, _)| *p != i);
+            let new = Piece::new(format!("{}.new", piece.name), piece.elems);
+            let new = self.alloc_kind(b, &kind, &new, w)?;
+            let sum = Piece::new(format!("{}.sum", piece.name), piece.elems);
+            let sum = self.alloc_kind(b, &kind, &sum, w)?;
+            b.free_all(parts);
+            b.free(new);
+            if self.pieces[i].grad.is_none() {
+                self.pieces[i].grad = Some(sum);
+            } else {
+                b.free(sum);
+            }
             return Ok(());
         }
         if self.pieces[i].grad.is_none() {

@@ -158,6 +158,17 @@ impl Plan {
         saved
     }
 
+    /// The most bytes live during one phase (0 if the phase has no events).
+    pub fn phase_max(&self, phase: Phase) -> u64 {
+        let mut max = 0;
+        self.walk(|_, e, live| {
+            if e.phase == phase {
+                max = max.max(live.total());
+            }
+        });
+        max
+    }
+
     /// Peak live bytes (what must fit on the device).
     pub fn peak_bytes(&self) -> u64 {
         self.peak().bytes

@@ -259,7 +259,9 @@ impl T<'_> {
         // matmuls copy q, k and v anyway and the saved k, v are the cache's copies (held, not
         // freed by backward); with batch 1 q·kᵀ saves views of the fused projection, so the
         // cache's copies come on top (measured, validation/saved_breakdown.md).
-        let cache = self.w.kv_cache && self.causal;
+        // transformers turns use_cache off under gradient checkpointing.
+        let ckpt = self.train && self.w.checkpoint != Checkpoint::None;
+        let cache = self.w.kv_cache && self.causal && !ckpt;
         if cache && self.train && self.bsz > 1 {
             saved.push(q);
             self.held.extend([k, v]);
@@ -748,7 +750,12 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     };
     // The head's matmul: its weight gradient and the gradient of its input.
     let w_ = t.w;
-    t.states.gradient(t.b, head_piece, w_)?;
+    if head_piece == "embed" {
+        // A tied head: its gradient waits for the embedding's.
+        t.states.gradient_part(t.b, head_piece, w_)?;
+    } else {
+        t.states.gradient(t.b, head_piece, w_)?;
+    }
     // (ViT's classifier reads one token; its input gradient is still [b, s, h], zeros elsewhere.)
     let gx = t.hidden("grad.head_x", Role::Workspace)?;
     t.b.free(g_logits);

@@ -242,7 +242,12 @@ impl States {
             return Ok(());
         }
         let part = Piece::new(format!("{}.part", self.names[i]), self.pieces[i].elems);
-        let t = self.alloc_kind(b, &kind, &part, w)?;
+        // Not yet a `.grad`: an autograd buffer (workspace) until the sum is made.
+        let buffer = StateKind {
+            role: Role::Workspace,
+            ..kind
+        };
+        let t = self.alloc_kind(b, &buffer, &part, w)?;
         self.pending.push((i, t));
         Ok(())
     }
@@ -284,8 +289,12 @@ impl States {
             .collect();
         if !parts.is_empty() {
             self.pending.retain(|(p, _)| *p != i);
+            let buffer = StateKind {
+                role: Role::Workspace,
+                ..kind.clone()
+            };
             let new = Piece::new(format!("{}.new", piece.name), piece.elems);
-            let new = self.alloc_kind(b, &kind, &new, w)?;
+            let new = self.alloc_kind(b, &buffer, &new, w)?;
             let sum = Piece::new(format!("{}.sum", piece.name), piece.elems);
             let sum = self.alloc_kind(b, &kind, &sum, w)?;
             b.free_all(parts);

@@ -155,7 +155,13 @@ fn raw_stderr(bytes: &[u8]) {
 fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
         raw_stderr(b"oomprobe-child: panicked: ");
-        raw_stderr(info.payload_as_str().unwrap_or("(no message)").as_bytes());
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        raw_stderr(msg.as_bytes());
         if let Some(loc) = info.location() {
             raw_stderr(b" at ");
             raw_stderr(loc.file().as_bytes());

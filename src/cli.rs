@@ -98,23 +98,23 @@ pub struct WorkloadArgs {
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub gpus: Option<String>,
     /// train | inference (a forward under no_grad: weights, one layer's intermediates, outputs).
-    #[arg(long, value_name = "M")]
+    #[arg(long, value_name = "M", allow_hyphen_values = true)]
     pub mode: Option<String>,
     /// free | keep: gradients freed by zero_grad(set_to_none=True) (PyTorch's default) or kept
     /// between steps (gradient accumulation).
-    #[arg(long, value_name = "G")]
+    #[arg(long, value_name = "G", allow_hyphen_values = true)]
     pub grads: Option<String>,
     /// steady | first: a steady-state step (optimizer state present) or the first step.
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", allow_hyphen_values = true)]
     pub step: Option<String>,
     /// foreach | fused | for-loop: the optimizer implementation (its temporaries).
-    #[arg(long, value_name = "I")]
+    #[arg(long, value_name = "I", allow_hyphen_values = true)]
     pub optimizer_impl: Option<String>,
     /// fused | unfused: GELU as one op, or Hugging Face's gelu_new formula in separate ops.
-    #[arg(long, value_name = "G")]
+    #[arg(long, value_name = "G", allow_hyphen_values = true)]
     pub gelu: Option<String>,
     /// on | off: Hugging Face's use_cache (each decoder layer's key and value kept).
-    #[arg(long, value_name = "on|off")]
+    #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
     pub kv_cache: Option<String>,
 }
 

@@ -51,70 +51,70 @@ pub struct DevicesArgs {
 pub struct WorkloadArgs {
     /// A preset: gpt2 gpt2-medium gpt2-large gpt2-xl bert-base bert-large vit-b16 vit-l16
     /// llama-7b llama-13b resnet50 (plus tiny-gpt, tiny-cnn for tests).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", allow_hyphen_values = true)]
     pub model: Option<String>,
     /// A Hugging Face config.json, or an oomprobe TOML case file.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
     pub config: Option<PathBuf>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub batch: Option<String>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub seq: Option<String>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub layers: Option<String>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub hidden: Option<String>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub heads: Option<String>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub ffn: Option<String>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub vocab: Option<String>,
     /// Image side in pixels (ViT, ResNet).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub image: Option<String>,
     /// A plain parameter count for the params scenario, e.g. 7e9 or 7B.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub params: Option<String>,
     /// fp32 | fp16 | bf16 | mixed (16-bit compute, fp32 master weights).
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_hyphen_values = true)]
     pub precision: Option<String>,
     /// adam | sgd | sgd-momentum | none (none = inference: weights only).
-    #[arg(long, value_name = "O")]
+    #[arg(long, value_name = "O", allow_hyphen_values = true)]
     pub optimizer: Option<String>,
     /// naive | flash
-    #[arg(long, value_name = "A")]
+    #[arg(long, value_name = "A", allow_hyphen_values = true)]
     pub attention: Option<String>,
     /// none | full | sqrt | every:K
-    #[arg(long, value_name = "C")]
+    #[arg(long, value_name = "C", allow_hyphen_values = true)]
     pub checkpoint: Option<String>,
     /// on | off: dropout masks stored for the backward pass.
-    #[arg(long, value_name = "on|off")]
+    #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
     pub dropout: Option<String>,
     /// ZeRO stage 0..3: per-device share of model states.
-    #[arg(long, value_name = "STAGE")]
+    #[arg(long, value_name = "STAGE", allow_hyphen_values = true)]
     pub zero: Option<String>,
     /// Data-parallel devices ZeRO shards over.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub gpus: Option<String>,
     /// train | inference (a forward under no_grad: weights, one layer's intermediates, outputs).
-    #[arg(long, value_name = "M")]
+    #[arg(long, value_name = "M", allow_hyphen_values = true)]
     pub mode: Option<String>,
     /// free | keep: gradients freed by zero_grad(set_to_none=True) (PyTorch's default) or kept
     /// between steps (gradient accumulation).
-    #[arg(long, value_name = "G")]
+    #[arg(long, value_name = "G", allow_hyphen_values = true)]
     pub grads: Option<String>,
     /// steady | first: a steady-state step (optimizer state present) or the first step.
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", allow_hyphen_values = true)]
     pub step: Option<String>,
     /// foreach | fused | for-loop: the optimizer implementation (its temporaries).
-    #[arg(long, value_name = "I")]
+    #[arg(long, value_name = "I", allow_hyphen_values = true)]
     pub optimizer_impl: Option<String>,
     /// fused | unfused: GELU as one op, or Hugging Face's gelu_new formula in separate ops.
-    #[arg(long, value_name = "G")]
+    #[arg(long, value_name = "G", allow_hyphen_values = true)]
     pub gelu: Option<String>,
     /// on | off: Hugging Face's use_cache (each decoder layer's key and value kept).
-    #[arg(long, value_name = "on|off")]
+    #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
     pub kv_cache: Option<String>,
 }
 
@@ -123,7 +123,7 @@ pub struct EstimateArgs {
     #[command(flatten)]
     pub workload: WorkloadArgs,
     /// Device memory to predict boundaries against, e.g. 40GiB, 80GB, 512MiB.
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub memory: Option<String>,
     #[arg(long)]
     pub json: bool,
@@ -134,7 +134,7 @@ pub struct DiagnoseArgs {
     #[command(flatten)]
     pub workload: WorkloadArgs,
     /// Device memory (default: the default device's memory).
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub memory: Option<String>,
     #[arg(long)]
     pub json: bool,
@@ -161,11 +161,16 @@ pub enum OutputFormat {
 #[derive(Debug, Args, Clone)]
 pub struct DeviceSelect {
     /// auto | vulkan | metal | dx12 | gl | cuda
-    #[arg(long, value_name = "B", default_value = "auto")]
+    #[arg(
+        long,
+        value_name = "B",
+        default_value = "auto",
+        allow_hyphen_values = true
+    )]
     pub backend: String,
     /// Device index as `devices` lists it (the CUDA ordinal with --backend cuda), or `all` to
     /// probe every GPU of the machine (a child per device) and compare the results.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub device: Option<String>,
 }
 
@@ -179,24 +184,26 @@ pub struct ProbeArgs {
     #[command(flatten)]
     pub device: DeviceSelect,
     /// Emulate a smaller card: every byte requested from the driver counts against SIZE.
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub budget: Option<String>,
     /// Run one probe at this value of the scenario's dimension and report its outcome.
-    #[arg(long, value_name = "X")]
+    #[arg(long, value_name = "X", allow_hyphen_values = true)]
     pub at: Option<String>,
-    /// Run probes in this process instead of a child per probe.
+    /// Run probes in this process instead of a child per probe (gives up crash, kill and hang
+    /// protection: a crash at the edge ends the whole run).
     #[arg(long)]
     pub no_isolate: bool,
     /// full (run the plan's kernels) or touch (write and verify every byte).
     #[arg(long, value_enum)]
     pub compute: Option<ComputeMode>,
-    /// Per-probe time limit in seconds (isolated probes only).
-    #[arg(long, value_name = "SECONDS", default_value = "300")]
-    pub timeout: String,
+    /// Per-probe time limit in seconds (isolated probes only). Default: sized from the probe's
+    /// bytes and the slowest fill rate seen so far, at least 60 s.
+    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    pub timeout: Option<String>,
     #[arg(long)]
     pub json: bool,
     /// Write results as they arrive (format from the extension unless --format says otherwise).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
     pub out: Option<PathBuf>,
     #[arg(long, value_enum)]
     pub format: Option<OutputFormat>,
@@ -212,7 +219,7 @@ pub struct CompareArgs {
     pub files: Vec<PathBuf>,
     #[arg(long, value_enum)]
     pub format: Option<OutputFormat>,
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
     pub out: Option<PathBuf>,
 }
 
@@ -221,4 +228,40 @@ pub struct ProbeChildArgs {
     /// The probe to run, as JSON (a `probe::ChildRequest`).
     #[arg(long)]
     pub request: String,
+}
+
+/// One line for a clap error (bad usage): the message with what it lists (a missing argument,
+/// the valid values), without clap's usage block and tips; no subcommand names the commands.
+pub fn one_line_error(e: &clap::Error) -> String {
+    use clap::error::ErrorKind;
+    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        let cmd = <Cli as clap::CommandFactory>::command();
+        let names: Vec<&str> = cmd
+            .get_subcommands()
+            .filter(|c| !c.is_hide_set())
+            .map(|c| c.get_name())
+            .collect();
+        return format!(
+            "missing command: one of {} (oomprobe --help describes them)",
+            names.join(", ")
+        );
+    }
+    let text = e.to_string();
+    let mut parts: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if line.is_empty() || line.starts_with("tip:") {
+            continue;
+        }
+        parts.push(line.trim_start_matches("error: "));
+    }
+    let msg = parts.join(" ");
+    if msg.is_empty() {
+        "bad usage (oomprobe --help)".to_string()
+    } else {
+        msg
+    }
 }

@@ -18,10 +18,7 @@ fn main() {
                     std::process::exit(0);
                 }
                 _ => {
-                    // One clear line, exit 2.
-                    let msg = e.to_string();
-                    let first = msg.lines().next().unwrap_or("bad usage").trim();
-                    eprintln!("oomprobe: {}", first.trim_start_matches("error: "));
+                    eprintln!("oomprobe: {}", oomprobe::cli::one_line_error(&e));
                     std::process::exit(2);
                 }
             }

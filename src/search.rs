@@ -1,8 +1,12 @@
 //! Boundary search over an oracle: start at the prediction, gallop to bracket the boundary,
 //! bisect, then confirm the boundary pair once more. Pure logic, tested with mock oracles.
 //!
-//! Any outcome other than `Fit` counts as a failure for the search (OOM, budget, a killed or
-//! timed-out child, an error); the first failure's reason is what the run reports.
+//! A child that died before answering (`crashed`, `killed`, `timeout`) is probed once more at
+//! the same value. Any outcome other than `Fit` steers the search like a failure, and the first
+//! failure's reason is what the run reports. A `crashed` probe counts as not fitting. A `killed`
+//! or `timeout` probe is inconclusive: the device said nothing, so it never lowers the boundary
+//! below a fit seen above it, and when the bracket's upper end is inconclusive the search steps
+//! over it to look for a real answer above.
 
 use std::collections::BTreeMap;
 
@@ -50,6 +54,8 @@ pub struct SearchOutcome {
     pub probes: Vec<(u64, Outcome)>,
     /// A fit was seen above a failure (the device is not monotone, or a probe was flaky).
     pub flaky: bool,
+    /// Values whose only answers were inconclusive (killed, timeout), in ascending order.
+    pub inconclusive: Vec<u64>,
 }
 
 /// The probes run so far and the first answer seen at each value.
@@ -61,19 +67,30 @@ struct Prober<F> {
 }
 
 impl<F: FnMut(u64) -> Outcome> Prober<F> {
+    /// Probe `x` (once more if the child died before answering); true if it fit.
     fn run(&mut self, x: u64) -> bool {
-        let o = (self.oracle)(x);
+        let mut o = (self.oracle)(x);
         self.probes.push((x, o));
-        // A later fit does not erase a failure seen at the same value.
+        if o.is_transient() {
+            o = (self.oracle)(x);
+            self.probes.push((x, o));
+        }
+        // A later fit does not erase a failure seen at the same value; an inconclusive answer
+        // never replaces a real one, and a real one replaces it.
         self.seen
             .entry(x)
             .and_modify(|prev| {
-                if prev.is_fit() {
+                if (prev.is_fit() && !o.is_inconclusive()) || prev.is_inconclusive() {
                     *prev = o
                 }
             })
             .or_insert(o);
         o.is_fit()
+    }
+
+    fn inconclusive_at(&self, x: Option<u64>) -> bool {
+        x.and_then(|x| self.seen.get(&x))
+            .is_some_and(|o| o.is_inconclusive())
     }
 
     /// Strides: one granule first (a good prediction is right there), then `wide`, doubling.
@@ -171,7 +188,7 @@ where
             break;
         };
         let (l, h) = p.bisect(l0, h0);
-        let lo_holds = p.run(l);
+        let lo_holds = p.run(l) || p.seen.get(&l).is_some_and(|o| o.is_fit());
         p.run(h);
         if lo_holds {
             (lo, hi) = (Some(l), Some(h));
@@ -180,35 +197,76 @@ where
         (lo, hi) = p.gallop_down(l, wide);
     }
 
+    // A killed or timed-out upper end says nothing: step over it (a few times at most) and
+    // look for a real answer above, then narrow that bracket as before.
+    for _round in 0..3 {
+        let (Some(_), Some(h0)) = (lo, hi) else {
+            break;
+        };
+        if !p.inconclusive_at(Some(h0)) {
+            break;
+        }
+        let (l, h) = p.gallop_up(h0, wide);
+        match (l, h) {
+            (Some(l), Some(h)) if l > h0 => {
+                let (l, h) = p.bisect(l, h);
+                p.run(l);
+                p.run(h);
+                (lo, hi) = (Some(l), Some(h));
+            }
+            (_, h) => hi = h.or(hi),
+        }
+    }
+
     let Prober { probes, seen, .. } = p;
+    assemble(&seen, probes, hi)
+}
+
+/// The result from every first answer in `seen`: the boundary is the largest value that fit
+/// every time below the lowest real failure (inconclusive values do not move it).
+fn assemble(
+    seen: &BTreeMap<u64, Outcome>,
+    probes: Vec<(u64, Outcome)>,
+    hi: Option<u64>,
+) -> SearchOutcome {
+    let failed = |o: &Outcome| !o.is_fit() && !o.is_inconclusive();
+    let lowest_fail = seen.iter().find(|(_, o)| failed(o)).map(|(x, _)| *x);
     // Flaky: a value fit above a value that failed, or one value gave both answers.
-    let lowest_fail = seen.iter().find(|(_, o)| !o.is_fit()).map(|(x, _)| *x);
     let flaky = match lowest_fail {
         Some(f) => {
             seen.iter().any(|(x, o)| *x > f && o.is_fit())
                 || probes
                     .iter()
-                    .any(|(x, o)| o.is_fit() && seen.get(x).is_some_and(|s| !s.is_fit()))
+                    .any(|(x, o)| o.is_fit() && seen.get(x).is_some_and(failed))
         }
         None => false,
     };
-    // Report only values that fit every time they ran.
-    let max_fit = lo.filter(|x| seen.get(x).is_some_and(|o| o.is_fit()));
-    let first_fail = match max_fit {
-        Some(m) => seen
-            .range(m + 1..)
-            .find(|(_, o)| !o.is_fit())
-            .map(|(x, _)| *x),
-        None => lowest_fail,
-    };
+    // Report only values that fit every time they ran, below the lowest real failure.
+    let max_fit = seen
+        .range(..lowest_fail.unwrap_or(u64::MAX))
+        .filter(|(_, o)| o.is_fit())
+        .map(|(x, _)| *x)
+        .next_back();
+    let above = max_fit.map_or(0, |m| m + 1);
+    let first_fail = seen
+        .range(above..)
+        .find(|(_, o)| failed(o))
+        .or_else(|| seen.range(above..).find(|(_, o)| !o.is_fit()))
+        .map(|(x, _)| *x);
     let first_fail = first_fail.or(if max_fit.is_none() { hi } else { None });
     let fail_reason = first_fail.and_then(|x| seen.get(&x).copied());
+    let inconclusive = seen
+        .iter()
+        .filter(|(_, o)| o.is_inconclusive())
+        .map(|(x, _)| *x)
+        .collect();
     SearchOutcome {
         max_fit,
         first_fail,
         fail_reason,
         probes,
         flaky,
+        inconclusive,
     }
 }
 
@@ -261,6 +319,7 @@ where
         fail_reason: reason,
         probes,
         flaky: false,
+        inconclusive: Vec::new(),
     }
 }
 
@@ -392,7 +451,7 @@ mod tests {
                 if calls_at_50 == 1 {
                     return Outcome::Fit;
                 }
-                return Outcome::Killed;
+                return Outcome::OutOfMemory;
             }
             if x < 50 {
                 Outcome::Fit
@@ -421,5 +480,90 @@ mod tests {
         let r = find_boundary(SearchSpace::unit(1 << 20), 8, oracle);
         assert_eq!(r.max_fit, Some(9));
         assert_eq!(r.fail_reason, Some(Outcome::Budget));
+    }
+
+    /// `threshold(b)` except at `at`, where the first `times` probes give `o`.
+    fn glitch_at(b: u64, at: u64, o: Outcome, times: usize) -> impl FnMut(u64) -> Outcome {
+        let mut seen = 0;
+        let mut inner = threshold(b);
+        move |x| {
+            if x == at && seen < times {
+                seen += 1;
+                return o;
+            }
+            inner(x)
+        }
+    }
+
+    #[test]
+    fn a_single_death_is_retried_and_does_not_count() {
+        for o in [Outcome::Crashed, Outcome::Killed, Outcome::Timeout] {
+            let r = find_boundary(
+                SearchSpace::unit(1 << 20),
+                1000,
+                glitch_at(1013, 1013, o, 1),
+            );
+            assert_eq!((r.max_fit, r.first_fail), (Some(1013), Some(1014)), "{o:?}");
+            assert_eq!(r.fail_reason, Some(Outcome::OutOfMemory));
+            let at: Vec<_> = r.probes.iter().filter(|p| p.0 == 1013).collect();
+            assert!(
+                at.len() >= 2 && at[0].1 == o && at[1].1 == Outcome::Fit,
+                "{r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_repeating_crash_counts_as_not_fitting() {
+        let r = find_boundary(
+            SearchSpace::unit(1 << 20),
+            1000,
+            glitch_at(1013, 1012, Outcome::Crashed, usize::MAX),
+        );
+        assert_eq!((r.max_fit, r.first_fail), (Some(1011), Some(1012)));
+        assert_eq!(r.fail_reason, Some(Outcome::Crashed));
+        let at = r.probes.iter().filter(|p| p.0 == 1012).count();
+        assert!(at >= 2, "retried once: {r:?}");
+    }
+
+    #[test]
+    fn a_repeating_kill_never_moves_the_boundary() {
+        for o in [Outcome::Killed, Outcome::Timeout] {
+            // Killed every time at the predicted value, which fits in truth.
+            let r = find_boundary(
+                SearchSpace::unit(1 << 20),
+                1000,
+                glitch_at(1013, 1000, o, usize::MAX),
+            );
+            assert_eq!(
+                (r.max_fit, r.first_fail),
+                (Some(1013), Some(1014)),
+                "{o:?}: {r:?}"
+            );
+            assert_eq!(r.fail_reason, Some(Outcome::OutOfMemory));
+            assert_eq!(r.inconclusive, vec![1000]);
+            // Killed every time just above a confirmed boundary: the boundary stays.
+            let r = find_boundary(
+                SearchSpace::unit(1 << 20),
+                1000,
+                glitch_at(1013, 1014, o, usize::MAX),
+            );
+            assert_eq!(r.max_fit, Some(1013), "{o:?}: {r:?}");
+            // Killed on confirming a fit: the fit seen stands.
+            let mut calls = 0;
+            let mut inner = threshold(1013);
+            let oracle = move |x: u64| {
+                if x == 1013 {
+                    calls += 1;
+                    if calls > 1 {
+                        return o;
+                    }
+                }
+                inner(x)
+            };
+            let r = find_boundary(SearchSpace::unit(1 << 20), 1000, oracle);
+            assert_eq!(r.max_fit, Some(1013), "{o:?}: {r:?}");
+            assert!(!r.flaky);
+        }
     }
 }

@@ -242,3 +242,90 @@ fn a_run_missing_from_one_file_is_an_empty_cell() {
         .success()
         .stdout(predicate::str::contains("no run"));
 }
+
+#[test]
+fn no_files_or_a_missing_out_folder_is_one_line_naming_it() {
+    let out = oomprobe()
+        .arg("compare")
+        .assert()
+        .code(2)
+        .get_output()
+        .clone();
+    let err = String::from_utf8(out.stderr).expect("utf8");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("<FILE>"), "says what is missing: {err}");
+    let dir = tempfile::tempdir().expect("tmp");
+    let (a, b) = two_files(dir.path());
+    oomprobe()
+        .arg("compare")
+        .arg(&a)
+        .arg(&b)
+        .arg("--out")
+        .arg(dir.path().join("missing").join("x.md"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("folder does not exist"));
+}
+
+#[test]
+fn a_partial_run_is_marked_in_every_format() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let a = write(dir.path(), "a.json", &sample_report(512 * MIB));
+    let mut stopped = sample_report(1024 * MIB);
+    stopped.in_progress = true;
+    stopped.runs.truncate(2);
+    stopped.runs[1].in_progress = true;
+    let b = write(dir.path(), "b.json", &stopped);
+    let table = oomprobe()
+        .arg("compare")
+        .arg(&a)
+        .arg(&b)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains(
+            "b.json: the probe was not finished",
+        ))
+        .get_output()
+        .stdout
+        .clone();
+    assert!(String::from_utf8_lossy(&table).contains("(in progress)"));
+    let json = oomprobe()
+        .args(["compare", "--format", "json"])
+        .arg(&a)
+        .arg(&b)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&json).expect("json");
+    assert_eq!(v["rows"][1]["cells"][1]["in_progress"], true);
+    assert_eq!(v["rows"][0]["cells"][1]["in_progress"], false);
+    assert_eq!(v["rows"][1]["cells"][0]["in_progress"], false);
+    let csv = oomprobe()
+        .args(["compare", "--format", "csv"])
+        .arg(&a)
+        .arg(&b)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let csv = String::from_utf8_lossy(&csv);
+    assert_eq!(csv.matches("in_progress").count(), 1, "{csv}");
+    for f in ["markdown", "html", "svg"] {
+        let out = oomprobe()
+            .args(["compare", "--format", f])
+            .arg(&a)
+            .arg(&b)
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        assert!(
+            String::from_utf8_lossy(&out).contains("in progress"),
+            "{f} marks the partial run"
+        );
+    }
+}

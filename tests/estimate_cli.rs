@@ -162,9 +162,14 @@ fn bad_input_exits_2_with_one_line() {
         &["estimate", "--seq", "99999999999999999999999"],
         "too large",
     );
-    fails_with_one_line(&["estimate", "--seq", "5000000000"], "overflows 64 bits");
+    fails_with_one_line(&["estimate", "--seq", "5000000000"], "at most 16777216");
     fails_with_one_line(
         &["estimate", "--batch", "18446744073709551615"],
+        "--batch: 18446744073709551615 is absurd",
+    );
+    // Each size within its limit, their product past 64 bits.
+    fails_with_one_line(
+        &["estimate", "--seq", "16777216", "--batch", "65536"],
         "overflows 64 bits",
     );
     fails_with_one_line(&["estimate", "--memory", "0GB"], "--memory");
@@ -220,4 +225,104 @@ fn config_files_name_the_bad_field() {
     .unwrap();
     let v = json(&["estimate", "--config", p.to_str().unwrap()]);
     assert_eq!(u(&v, "/param_count"), 124_439_808);
+}
+
+#[test]
+fn negative_and_absurd_values_name_their_flag() {
+    fails_with_one_line(
+        &["estimate", "--memory", "-1GiB"],
+        "--memory: '-1GiB' is negative",
+    );
+    fails_with_one_line(&["estimate", "--batch", "-3"], "--batch: '-3' is negative");
+    fails_with_one_line(&["estimate", "--layers", "-1"], "--layers");
+    // Plans are bounded: a layer count past the cap is refused at once.
+    fails_with_one_line(&["estimate", "--layers", "1000000"], "at most 2048");
+    fails_with_one_line(&["estimate", "--hidden", "1e12"], "--hidden");
+    fails_with_one_line(&["estimate", "--vocab", "1e12"], "--vocab");
+}
+
+#[test]
+fn the_largest_layer_count_builds_quickly() {
+    let started = std::time::Instant::now();
+    let v = json(&[
+        "estimate", "--model", "gpt2", "--layers", "2048", "--memory", "80GB",
+    ]);
+    assert!(u(&v, "/breakdown/total") > 0);
+    assert!(
+        started.elapsed().as_secs() < 5,
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn no_command_and_bad_usage_are_one_clear_line() {
+    fails_with_one_line(&[], "missing command: one of devices, estimate, probe");
+    fails_with_one_line(&["estimate", "--nope"], "--nope");
+}
+
+#[test]
+fn config_sizes_are_capped_and_overflows_name_the_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("config.json");
+    let gpt2_heads = |n_layer: &str, n_embd: &str, n_head: &str, n_positions: &str| {
+        format!(
+            r#"{{"model_type":"gpt2","n_embd":{n_embd},"n_layer":{n_layer},"n_head":{n_head},"n_positions":{n_positions},"vocab_size":50257}}"#
+        )
+    };
+    let gpt2 = |n_layer: &str, n_embd: &str, n_positions: &str| {
+        gpt2_heads(n_layer, n_embd, "12", n_positions)
+    };
+    // Each size within its cap, the attention scores [heads, s, s] past 64 bits together.
+    let huge = gpt2_heads("12", "1048576", "65536", "16777216");
+    let path = p.to_str().unwrap();
+    for (text, needle) in [
+        (
+            gpt2("10000000", "768", "1024"),
+            "'n_layer': 10000000 is absurd",
+        ),
+        (gpt2("2147483648", "768", "1024"), "'n_layer'"),
+        (gpt2("12", "768000000000", "1024"), "'n_embd'"),
+        (
+            gpt2("-12", "768", "1024"),
+            "'n_layer': expected a positive integer",
+        ),
+        (gpt2("1e30", "768", "1024"), "'n_layer'"),
+        (huge.clone(), "together too large"),
+    ] {
+        std::fs::write(&p, &text).unwrap();
+        fails_with_one_line(&["estimate", "--config", path], needle);
+    }
+    std::fs::write(&p, &huge).unwrap();
+    let out = oomprobe()
+        .args(["estimate", "--config", path])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("n_positions"), "names the field: {err}");
+
+    // A UTF-8 byte-order mark is accepted, in config.json and in a case file.
+    std::fs::write(&p, format!("\u{feff}{}", gpt2("12", "768", "1024"))).unwrap();
+    let v = json(&["estimate", "--config", path]);
+    assert_eq!(u(&v, "/param_count"), 124_439_808);
+    let c = dir.path().join("case.toml");
+    std::fs::write(
+        &c,
+        "\u{feff}name = \"x\"\n[workload]\nmodel = \"gpt2\"\n[[expect]]\nverdict = \"oom\"\n",
+    )
+    .unwrap();
+    oomprobe()
+        .args(["estimate", "--config", c.to_str().unwrap()])
+        .assert()
+        .success();
+    // Case-file sizes go through the flags' checks.
+    std::fs::write(
+        &c,
+        "name = \"x\"\n[workload]\nmodel = \"gpt2\"\nlayers = 5000000\n[[expect]]\nverdict = \"oom\"\n",
+    )
+    .unwrap();
+    fails_with_one_line(
+        &["estimate", "--config", c.to_str().unwrap()],
+        "--layers: 5000000 is absurd",
+    );
 }

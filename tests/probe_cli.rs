@@ -155,41 +155,132 @@ fn a_real_oom_under_an_address_space_limit_is_a_result() {
     assert!(probes.iter().any(|p| p["outcome"] == "fit"));
 }
 
-#[test]
-fn a_killed_child_is_classified_and_the_search_goes_on() {
-    require_adapter();
-    let base = [
-        "--model",
-        "tiny-gpt",
-        "--scenario",
-        "batch",
-        "--budget",
-        "24MiB",
-    ];
-    let predicted = only_run(&probe_json(&[&base[..], &["--at", "1"]].concat()))["predicted_max"]
-        .as_u64()
-        .expect("a prediction");
-    // The search starts at the prediction: that child dies as if the OOM killer struck.
+const TINY_BATCH: [&str; 6] = [
+    "--model",
+    "tiny-gpt",
+    "--scenario",
+    "batch",
+    "--budget",
+    "24MiB",
+];
+
+/// The probe values of an undisturbed search of `TINY_BATCH`, and its boundary.
+fn undisturbed() -> (Vec<u64>, u64) {
+    let report = probe_json(&TINY_BATCH);
+    let run = only_run(&report);
+    let values = run["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["value"].as_u64().unwrap())
+        .collect();
+    (values, run["max_fit"].as_u64().expect("a boundary"))
+}
+
+/// `probe TINY_BATCH --json` with one test hook set; exit code and report.
+fn hooked(hook: &str, at: u64, extra: &[&str]) -> (Option<i32>, Value, String) {
     let out = oomprobe()
         .arg("probe")
-        .args(base)
+        .args(TINY_BATCH)
+        .args(extra)
         .args(["--json", "--quiet"])
-        .env("OOMPROBE_TEST_KILL_AT", predicted.to_string())
+        .env(hook, at.to_string())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let report = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.code(), report, err)
+}
+
+#[test]
+fn a_killed_child_is_retried_and_never_moves_the_boundary() {
+    require_adapter();
+    let (_, boundary) = undisturbed();
+    let probes_at = |run: &Value, x: u64| -> Vec<String> {
+        run["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["value"].as_u64() == Some(x))
+            .map(|p| p["outcome"].as_str().unwrap().to_string())
+            .collect()
+    };
+    for hook in ["OOMPROBE_TEST_KILL_AT", "OOMPROBE_TEST_TERM_AT"] {
+        // Killed every time just above the boundary (as if the OOM killer struck there): the
+        // search steps over it, and the boundary and its reason are the real ones.
+        let (code, report, err) = hooked(hook, boundary + 1, &[]);
+        assert_eq!(code, Some(0), "{hook}: {err}");
+        let run = only_run(&report);
+        let killed = probes_at(run, boundary + 1);
+        assert!(
+            killed.len() >= 2 && killed.iter().all(|o| o == "killed"),
+            "{hook}: retried once: {run}"
+        );
+        assert_eq!(run["max_fit"].as_u64(), Some(boundary), "{hook}: {run}");
+        assert_eq!(run["fail_reason"], "budget", "{hook}: {run}");
+        // Killed every time at the boundary itself: that value stays unknown (a note says so),
+        // it is not a failure: the first failure and its reason are still the real ones.
+        let (code, report, err) = hooked(hook, boundary, &[]);
+        assert_eq!(code, Some(0), "{hook}: {err}");
+        let run = only_run(&report);
+        assert_eq!(run["max_fit"].as_u64(), Some(boundary - 1), "{hook}: {run}");
+        assert_eq!(
+            run["first_fail"].as_u64(),
+            Some(boundary + 1),
+            "{hook}: {run}"
+        );
+        assert_eq!(run["fail_reason"], "budget", "{hook}: {run}");
+        let notes = run["notes"].to_string();
+        assert!(
+            notes.contains(&format!("no answer at batch={boundary}")),
+            "{notes}"
+        );
+    }
+}
+
+#[test]
+fn a_crashing_or_panicking_child_is_crashed_with_its_cause() {
+    require_adapter();
+    let (_, boundary) = undisturbed();
+    for (hook, cause) in [
+        ("OOMPROBE_TEST_CRASH_AT", "memory allocation of"),
+        ("OOMPROBE_TEST_PANIC_AT", "test hook: panic at"),
+    ] {
+        // Dies at the boundary on every try: counts as not fitting, the run still exits 0.
+        let (code, report, err) = hooked(hook, boundary, &[]);
+        assert_eq!(code, Some(0), "{hook}: {err}");
+        let run = only_run(&report);
+        assert_eq!(run["max_fit"].as_u64(), Some(boundary - 1), "{hook}: {run}");
+        assert_eq!(run["fail_reason"], "crashed", "{hook}: {run}");
+        let at: Vec<&Value> = run["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["value"].as_u64() == Some(boundary))
+            .collect();
+        assert!(at.len() >= 2, "retried once: {run}");
+        for p in at {
+            assert_eq!(p["outcome"], "crashed");
+            let detail = p["detail"].as_str().unwrap_or("");
+            assert!(detail.contains(cause), "{hook}: {detail}");
+            assert!(!detail.contains("XDG_RUNTIME_DIR"), "{detail}");
+        }
+        // One probe with --at: the same outcome, retried once.
+        let (code, report, err) = hooked(hook, boundary, &["--at", &boundary.to_string()]);
+        assert_eq!(code, Some(0), "{hook}: {err}");
+        let run = only_run(&report);
+        assert_eq!(run["fail_reason"], "crashed", "{run}");
+        assert_eq!(run["probes"].as_array().unwrap().len(), 2, "{run}");
+    }
+    let (_, report, _) = hooked("OOMPROBE_TEST_CRASH_AT", boundary, &[]);
     let run = only_run(&report);
-    let probes = run["probes"].as_array().unwrap();
-    assert_eq!(probes[0]["value"].as_u64(), Some(predicted));
-    assert_eq!(probes[0]["outcome"], "killed", "{run}");
-    assert!(probes.len() > 2, "the search went on: {run}");
-    assert_eq!(run["max_fit"].as_u64(), Some(predicted - 1));
-    assert_eq!(run["fail_reason"], "killed");
+    let p = run["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["outcome"] == "crashed")
+        .unwrap();
+    assert!(p["detail"].as_str().unwrap().contains("SIGABRT"), "{p}");
 }
 
 #[test]
@@ -326,5 +417,192 @@ fn a_probe_on_the_cpu_under_an_nvidia_driver_says_so() {
     assert!(
         !notes("absent").iter().any(|n| n.contains("NVIDIA")),
         "no driver, no note"
+    );
+}
+
+/// Processes whose parent is `pid` (Linux /proc).
+#[cfg(target_os = "linux")]
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...
+        let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+        let ppid = after
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+/// True once `pid` is gone (or a zombie no one reaps).
+#[cfg(target_os = "linux")]
+fn is_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => {
+            let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+            after.split_whitespace().next() == Some("Z")
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn killing_the_parent_leaves_no_orphan_and_keeps_the_finished_probes() {
+    use std::time::{Duration, Instant};
+    require_adapter();
+    /// Kills the parent if the test fails half way.
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let (values, _) = undisturbed();
+    // The first probe at a value not seen before hangs; the probes before it are finished.
+    let done = (1..values.len())
+        .find(|&i| !values[..i].contains(&values[i]))
+        .expect("a search probes more than one value");
+    let hang = values[done];
+    for sig in [libc::SIGKILL, libc::SIGTERM, libc::SIGINT] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.json");
+        let parent = std::process::Command::new(assert_cmd::cargo::cargo_bin("oomprobe"))
+            .arg("probe")
+            .args(TINY_BATCH)
+            .args(["--quiet", "--timeout", "600", "--out"])
+            .arg(&path)
+            .env("OOMPROBE_TEST_HANG_AT", hang.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut parent = Reap(parent);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let child = loop {
+            assert!(
+                Instant::now() < deadline,
+                "signal {sig}: the hang never came"
+            );
+            let finished = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .and_then(|v| v["runs"][0]["probes"].as_array().map(|p| p.len()))
+                .unwrap_or(0);
+            let kids = children_of(parent.0.id());
+            if finished == done && kids.len() == 1 {
+                break kids[0];
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        // SAFETY: signalling a process this test started.
+        unsafe {
+            libc::kill(parent.0.id() as libc::pid_t, sig);
+        }
+        let status = parent.0.wait().unwrap();
+        assert!(!status.success(), "signal {sig}: {status}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !is_gone(child) {
+            assert!(
+                Instant::now() < deadline,
+                "signal {sig}: the probe child {child} outlived its parent"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let saved: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(saved["in_progress"], true, "{saved}");
+        let run = only_run(&saved);
+        assert_eq!(run["in_progress"], true, "{run}");
+        let probes = run["probes"].as_array().unwrap();
+        let got: Vec<u64> = probes
+            .iter()
+            .map(|p| p["value"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            got,
+            values[..done].to_vec(),
+            "signal {sig}: finished probes kept"
+        );
+    }
+}
+
+#[test]
+fn negative_and_overflowing_values_name_their_flag() {
+    for (args, needle) in [
+        (vec!["probe", "--timeout", "-1"], "--timeout"),
+        (vec!["probe", "--at", "-5"], "--at: '-5' is negative"),
+        (vec!["probe", "--device", "-1"], "--device: '-1'"),
+        (
+            vec!["probe", "--budget", "-1GiB"],
+            "--budget: '-1GiB' is negative",
+        ),
+        (
+            vec![
+                "probe",
+                "--model",
+                "tiny-gpt",
+                "--out",
+                "/no/such/dir/run.json",
+            ],
+            "folder does not exist",
+        ),
+        (vec!["probe", "--out", "/tmp"], "is a folder"),
+        (vec![], "missing command"),
+    ] {
+        let out = oomprobe().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err
+            .lines()
+            .filter(|l| !l.contains("XDG_RUNTIME_DIR") && !l.trim().is_empty())
+            .collect();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(lines.len(), 1, "{args:?}: one line, got {err}");
+        assert!(
+            lines[0].contains(needle),
+            "{args:?}: '{needle}' not in {err}"
+        );
+        assert!(!err.contains("unexpected argument"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn an_at_beyond_the_scenario_is_bad_input() {
+    require_adapter();
+    let out = oomprobe()
+        .arg("probe")
+        .args(TINY_BATCH)
+        .args(["--at", "18446744073709551615", "--quiet"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--at: 18446744073709551615"), "{err}");
+}
+
+#[test]
+fn no_isolate_says_what_it_gives_up() {
+    require_adapter();
+    let out = oomprobe()
+        .arg("probe")
+        .args(TINY_BATCH)
+        .args(["--at", "1", "--no-isolate", "--quiet", "--json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("--no-isolate") && err.contains("ends the whole run"),
+        "{err}"
     );
 }

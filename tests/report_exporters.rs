@@ -395,3 +395,49 @@ fn predicted_line_comes_from_the_plan_when_it_matches_the_probes() {
     assert!(svg.contains("data-source=\"probes\""));
     assert_eq!(points(&svg), 4);
 }
+
+#[test]
+fn a_partial_report_is_marked_in_every_format() {
+    let mut r = sample();
+    r.in_progress = true;
+    r.runs.truncate(2);
+    r.runs[1].in_progress = true;
+    let done = sample();
+    for f in [
+        OutputFormat::Table,
+        OutputFormat::Markdown,
+        OutputFormat::Html,
+        OutputFormat::Svg,
+    ] {
+        let text = render(&r, f);
+        assert!(text.contains("in progress"), "{f:?} marks the partial run");
+        assert!(
+            !render(&done, f).contains("in progress"),
+            "{f:?}: a finished report is not marked"
+        );
+    }
+    for f in [
+        OutputFormat::Table,
+        OutputFormat::Markdown,
+        OutputFormat::Html,
+    ] {
+        assert!(render(&r, f).contains("IN PROGRESS"), "{f:?}");
+    }
+    let csv = render(&r, OutputFormat::Csv);
+    let rows: Vec<Vec<String>> = csv.lines().map(split_csv).collect();
+    let status = report::csv::RUN_COLUMNS
+        .iter()
+        .position(|c| *c == "status")
+        .expect("a status column");
+    assert_eq!(rows[1][status], "complete");
+    assert_eq!(rows[2][status], "in_progress");
+    let v: serde_json::Value = serde_json::from_str(&render(&r, OutputFormat::Json)).unwrap();
+    assert_eq!(v["in_progress"], true);
+    assert_eq!(v["runs"][1]["in_progress"], true);
+    assert!(v["runs"][0].get("in_progress").is_none());
+    let v: serde_json::Value = serde_json::from_str(&render(&done, OutputFormat::Json)).unwrap();
+    assert!(
+        v.get("in_progress").is_none(),
+        "additive: absent when finished"
+    );
+}

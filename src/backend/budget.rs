@@ -124,6 +124,10 @@ impl<B: Backend + ?Sized> Backend for BudgetBackend<B> {
     fn allocated_bytes(&self) -> u64 {
         self.inner.allocated_bytes()
     }
+
+    fn prepare(&mut self, kernels: &[KernelId]) -> Result<(), BackendError> {
+        self.inner.prepare(kernels)
+    }
 }
 
 #[cfg(test)]

@@ -180,6 +180,13 @@ pub trait Backend {
     fn warm_up(&mut self) -> Result<(), BackendError> {
         Ok(())
     }
+    /// Get `kernels` ready to launch (compile them) now, before a probe allocates its tensors:
+    /// a shader compiler that runs out of host memory at the edge crashes the process, so
+    /// nothing is compiled once memory is full. The default does nothing.
+    fn prepare(&mut self, kernels: &[KernelId]) -> Result<(), BackendError> {
+        let _ = kernels;
+        Ok(())
+    }
 }
 
 /// A boxed backend for code that chooses one at run time.

@@ -9,8 +9,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use wgpu::util::DeviceExt;
-
 use super::{
     AllocError, Backend, BackendError, BackendKind, BufferId, DeviceInfo, DeviceType, MemoryInfo,
 };
@@ -401,6 +399,47 @@ impl WgpuBackend {
             .ok_or_else(|| BackendError::Other("pipeline cache".into()))
     }
 
+    /// A mappable buffer holding `data` (padded to whole words), unmapped and ready to copy
+    /// from. It is `MAP_WRITE` and mapped at creation, so wgpu maps the buffer itself: never
+    /// `queue.write_buffer` or `create_buffer_init` on a non-mappable buffer, whose internal
+    /// staging path (wgpu-core's pending writes, `queue.rs:503`, `Buffer::unmap`) unwraps an
+    /// out-of-memory error and panics at the edge of memory.
+    fn staging_with(&self, data: &[u8]) -> Result<wgpu::Buffer, BackendError> {
+        let size = round_up_word(data.len() as u64).max(WORD);
+        let device = &self.device;
+        let staging = self.scoped("staging buffer", || {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("staging"),
+                size,
+                usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: true,
+            })
+        })?;
+        {
+            let mut view = staging.get_mapped_range_mut(..).map_err(|e| {
+                staging.destroy();
+                BackendError::OutOfMemory(format!("mapping a staging buffer: {e:?}"))
+            })?;
+            view.slice(..data.len()).copy_from_slice(data);
+        }
+        staging.unmap();
+        Ok(staging)
+    }
+
+    /// Copy `data` into `dst` at `offset` (both whole words) through a staging buffer and a
+    /// command encoder of our own.
+    fn upload(&self, dst: &wgpu::Buffer, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        let staging = self.staging_with(data)?;
+        let (device, queue) = (&self.device, &self.queue);
+        let done = self.scoped("write", || {
+            let mut enc = device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(&staging, 0, dst, offset, data.len() as u64);
+            queue.submit([enc.finish()]);
+        });
+        staging.destroy();
+        done
+    }
+
     fn wait(&self) -> Result<(), BackendError> {
         let r = self.device.poll(wgpu::PollType::Wait {
             submission_index: None,
@@ -509,7 +548,7 @@ impl Backend for WgpuBackend {
         }
         if offset.is_multiple_of(WORD) && (data.len() as u64).is_multiple_of(WORD) {
             let buffer = buf.buffer.clone();
-            return self.scoped("write", || self.queue.write_buffer(&buffer, offset, data));
+            return self.upload(&buffer, offset, data);
         }
         // Unaligned: read the covering words, patch, write them back.
         let start = offset / WORD * WORD;
@@ -518,7 +557,7 @@ impl Backend for WgpuBackend {
         let at = (offset - start) as usize;
         words[at..at + data.len()].copy_from_slice(data);
         let buffer = self.buffer(id)?.buffer.clone();
-        self.scoped("write", || self.queue.write_buffer(&buffer, start, &words))
+        self.upload(&buffer, start, &words)
     }
 
     fn read_buffer(
@@ -603,29 +642,19 @@ impl Backend for WgpuBackend {
             bound.push(self.buffer(*id)?.buffer.clone());
         }
         let pipeline = self.pipeline(kernel)?.clone();
+        let mut contents = params.to_vec();
+        contents.resize(contents.len().div_ceil(16).max(1) * 16, 0);
+        let staging = self.staging_with(&contents)?;
         let device = &self.device;
         let queue = &self.queue;
         let label = kernel.label();
-        self.scoped(&format!("dispatch {label}"), || {
+        let done = self.scoped(&format!("dispatch {label}"), || {
             let layout = pipeline.get_bind_group_layout(0);
-            let mut padded;
-            let contents = if params.len().is_multiple_of(16) && !params.is_empty() {
-                params
-            } else {
-                padded = params.to_vec();
-                padded.resize(
-                    round_up_word(params.len() as u64).div_ceil(16) as usize * 16,
-                    0,
-                );
-                if padded.is_empty() {
-                    padded.resize(16, 0);
-                }
-                &padded[..]
-            };
-            let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            let uniform = device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("params"),
-                contents,
-                usage: wgpu::BufferUsages::UNIFORM,
+                size: contents.len() as u64,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
             });
             let mut entries = Vec::with_capacity(bound.len() + 1);
             entries.push(wgpu::BindGroupEntry {
@@ -644,6 +673,7 @@ impl Backend for WgpuBackend {
                 entries: &entries,
             });
             let mut enc = device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(&staging, 0, &uniform, 0, contents.len() as u64);
             {
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                     label: Some(&label),
@@ -654,7 +684,9 @@ impl Backend for WgpuBackend {
                 pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
             }
             queue.submit([enc.finish()]);
-        })
+        });
+        staging.destroy();
+        done
     }
 
     fn synchronize(&mut self) -> Result<(), BackendError> {
@@ -674,6 +706,13 @@ impl Backend for WgpuBackend {
 
     fn allocated_bytes(&self) -> u64 {
         self.allocated
+    }
+
+    fn prepare(&mut self, kernels: &[KernelId]) -> Result<(), BackendError> {
+        for k in kernels {
+            self.pipeline(*k)?;
+        }
+        Ok(())
     }
 }
 

@@ -8,7 +8,7 @@
 use crate::cli::{CompareArgs, OutputFormat};
 use crate::error::CliResult;
 use crate::report::compare::{build, load_report, render, LoadedFile};
-use crate::report::{format_for_path, write_output};
+use crate::report::{out_format, write_output};
 
 pub fn run(args: &CompareArgs) -> CliResult<()> {
     let mut files = Vec::with_capacity(args.files.len());
@@ -20,7 +20,7 @@ pub fn run(args: &CompareArgs) -> CliResult<()> {
         });
     }
     let format = match &args.out {
-        Some(p) => format_for_path(p, args.format)?,
+        Some(p) => out_format(p, args.format)?,
         None => args.format.unwrap_or(OutputFormat::Table),
     };
     let cmp = build(&files);

@@ -10,7 +10,7 @@ use crate::backend::{DeviceInfo, DeviceType};
 use crate::cli::{OutputFormat, ProbeArgs};
 use crate::error::{CliError, CliResult};
 use crate::report::compare::{build, load_report, render, LoadedFile};
-use crate::report::{format_for_path, write_output};
+use crate::report::{out_format, write_output};
 
 /// True when `--device` asks for every device.
 pub fn wants_all(device: Option<&str>) -> bool {
@@ -95,14 +95,15 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
                         .iter()
                         .map(|d| {
                             let path = dir.join(format!("device-{}.json", d.index));
-                            let out = Command::new(exe)
-                                .args(base)
+                            let mut cmd = Command::new(exe);
+                            cmd.args(base)
                                 .args(["--device", &d.index.to_string(), "--quiet", "--out"])
                                 .arg(&path)
                                 .stdin(Stdio::null())
                                 .stdout(Stdio::null())
-                                .stderr(Stdio::piped())
-                                .output();
+                                .stderr(Stdio::piped());
+                            crate::probe::child::die_with_parent(&mut cmd);
+                            let out = cmd.output();
                             let res = match out {
                                 Ok(o) if o.status.success() => Ok(()),
                                 Ok(o) => Err(String::from_utf8_lossy(&o.stderr)
@@ -143,7 +144,7 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         return Err(CliError::run("no device produced a result"));
     }
     let format = match &args.out {
-        Some(p) => format_for_path(p, args.format)?,
+        Some(p) => out_format(p, args.format)?,
         None if args.json => OutputFormat::Json,
         None => args.format.unwrap_or(OutputFormat::Table),
     };

@@ -10,7 +10,7 @@ use crate::backend::{nvidia, DeviceInfo, DeviceType};
 use crate::cli::{ComputeMode, OutputFormat, ProbeArgs};
 use crate::error::{CliError, CliResult};
 use crate::probe::capacity::{self, Capacity};
-use crate::probe::child::ChildRunner;
+use crate::probe::child::{ChildRunner, ProbeTimeout};
 use crate::probe::runner::{Isolation, RunContext};
 use crate::probe::suite::{self, RunSpec};
 use crate::probe::{Compute, DeviceChoice};
@@ -28,11 +28,13 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         .as_deref()
         .map(|s| units::parse_count(s).map_err(|e| CliError::usage(format!("--at: {e}"))))
         .transpose()?;
-    let timeout = parse_timeout(&args.timeout)?;
+    let timeout = match args.timeout.as_deref() {
+        Some(t) => ProbeTimeout::Fixed(parse_timeout(t)?),
+        None => ProbeTimeout::auto(),
+    };
     let out_format = match &args.out {
         Some(path) => Some(
-            report::format_for_path(path, args.format)
-                .map_err(|e| CliError::usage(e.to_string()))?,
+            report::out_format(path, args.format).map_err(|e| CliError::usage(e.to_string()))?,
         ),
         None => None,
     };
@@ -70,6 +72,7 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         None => Compute::Full,
     };
     let isolation = if args.no_isolate {
+        eprintln!("oomprobe: warning: {NO_ISOLATE_WARNING}");
         Isolation::InProcess
     } else {
         Isolation::Child(ChildRunner::current(timeout).map_err(|e| {
@@ -98,6 +101,11 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
     if runs.is_empty() {
         return Err(CliError::usage("no scenario applies to this workload"));
     }
+    if let Some(x) = at {
+        for spec in &runs {
+            check_at(spec, x)?;
+        }
+    }
 
     if !args.quiet {
         eprintln!("oomprobe: {}", device_banner(&info, &cap, compute));
@@ -112,14 +120,19 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         budget_bytes: cap.budget,
         compute: Some(compute.name().to_string()),
         runs: Vec::new(),
+        in_progress: true,
     };
     let out = OutSink {
         path: args.out.clone(),
         format: out_format,
     };
-    out.write(&report)?;
 
     for spec in &runs {
+        // Until the run ends, `--out` holds it as a run in progress (even before its first
+        // probe), so a file of a stopped probe always says it is partial.
+        let mut snapshot = report.clone();
+        snapshot.runs.push(partial_run(spec, &[]));
+        out.write(&snapshot)?;
         let bar = progress_bar(args.quiet, spec);
         let result = match at {
             Some(x) => ctx.single(spec, x),
@@ -146,8 +159,9 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         };
         bar.finish_and_clear();
         report.runs.push(result);
-        out.write(&report)?;
     }
+    report.in_progress = false;
+    out.write(&report)?;
 
     let text = report::render(&report, stdout_format).map_err(|e| CliError::run(e.to_string()))?;
     print!("{text}");
@@ -216,9 +230,10 @@ fn partial_run(spec: &RunSpec, probes: &[ProbeRecord]) -> RunResult {
         activation_share: None,
         at: None,
         flaky: false,
-        notes: vec!["in progress".into()],
+        notes: vec![report::IN_PROGRESS_NOTE.into()],
         probes: probes.to_vec(),
         seconds: probes.iter().map(|p| p.seconds).sum(),
+        in_progress: true,
     }
 }
 
@@ -256,6 +271,27 @@ fn device_banner(info: &DeviceInfo, cap: &Capacity, compute: Compute) -> String 
         mem(cap.budget),
         compute.name()
     )
+}
+
+/// What `--no-isolate` gives up, said plainly.
+pub const NO_ISOLATE_WARNING: &str = "--no-isolate runs every probe inside this process: a \
+driver crash, a panic or the OOM killer at the edge of memory ends the whole run (and its \
+output) instead of one probe";
+
+/// `--at X` must be a value the scenario can take and its plan must be computable.
+fn check_at(spec: &RunSpec, x: u64) -> CliResult<()> {
+    let space = crate::probe::runner::search_space(spec.scenario);
+    let dim = spec.scenario.dimension();
+    if x > space.max {
+        return Err(CliError::usage(format!(
+            "--at: {x} is beyond the largest {dim} the {} scenario probes ({})",
+            spec.scenario.name(),
+            space.max
+        )));
+    }
+    crate::plan::Plan::for_value(&spec.workload, spec.scenario, x)
+        .map(|_| ())
+        .map_err(|e| CliError::usage(format!("--at: {dim}={x}: {e}")))
 }
 
 fn parse_timeout(s: &str) -> CliResult<Duration> {

@@ -2,7 +2,6 @@
 //! memory as the budget, and say whether each expected verdict reproduced.
 
 use std::path::Path;
-use std::time::Duration;
 
 use serde::Serialize;
 
@@ -11,7 +10,7 @@ use crate::cli::ProbeArgs;
 use crate::error::{CliError, CliResult};
 use crate::plan::Plan;
 use crate::probe::capacity::{self, Capacity};
-use crate::probe::child::ChildRunner;
+use crate::probe::child::{ChildRunner, ProbeTimeout};
 use crate::probe::runner::{Isolation, RunContext};
 use crate::probe::suite::RunSpec;
 use crate::probe::Compute;
@@ -54,7 +53,7 @@ pub struct ReplayReport {
     pub runs: Vec<ReplayRun>,
 }
 
-pub fn run(args: &ProbeArgs, budget: Option<u64>, timeout: Duration) -> CliResult<()> {
+pub fn run(args: &ProbeArgs, budget: Option<u64>, timeout: ProbeTimeout) -> CliResult<()> {
     let Some(path) = &args.workload.config else {
         return Err(CliError::usage("case replay needs --config CASE.toml"));
     };
@@ -102,6 +101,10 @@ pub fn run(args: &ProbeArgs, budget: Option<u64>, timeout: Duration) -> CliResul
         Compute::Full
     };
     let isolation = if args.no_isolate {
+        eprintln!(
+            "oomprobe: warning: {}",
+            crate::commands::probe::NO_ISOLATE_WARNING
+        );
         Isolation::InProcess
     } else {
         Isolation::Child(ChildRunner::current(timeout).map_err(|e| CliError::run(e.to_string()))?)

@@ -157,6 +157,22 @@ impl Replay<'_> {
 pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) -> ProbeRecord {
     let started = Instant::now();
     let bytes = plan.peak_bytes();
+    // Compile every kernel before memory fills up (a compiler out of memory crashes).
+    let kernels = super::warmup::kernels_of(plan, compute, backend.info());
+    if let Err(e) = backend.prepare(&kernels) {
+        return ProbeRecord {
+            value: plan.value,
+            outcome: outcome_of_backend(&e),
+            bytes,
+            bytes_allocated: 0,
+            failed_tensor: None,
+            seconds: started.elapsed().as_secs_f64(),
+            step_seconds: None,
+            checksum: None,
+            detail: Some(format!("preparing kernels: {e}")),
+            failed_at: None,
+        };
+    }
     let n = plan.tensors.len();
     let mut r = Replay {
         backend,

@@ -6,6 +6,7 @@ pub mod child;
 pub mod exec;
 pub mod runner;
 pub mod suite;
+pub mod warmup;
 
 use serde::{Deserialize, Serialize};
 

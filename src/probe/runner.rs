@@ -116,6 +116,14 @@ impl RunContext {
         if found.flaky {
             notes.push("flaky: a value fit above a value that failed; boundary shown is the largest value that always fit below the lowest failure".into());
         }
+        if !found.inconclusive.is_empty() {
+            let at: Vec<String> = found.inconclusive.iter().map(|x| x.to_string()).collect();
+            notes.push(format!(
+                "no answer at {}={} (the child was killed or timed out, twice): not counted as a failure",
+                spec.scenario.dimension(),
+                at.join(", ")
+            ));
+        }
         if found.max_fit.is_some() && found.first_fail.is_none() {
             notes.push(format!(
                 "everything up to the search maximum {} fit",
@@ -140,13 +148,19 @@ impl RunContext {
             notes,
             probes: records,
             seconds: started.elapsed().as_secs_f64(),
+            in_progress: false,
         }
     }
 
     /// One probe at `value` reported as a run (`--at X`).
     pub fn single(&self, spec: &RunSpec, value: u64) -> RunResult {
         let started = Instant::now();
-        let rec = self.probe(spec, value);
+        let mut probes = vec![self.probe(spec, value)];
+        if probes[0].outcome.is_transient() {
+            // A child that died before answering gets one more try, as in a search.
+            probes.push(self.probe(spec, value));
+        }
+        let rec = probes[probes.len() - 1].clone();
         let fit = rec.outcome.is_fit();
         let bytes = rec.bytes;
         RunResult {
@@ -168,8 +182,9 @@ impl RunContext {
             at: Some(value),
             flaky: false,
             notes: spec.notes.clone(),
-            probes: vec![rec],
+            probes,
             seconds: started.elapsed().as_secs_f64(),
+            in_progress: false,
         }
     }
 }

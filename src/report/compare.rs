@@ -110,6 +110,9 @@ pub struct CompareCell {
     /// This file's max fit over the first file's (in the row), where both exist.
     pub ratio_to_first: Option<f64>,
     pub best_throughput: Option<Throughput>,
+    /// The file's run was not finished (a snapshot of a stopped probe): its max fit is only
+    /// the largest fit seen so far.
+    pub in_progress: bool,
     /// Index of the run in the file's `runs`.
     #[serde(skip)]
     pub run_index: usize,
@@ -191,6 +194,14 @@ fn file_label(report: &ProbeReport) -> String {
 /// Build the comparison of `files` (the first file is the reference for ratios).
 pub fn build(files: &[LoadedFile]) -> Comparison {
     let mut warnings = Vec::new();
+    for f in files {
+        if f.report.in_progress || f.report.runs.iter().any(|r| r.is_partial()) {
+            warnings.push(format!(
+                "{}: the probe was not finished (in progress): its numbers are partial",
+                f.path.display()
+            ));
+        }
+    }
     let mut labels: Vec<String> = files.iter().map(|f| file_label(&f.report)).collect();
     // Tell identical labels apart by file name.
     for i in 0..labels.len() {
@@ -294,6 +305,7 @@ pub fn build(files: &[LoadedFile]) -> Comparison {
                 prediction_error: prediction_error(run),
                 ratio_to_first: ratio,
                 best_throughput: best_throughput(run),
+                in_progress: run.is_partial(),
                 run_index: ri,
             }));
         }
@@ -331,6 +343,7 @@ fn measure(row: &CompareRow, cell: &Option<CompareCell>, m: usize) -> String {
     };
     let v = |x: Option<u64>| x.map(|x| fmt_value(&row.dimension, x)).unwrap_or_else(dash);
     match m {
+        0 if c.in_progress => format!("{} (in progress)", v(c.max_fit)),
         0 => v(c.max_fit),
         1 => match (c.first_fail, c.fail_reason) {
             (Some(f), Some(r)) => format!("{} ({})", fmt_value(&row.dimension, f), r.name()),
@@ -477,7 +490,12 @@ fn row_series<'a>(
             let c = c.as_ref()?;
             let run = files.get(fi)?.report.runs.get(c.run_index)?;
             Some(Series {
-                label: format!("[{}] {}", fi + 1, short_label(cmp, fi)),
+                label: format!(
+                    "[{}] {}{}",
+                    fi + 1,
+                    short_label(cmp, fi),
+                    if c.in_progress { " (in progress)" } else { "" }
+                ),
                 color: PALETTE[fi % PALETTE.len()],
                 run,
                 capacity: c.capacity_bytes,

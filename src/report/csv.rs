@@ -9,7 +9,7 @@ use super::throughput::{best_throughput, rate_at};
 use super::{prediction_error, run_capacity};
 
 /// Column names of [`runs_csv`].
-pub const RUN_COLUMNS: [&str; 22] = [
+pub const RUN_COLUMNS: [&str; 23] = [
     "device",
     "backend",
     "budget_bytes",
@@ -32,6 +32,7 @@ pub const RUN_COLUMNS: [&str; 22] = [
     "seconds",
     "flaky",
     "workload",
+    "status",
 ];
 
 /// Column names of [`probes_csv`].
@@ -96,6 +97,12 @@ pub fn run_fields(run: &RunResult) -> Vec<String> {
         run.seconds.to_string(),
         run.flaky.to_string(),
         workload_summary(run),
+        if run.is_partial() {
+            "in_progress"
+        } else {
+            "complete"
+        }
+        .to_string(),
     ]
 }
 

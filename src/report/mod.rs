@@ -45,6 +45,9 @@ pub enum ReportError {
         .0.display()
     )]
     UnknownExtension(PathBuf),
+    /// `--out` cannot be written: its folder does not exist, or it names a folder.
+    #[error("{}: {why}", path.display())]
+    BadOutPath { path: PathBuf, why: &'static str },
     /// A result file could not be read.
     #[error("{}: cannot read: {source}", path.display())]
     Read {
@@ -79,6 +82,7 @@ impl From<ReportError> for CliError {
     fn from(e: ReportError) -> Self {
         match e {
             ReportError::UnknownExtension(_)
+            | ReportError::BadOutPath { .. }
             | ReportError::Read { .. }
             | ReportError::Malformed { .. }
             | ReportError::Schema { .. } => CliError::usage(e.to_string()),
@@ -126,6 +130,37 @@ pub fn format_for_path(
         Some("html") | Some("htm") => Ok(OutputFormat::Html),
         Some("txt") => Ok(OutputFormat::Table),
         _ => Err(ReportError::UnknownExtension(path.to_path_buf())),
+    }
+}
+
+/// The format to write `--out` `path` in ([`format_for_path`]), once it is known the file can
+/// be created: a folder that does not exist or a path that is a folder is a usage error.
+pub fn out_format(
+    path: &Path,
+    explicit: Option<OutputFormat>,
+) -> Result<OutputFormat, ReportError> {
+    if !is_stdout(path) {
+        check_out_path(path)?;
+    }
+    format_for_path(path, explicit)
+}
+
+/// `path` can be created: its folder exists and it is not a folder itself.
+fn check_out_path(path: &Path) -> Result<(), ReportError> {
+    let bad = |why| {
+        Err(ReportError::BadOutPath {
+            path: path.to_path_buf(),
+            why,
+        })
+    };
+    if path.is_dir() {
+        return bad("is a folder, not a file");
+    }
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() && !p.is_dir() => {
+            bad("its folder does not exist (create it first)")
+        }
+        _ => Ok(()),
     }
 }
 

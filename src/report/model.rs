@@ -18,6 +18,9 @@ pub enum Outcome {
     DeviceLost,
     Killed,
     Timeout,
+    /// The probe's child died by a signal (SIGSEGV, SIGABRT) or panicked while the probe was in
+    /// flight, typically at the edge of memory inside the driver stack: not a fit.
+    Crashed,
     Error,
 }
 
@@ -31,11 +34,21 @@ impl Outcome {
             Outcome::DeviceLost => "device_lost",
             Outcome::Killed => "killed",
             Outcome::Timeout => "timeout",
+            Outcome::Crashed => "crashed",
             Outcome::Error => "error",
         }
     }
     pub fn is_fit(self) -> bool {
         self == Outcome::Fit
+    }
+    /// The child was killed or ran out of time: the device gave no answer, so the probe says
+    /// nothing about fitting (the search never lets it move a boundary it confirmed).
+    pub fn is_inconclusive(self) -> bool {
+        matches!(self, Outcome::Killed | Outcome::Timeout)
+    }
+    /// The child died before answering (crashed, killed, timed out): worth one retry.
+    pub fn is_transient(self) -> bool {
+        self.is_inconclusive() || self == Outcome::Crashed
     }
 }
 
@@ -127,7 +140,22 @@ pub struct RunResult {
     pub notes: Vec<String>,
     pub probes: Vec<ProbeRecord>,
     pub seconds: f64,
+    /// True in a snapshot written while the run was still searching (`--out` of a run that was
+    /// stopped half way): its max fit is only the largest fit seen so far, not a boundary.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_progress: bool,
 }
+
+impl RunResult {
+    /// The run was not finished when it was written (also understood from files written
+    /// before the `in_progress` field existed, whose partial runs carry the note).
+    pub fn is_partial(&self) -> bool {
+        self.in_progress || self.notes.iter().any(|n| n == IN_PROGRESS_NOTE)
+    }
+}
+
+/// The note of a run that was not finished when written.
+pub const IN_PROGRESS_NOTE: &str = "in progress";
 
 /// A whole `probe` invocation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,4 +168,8 @@ pub struct ProbeReport {
     #[serde(default)]
     pub compute: Option<String>,
     pub runs: Vec<RunResult>,
+    /// True in a snapshot written while the probe was still running: runs may be missing and
+    /// the last one may be partial.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_progress: bool,
 }

@@ -140,6 +140,7 @@ pub fn simulate(spec: &SimSpec<'_>, capacity: u64) -> RunResult {
         notes: Vec::new(),
         seconds: probes.iter().map(|p| p.seconds).sum(),
         probes,
+        in_progress: false,
     }
 }
 
@@ -259,5 +260,6 @@ pub fn sample_report(budget: u64) -> ProbeReport {
         budget_bytes: Some(budget),
         compute: Some("touch".to_string()),
         runs: specs.iter().map(|s| simulate(s, budget)).collect(),
+        in_progress: false,
     }
 }

@@ -676,8 +676,13 @@ fn legend(series: &[Series<'_>]) -> String {
 /// The chart title of a run in a report: `batch — resnet50 · llvmpipe (budget 512 MiB)`.
 pub fn run_title(report: &ProbeReport, run: &RunResult) -> String {
     format!(
-        "{} \u{2014} {} \u{00b7} {}",
+        "{}{} \u{2014} {} \u{00b7} {}",
         run_label(run),
+        if run.is_partial() {
+            " (in progress)"
+        } else {
+            ""
+        },
         run.workload.name,
         report.device.name
     )

@@ -2,7 +2,7 @@
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, ContentArrangement, Table};
 
-use super::model::{ProbeReport, RunResult};
+use super::model::{ProbeReport, RunResult, IN_PROGRESS_NOTE};
 use super::throughput::best_throughput;
 use super::{
     device_line, fmt_bytes, fmt_pct, fmt_seconds, fmt_signed_pct, fmt_value, prediction_error,
@@ -33,6 +33,9 @@ pub fn summary_row(run: &RunResult) -> Vec<String> {
     if run.flaky {
         max_fit.push_str(" (flaky)");
     }
+    if run.is_partial() {
+        max_fit.push_str(" (in progress)");
+    }
     vec![
         run.scenario.name().to_string(),
         run.variant.clone().unwrap_or_else(dash),
@@ -54,6 +57,10 @@ pub fn summary_row(run: &RunResult) -> Vec<String> {
     ]
 }
 
+/// The first note of a report written before its probe finished.
+pub const PARTIAL_NOTE: &str = "IN PROGRESS: partial results (the probe was still running or was \
+stopped); a run marked \"in progress\" has no confirmed boundary, only the largest fit so far";
+
 /// Columns that hold numbers (right-aligned).
 pub fn is_numeric_column(i: usize) -> bool {
     matches!(i, 3 | 4 | 6 | 7 | 8 | 9 | 11 | 12)
@@ -63,6 +70,9 @@ pub fn is_numeric_column(i: usize) -> bool {
 /// below the largest fitting value.
 pub fn notes(report: &ProbeReport) -> Vec<String> {
     let mut out = Vec::new();
+    if report.in_progress || report.runs.iter().any(|r| r.is_partial()) {
+        out.push(PARTIAL_NOTE.to_string());
+    }
     for run in &report.runs {
         let label = super::run_label(run);
         if let (Some(best), Some(max)) = (best_throughput(run), run.max_fit) {
@@ -81,7 +91,7 @@ pub fn notes(report: &ProbeReport) -> Vec<String> {
                 "{label}: a fit was seen above a failure (non-monotone device behaviour)"
             ));
         }
-        for n in &run.notes {
+        for n in run.notes.iter().filter(|n| *n != IN_PROGRESS_NOTE) {
             out.push(format!("{label}: {n}"));
         }
     }

@@ -33,7 +33,11 @@ use thiserror::Error;
 
 use crate::cli::WorkloadArgs;
 use crate::error::CliError;
+use crate::plan::build::PlanError;
+use crate::plan::Plan;
 use crate::units::parse_size;
+
+use super::overrides::check_limit;
 
 use super::presets::{self, vit_tokens};
 use super::{Arch, Workload};
@@ -199,14 +203,16 @@ pub fn load_config(path: &Path) -> Result<LoadedConfig, ConfigError> {
             msg: e.to_string(),
         },
     })?;
+    // A UTF-8 byte-order mark (some Windows editors write one) is not part of the text.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     if path
         .extension()
         .and_then(|e| e.to_str())
         .is_some_and(|e| e.eq_ignore_ascii_case("toml"))
     {
-        load_case(path, &text).map(|c| LoadedConfig::Case(Box::new(c)))
+        load_case(path, text).map(|c| LoadedConfig::Case(Box::new(c)))
     } else {
-        load_hf(&p, &text).map(LoadedConfig::Hf)
+        load_hf(&p, text).map(LoadedConfig::Hf)
     }
 }
 
@@ -235,7 +241,10 @@ pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
             None | Some(Json::Null) => Ok(None),
             Some(x) => match x.as_u64() {
                 Some(0) => Err(field_err(path, key, "must be greater than zero")),
-                Some(n) => Ok(Some(n)),
+                Some(n) => hf_size(key)
+                    .map_or(Ok(n), |size| check_limit(size, n))
+                    .map(Some)
+                    .map_err(|e| field_err(path, key, e)),
                 None => Err(field_err(
                     path,
                     key,
@@ -392,7 +401,8 @@ pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
                 return Err(field_err(path, "image_size", "smaller than patch_size"));
             }
             w.vocab = match obj.get("id2label") {
-                Some(Json::Object(m)) if !m.is_empty() => m.len() as u64,
+                Some(Json::Object(m)) if !m.is_empty() => check_limit("vocab", m.len() as u64)
+                    .map_err(|e| field_err(path, "id2label", e))?,
                 _ => 1000,
             };
             w.seq = vit_tokens(w.image, w.patch);
@@ -418,7 +428,45 @@ pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
             ),
         ));
     }
+    // Sizes each within their limit can still overflow together: name the fields.
+    if let Err(e @ PlanError::Overflow { .. }) = Plan::for_workload(&w) {
+        let fields: Vec<&str> = HF_SIZES
+            .iter()
+            .map(|(k, _)| *k)
+            .filter(|k| obj.get(*k).is_some_and(|v| v.is_u64()))
+            .collect();
+        return Err(field_err(
+            path,
+            &fields.join(", "),
+            format!("together too large: {e}"),
+        ));
+    }
     Ok(w)
+}
+
+/// The size (flag name) each config.json field sets, for its limit.
+const HF_SIZES: [(&str, &str); 14] = [
+    ("n_embd", "hidden"),
+    ("n_layer", "layers"),
+    ("n_head", "heads"),
+    ("n_inner", "ffn"),
+    ("n_positions", "seq"),
+    ("n_ctx", "seq"),
+    ("vocab_size", "vocab"),
+    ("hidden_size", "hidden"),
+    ("num_hidden_layers", "layers"),
+    ("num_attention_heads", "heads"),
+    ("num_key_value_heads", "heads"),
+    ("intermediate_size", "ffn"),
+    ("max_position_embeddings", "seq"),
+    ("image_size", "image"),
+];
+
+fn hf_size(key: &str) -> Option<&'static str> {
+    match key {
+        "patch_size" => Some("patch"),
+        _ => HF_SIZES.iter().find(|(k, _)| *k == key).map(|(_, s)| *s),
+    }
 }
 
 /// Workload keys of a case file and how each is typed.

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Edge soak (minutes; not in CI): under real address-space limits (prlimit --as, in bytes:
+# util-linux 2.38 reads "3GiB" as 3 bytes), search each case's boundary, then run single probes
+# (`--at X`) at the boundary and just beyond it, and print the outcome table.
+#
+# Fails (exit 1) on any `error` outcome, any panic that is not a `crashed` result, any probe
+# that ran past its time limit, any search that found a boundary and did not exit 0, or any
+# exit code that does not match the outcome (0 for results, 1 only for `error`).
+#
+# Usage: scripts/soak.sh [PROBES_PER_CASE]   (default 13: 4 limits x 2 cases x 13 = 104 probes)
+# Env:   OOMPROBE=path/to/oomprobe (default: target/release/oomprobe, built if missing)
+#        SOAK_LIMITS="1610612736 2147483648" (bytes)   SOAK_CASES="params|batch|seq-naive|seq-flash"
+#        SOAK_TIMEOUT=120 (seconds per probe)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+per_case=${1:-13}
+bin=${OOMPROBE:-target/release/oomprobe}
+if [ ! -x "$bin" ]; then
+  cargo build --release --quiet || exit 1
+fi
+limits=${SOAK_LIMITS:-"1610612736 2147483648 3221225472 4294967296"}
+cases=${SOAK_CASES:-"batch seq-naive"}
+timeout=${SOAK_TIMEOUT:-120}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+case_args() {
+  case "$1" in
+    params) echo "--scenario params" ;;
+    batch) echo "--model tiny-gpt --scenario batch" ;;
+    seq-naive) echo "--model tiny-gpt --scenario seq --attention naive" ;;
+    seq-flash) echo "--model tiny-gpt --scenario seq --attention flash" ;;
+    *) echo "unknown case $1" >&2; exit 2 ;;
+  esac
+}
+
+json_field() { # FILE EXPR: a python expression over `r` (the report)
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$1" 2>/dev/null
+}
+
+bad=0
+results="$work/results.tsv" # case limit value outcome exit seconds detail
+searches="$work/searches.tsv"
+: >"$results"
+: >"$searches"
+
+for limit in $limits; do
+  for c in $cases; do
+    # shellcheck disable=SC2046
+    args=$(case_args "$c")
+    out="$work/search.json"
+    start=$(date +%s.%N)
+    # shellcheck disable=SC2086
+    prlimit --as="$limit" "$bin" probe $args --quiet --json --timeout "$timeout" >"$out" 2>"$work/search.err"
+    code=$?
+    secs=$(python3 -c "import time; print(f'{time.time()-$start:.0f}')")
+    max_fit=$(json_field "$out" 'r["runs"][0]["max_fit"]')
+    reason=$(json_field "$out" 'r["runs"][0]["fail_reason"]')
+    step=$([ "$c" = params ] && echo 65536 || echo 1)
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$limit" "${max_fit:-none}" "${reason:-none}" "$code" "$secs" >>"$searches"
+    if [ -n "$max_fit" ] && [ "$max_fit" != None ] && [ "$code" != 0 ]; then
+      echo "soak: $c under $limit found max_fit $max_fit and exited $code" >&2
+      bad=1
+    fi
+    if [ -z "$max_fit" ] || [ "$max_fit" = None ]; then
+      echo "soak: $c under $limit: no boundary (exit $code): $(tail -n1 "$work/search.err")" >&2
+      [ "$code" = 0 ] || bad=1
+      continue
+    fi
+    for i in $(seq 0 $((per_case - 1))); do
+      x=$((max_fit + i * step))
+      p="$work/probe.json"
+      t0=$(date +%s.%N)
+      # shellcheck disable=SC2086
+      prlimit --as="$limit" "$bin" probe $args --at "$x" --quiet --json --timeout "$timeout" >"$p" 2>"$work/probe.err"
+      pc=$?
+      ps=$(python3 -c "import time; print(f'{time.time()-$t0:.1f}')")
+      outcome=$(json_field "$p" 'r["runs"][0]["probes"][-1]["outcome"]')
+      detail=$(json_field "$p" '(r["runs"][0]["probes"][-1].get("detail") or "").replace("\t"," ")[:100]')
+      outcome=${outcome:-no_output}
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$limit" "$x" "$outcome" "$pc" "$ps" "$detail" >>"$results"
+      want=0
+      [ "$outcome" = error ] && want=1
+      if [ "$outcome" = error ] || [ "$outcome" = timeout ] || [ "$outcome" = no_output ] \
+        || [ "$pc" != "$want" ] || grep -q "panicked" "$work/probe.err"; then
+        echo "soak: $c under $limit at $x: $outcome, exit $pc: $detail $(tail -n1 "$work/probe.err")" >&2
+        bad=1
+      fi
+    done
+  done
+done
+
+python3 - "$results" "$searches" <<'PY'
+import collections, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+searches = [l.rstrip("\n").split("\t") for l in open(sys.argv[2]) if l.strip()]
+outcomes = ["fit", "out_of_memory", "crashed", "killed", "timeout", "error", "no_output"]
+by = collections.defaultdict(collections.Counter)
+for c, limit, x, o, code, secs, *detail in rows:
+    by[(c, int(limit))][o] += 1
+print(f"edge probes: {len(rows)}")
+print("| case | as limit | " + " | ".join(outcomes) + " |")
+print("|---|---|" + "---|" * len(outcomes))
+total = collections.Counter()
+for (c, limit), n in sorted(by.items()):
+    total.update(n)
+    print(f"| {c} | {limit / 2**30:.1f} GiB | " + " | ".join(str(n[o]) for o in outcomes) + " |")
+print("| all | | " + " | ".join(str(total[o]) for o in outcomes) + " |")
+print()
+print("| case | as limit | max fit | reason | exit | seconds |")
+print("|---|---|---|---|---|---|")
+for c, limit, m, r, code, secs in searches:
+    print(f"| {c} | {int(limit) / 2**30:.1f} GiB | {m} | {r} | {code} | {secs} |")
+crashes = collections.Counter(r[6][:80] for r in rows if r[3] == "crashed" and len(r) > 6)
+if crashes:
+    print()
+    print("crash causes:")
+    for d, n in crashes.most_common():
+        print(f"  {n} x {d}")
+PY
+exit $bad

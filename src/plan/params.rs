@@ -125,6 +125,8 @@ pub struct PieceStates {
 pub struct States {
     pub pieces: Vec<PieceStates>,
     names: Vec<String>,
+    /// Piece index by name (plans of thousands of layers look pieces up per layer).
+    index: std::collections::HashMap<String, usize>,
     kinds: Vec<StateKind>,
     flat: bool,
     keep_grads: bool,
@@ -160,6 +162,11 @@ impl States {
         let mut s = States {
             pieces: Vec::with_capacity(pieces.len()),
             names: pieces.iter().map(|p| p.name.clone()).collect(),
+            index: pieces
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.name.clone(), i))
+                .collect(),
             kinds,
             flat,
             keep_grads: flat || w.grads == Grads::Keep,
@@ -210,7 +217,7 @@ impl States {
         if self.flat {
             return Some(0);
         }
-        self.names.iter().position(|n| n == name)
+        self.index.get(name).copied()
     }
 
     /// The params tensor a kernel of piece `name` reads (the largest piece if there is none).

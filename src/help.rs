@@ -43,13 +43,21 @@ Examples:
 
 /// Every example command line above, without its comment (for tests and docs).
 pub fn example_lines() -> Vec<&'static str> {
-    [DEVICES, ESTIMATE, PROBE, DIAGNOSE, COMPARE, COMPLETIONS, MAN]
-        .iter()
-        .flat_map(|text| text.lines().skip(1))
-        .map(|l| {
-            let l = l.split(" # ").next().unwrap_or(l);
-            let l = l.split(" > ").next().unwrap_or(l);
-            l.split(" && ").next().unwrap_or(l).trim()
-        })
-        .collect()
+    [
+        DEVICES,
+        ESTIMATE,
+        PROBE,
+        DIAGNOSE,
+        COMPARE,
+        COMPLETIONS,
+        MAN,
+    ]
+    .iter()
+    .flat_map(|text| text.lines().skip(1))
+    .map(|l| {
+        let l = l.split(" # ").next().unwrap_or(l);
+        let l = l.split(" > ").next().unwrap_or(l);
+        l.split(" && ").next().unwrap_or(l).trim()
+    })
+    .collect()
 }

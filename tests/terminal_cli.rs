@@ -26,7 +26,10 @@ fn completions_for_each_shell_know_the_commands_and_flags() {
         for word in ["probe", "compare", "budget", "scenario"] {
             assert!(text.contains(word), "{shell} completions lack {word}");
         }
-        assert!(!text.contains("probe-child"), "{shell}: the hidden command leaked");
+        assert!(
+            !text.contains("probe-child"),
+            "{shell}: the hidden command leaked"
+        );
     }
     let out = oomprobe().args(["completions", "tcsh"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -38,8 +41,18 @@ fn completions_for_each_shell_know_the_commands_and_flags() {
 #[test]
 fn the_man_page_documents_every_command() {
     let page = stdout_of(oomprobe().arg("man"));
-    assert!(page.starts_with(".ie") || page.contains(".TH oomprobe 1"), "{page}");
-    for cmd in ["devices", "estimate", "probe", "diagnose", "compare", "completions"] {
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH oomprobe 1"),
+        "{page}"
+    );
+    for cmd in [
+        "devices",
+        "estimate",
+        "probe",
+        "diagnose",
+        "compare",
+        "completions",
+    ] {
         assert!(page.contains(cmd), "man page lacks {cmd}");
     }
     assert!(!page.contains("probe\\-child"), "the hidden command leaked");
@@ -82,7 +95,10 @@ fn every_command_help_ends_with_examples_that_parse() {
     ] {
         let text = stdout_of(oomprobe().args([cmd, "--help"]));
         assert!(text.contains("Examples:"), "{cmd} --help:\n{text}");
-        assert!(text.contains(&format!("oomprobe {cmd}")), "{cmd} --help:\n{text}");
+        assert!(
+            text.contains(&format!("oomprobe {cmd}")),
+            "{cmd} --help:\n{text}"
+        );
     }
 }
 
@@ -115,8 +131,15 @@ fn no_color_keeps_the_table_plain_even_when_color_is_forced() {
         has_adapter(),
         "no GPU adapter: install lavapipe (apt-get install -y mesa-vulkan-drivers libvulkan1)"
     );
-    let forced = stdout_of(quick_probe().env_remove("NO_COLOR").env("CLICOLOR_FORCE", "1"));
-    assert!(forced.contains('\u{1b}'), "CLICOLOR_FORCE gave no color:\n{forced}");
+    let forced = stdout_of(
+        quick_probe()
+            .env_remove("NO_COLOR")
+            .env("CLICOLOR_FORCE", "1"),
+    );
+    assert!(
+        forced.contains('\u{1b}'),
+        "CLICOLOR_FORCE gave no color:\n{forced}"
+    );
     let plain = stdout_of(
         quick_probe()
             .env("CLICOLOR_FORCE", "1")
@@ -134,7 +157,10 @@ fn a_probe_prints_one_device_line_and_no_driver_noise() {
         "no GPU adapter: install lavapipe (apt-get install -y mesa-vulkan-drivers libvulkan1)"
     );
     // Isolated children, and no runtime directory: Mesa's EGL would complain without one.
-    let out = quick_probe().env_remove("XDG_RUNTIME_DIR").output().unwrap();
+    let out = quick_probe()
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -167,7 +193,11 @@ fn llvmpipe_on_gl_suggests_lavapipe() {
     let mut probe = quick_probe();
     gl_only(&mut probe);
     let out = probe.output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("lavapipe is faster") && stderr.contains("mesa-vulkan-drivers"),

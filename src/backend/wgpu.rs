@@ -36,9 +36,8 @@ pub fn quiet_mesa_runtime_dir() {
         let dir = std::env::temp_dir().join(format!("oomprobe-runtime-{uid}"));
         let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
         // Only a directory this user owns and nobody else can enter.
-        let ok = std::fs::symlink_metadata(&dir).is_ok_and(|m| {
-            m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o077 == 0
-        });
+        let ok = std::fs::symlink_metadata(&dir)
+            .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o077 == 0);
         if ok {
             std::env::set_var("XDG_RUNTIME_DIR", &dir);
         }

@@ -74,7 +74,11 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
             .collect();
     if budget.is_none() && info.device_type == DeviceType::Cpu && compute == Compute::Touch {
         // A first run that finishes: size the default cap by the measured fill rate.
-        let probes_per_run = if at.is_some() { 1 } else { capacity::PROBES_PER_RUN };
+        let probes_per_run = if at.is_some() {
+            1
+        } else {
+            capacity::PROBES_PER_RUN
+        };
         let runs = suite::plan_runs(&args.scenario, user.as_ref(), cap.predict_against).len();
         if let Some(rate) = capacity::measure_fill_rate(open) {
             let runs = (runs * probes_per_run).div_ceil(capacity::PROBES_PER_RUN);

@@ -90,11 +90,7 @@ impl RunContext {
     }
 
     /// Search the boundary of one run. `on_event` sees every probe start and finish.
-    pub fn search(
-        &self,
-        spec: &RunSpec,
-        on_event: &mut dyn FnMut(ProbeEvent<'_>),
-    ) -> RunResult {
+    pub fn search(&self, spec: &RunSpec, on_event: &mut dyn FnMut(ProbeEvent<'_>)) -> RunResult {
         let started = Instant::now();
         let space = search_space(spec.scenario);
         let predicted = self.predicted_max(spec);

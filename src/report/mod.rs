@@ -438,7 +438,10 @@ mod tests {
         assert_eq!(fmt_value("params", fit), fmt_value("params", fail));
         let f = ValueFormat::distinct("params", [fit, fail, fit]);
         assert_ne!(f.fmt(fit), f.fmt(fail));
-        assert_eq!((f.fmt(fit).as_str(), f.fmt(fail).as_str()), ("774.0M", "774.1M"));
+        assert_eq!(
+            (f.fmt(fit).as_str(), f.fmt(fail).as_str()),
+            ("774.0M", "774.1M")
+        );
         // No more digits than needed: far-apart values keep the short form.
         assert_eq!(
             ValueFormat::distinct("params", [33_554_432, 67_108_864]),

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::help;
 use crate::scenario::Scenario;
 
 #[derive(Debug, Parser)]
@@ -25,15 +26,26 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// List every adapter wgpu (and CUDA) can see, with memory and buffer limits.
+    #[command(after_help = help::DEVICES)]
     Devices(DevicesArgs),
     /// Memory breakdown of a workload by role; with --memory, the predicted max per scenario.
+    #[command(after_help = help::ESTIMATE)]
     Estimate(EstimateArgs),
     /// Find the empirical OOM boundary on a device, scenario by scenario.
+    #[command(after_help = help::PROBE)]
     Probe(ProbeArgs),
     /// The seed's quick diagnosis: which of the four causes dominates, and what each remedy buys.
+    #[command(after_help = help::DIAGNOSE)]
     Diagnose(DiagnoseArgs),
     /// Put several probe result files side by side.
+    #[command(after_help = help::COMPARE)]
     Compare(CompareArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
+    #[command(after_help = help::COMPLETIONS)]
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) on stdout, or write a page per command into a directory.
+    #[command(after_help = help::MAN)]
+    Man(ManArgs),
     /// Internal: run one probe in this process and print its result as one JSON line.
     #[command(name = "probe-child", hide = true)]
     ProbeChild(ProbeChildArgs),
@@ -221,6 +233,20 @@ pub struct CompareArgs {
     pub format: Option<OutputFormat>,
     #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
     pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write oomprobe.1 and a page per command (oomprobe-probe.1, ...) into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -4,6 +4,8 @@ use clap::Parser;
 use oomprobe::cli::Cli;
 
 fn main() {
+    // Before any thread: Mesa's GL probe prints an error line without a runtime directory.
+    oomprobe::backend::wgpu::quiet_mesa_runtime_dir();
     env_logger::Builder::from_env(
         env_logger::Env::default().default_filter_or("warn,wgpu_hal::gles=off"),
     )

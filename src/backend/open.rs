@@ -12,10 +12,36 @@ use super::wgpu::{self as wg, AdapterSelector, WgpuBackend, WgpuOpenError};
 use super::{Backend, BackendKind, DeviceInfo};
 use crate::error::CliError;
 
+/// The command that installs lavapipe, the software Vulkan driver (Debian, Ubuntu).
+macro_rules! lavapipe_install {
+    () => {
+        "apt-get install -y mesa-vulkan-drivers libvulkan1"
+    };
+}
+
 /// What to tell a user with no adapter at all.
-pub const NO_ADAPTER_HINT: &str = "no GPU adapter found: install your GPU's driver (with Vulkan \
-     support), or the software Vulkan driver lavapipe: `apt-get install -y mesa-vulkan-drivers \
-     libvulkan1`";
+pub const NO_ADAPTER_HINT: &str = concat!(
+    "no GPU adapter found: install your GPU's driver (with Vulkan support), or the software \
+     Vulkan driver lavapipe: `",
+    lavapipe_install!(),
+    "`"
+);
+
+/// What to tell a user whose default device is GL's software rasteriser.
+pub const LAVAPIPE_FASTER_HINT: &str = concat!(
+    "no Vulkan adapter: probing on GL's software rasteriser; the software Vulkan driver \
+     lavapipe is faster: `",
+    lavapipe_install!(),
+    "`"
+);
+
+/// A hint when `--backend auto` chose a GL CPU adapter (llvmpipe): that means there is no
+/// Vulkan adapter at all (a Vulkan CPU adapter would rank first), and lavapipe would be faster.
+pub fn faster_driver_hint(info: &DeviceInfo, requested_backend: &str) -> Option<&'static str> {
+    let auto = matches!(parse_backend(requested_backend), Ok(BackendChoice::Auto));
+    (auto && info.backend == BackendKind::Gl && info.device_type == super::DeviceType::Cpu)
+        .then_some(LAVAPIPE_FASTER_HINT)
+}
 
 /// Why a build without the `cuda` feature has no CUDA devices.
 pub const NO_CUDA_BUILD: &str = "this build has no CUDA backend (build with --features cuda)";
@@ -168,8 +194,28 @@ fn select_wgpu(
     kind: Option<BackendKind>,
     index: Option<usize>,
 ) -> Result<(wgpu::Instance, Vec<wgpu::Adapter>, usize), OpenError> {
+    if let Some(k) = kind {
+        // A named backend enumerates only the backends listed before it and itself: the same
+        // indices, without starting GL/EGL for a Vulkan device. Errors are worded from the
+        // full list below (an index or a backend that does not exist).
+        let instance = wg::new_instance_for(wg::backends_through(k));
+        let adapters = wg::enumerate_adapters(&instance);
+        if let Ok(i) = pick_wgpu(&adapters, kind, index) {
+            return Ok((instance, adapters, i));
+        }
+    }
     let instance = wg::new_instance();
     let adapters = wg::enumerate_adapters(&instance);
+    let i = pick_wgpu(&adapters, kind, index)?;
+    Ok((instance, adapters, i))
+}
+
+/// The adapter `--backend`/`--device` name among `adapters`.
+fn pick_wgpu(
+    adapters: &[wgpu::Adapter],
+    kind: Option<BackendKind>,
+    index: Option<usize>,
+) -> Result<usize, OpenError> {
     if adapters.is_empty() {
         return Err(OpenError::Run(NO_ADAPTER_HINT.to_string()));
     }
@@ -178,7 +224,7 @@ fn select_wgpu(
         (None, Some(k)) => AdapterSelector::Kind(k),
         (None, None) => AdapterSelector::Auto,
     };
-    let i = wg::select_adapter(&adapters, sel).map_err(|e| match e {
+    let i = wg::select_adapter(adapters, sel).map_err(|e| match e {
         WgpuOpenError::NoAdapter => OpenError::Run(NO_ADAPTER_HINT.to_string()),
         WgpuOpenError::NoSuchIndex { index, count } => OpenError::Usage(format!(
             "device {index} does not exist: there {} {count} adapter{} (see `oomprobe devices`)",
@@ -199,7 +245,7 @@ fn select_wgpu(
             )));
         }
     }
-    Ok((instance, adapters, i))
+    Ok(i)
 }
 
 fn open_cuda(index: Option<usize>) -> Result<Box<dyn Backend>, OpenError> {
@@ -264,6 +310,22 @@ mod tests {
             Err(OpenError::Run(m)) => panic!("needs an adapter: {m}"),
             Ok(_) => panic!("device 999 opened"),
         }
+    }
+
+    #[test]
+    fn llvmpipe_on_gl_by_default_suggests_lavapipe() {
+        let mut info = crate::report::sample::device("llvmpipe", 2 << 30);
+        info.device_type = super::super::DeviceType::Cpu;
+        info.backend = BackendKind::Gl;
+        let hint = faster_driver_hint(&info, "auto").expect("a hint");
+        assert!(hint.contains("mesa-vulkan-drivers"), "{hint}");
+        // Asked for GL by name: the user knows; a Vulkan or a GPU adapter: nothing to say.
+        assert_eq!(faster_driver_hint(&info, "gl"), None);
+        info.backend = BackendKind::Vulkan;
+        assert_eq!(faster_driver_hint(&info, "auto"), None);
+        info.backend = BackendKind::Gl;
+        info.device_type = super::super::DeviceType::Discrete;
+        assert_eq!(faster_driver_hint(&info, "auto"), None);
     }
 
     #[test]

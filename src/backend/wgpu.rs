@@ -17,14 +17,66 @@ use crate::kernels::{source, KernelId};
 /// Copies and buffer sizes are whole 32-bit words.
 const WORD: u64 = 4;
 
+/// Give Mesa a runtime directory when the environment has none: its EGL/Wayland probe (wgpu's
+/// GL backend) otherwise prints `error: XDG_RUNTIME_DIR is invalid or not set in the
+/// environment.` on every enumeration. The directory is private to the user (0700), under the
+/// temporary directory, and reused. Call it first thing in `main`, before any thread starts;
+/// probe children inherit it.
+pub fn quiet_mesa_runtime_dir() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| !d.is_empty()) {
+        return;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let dir = std::env::temp_dir().join(format!("oomprobe-runtime-{uid}"));
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+        // Only a directory this user owns and nobody else can enter.
+        let ok = std::fs::symlink_metadata(&dir)
+            .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o077 == 0);
+        if ok {
+            std::env::set_var("XDG_RUNTIME_DIR", &dir);
+        }
+    }
+}
+
 /// A new wgpu instance over every backend compiled in (honours `WGPU_BACKEND` and friends).
 pub fn new_instance() -> wgpu::Instance {
-    let desc = wgpu::InstanceDescriptor {
+    new_instance_for(wgpu::Backends::all())
+}
+
+/// A new wgpu instance over `backends` only (further narrowed by `WGPU_BACKEND`): opening a
+/// Vulkan device need not start GL/EGL, which is slow and noisy on Mesa.
+pub fn new_instance_for(backends: wgpu::Backends) -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor {
         backends: wgpu::Backends::all(),
         ..wgpu::InstanceDescriptor::new_without_display_handle()
     }
     .with_env();
+    desc.backends &= backends;
     wgpu::Instance::new(desc)
+}
+
+/// The backends listed up to and including `kind` in `enumerate_adapters` order. Enumerating
+/// only these yields the same first adapters as enumerating all, so an index into the full
+/// list still names the same adapter of `kind`.
+pub fn backends_through(kind: BackendKind) -> wgpu::Backends {
+    let order = [
+        (BackendKind::Vulkan, wgpu::Backends::VULKAN),
+        (BackendKind::Metal, wgpu::Backends::METAL),
+        (BackendKind::Dx12, wgpu::Backends::DX12),
+        (BackendKind::Gl, wgpu::Backends::GL),
+    ];
+    let mut mask = wgpu::Backends::empty();
+    for (k, b) in order {
+        mask |= b;
+        if k == kind {
+            return mask;
+        }
+    }
+    wgpu::Backends::all()
 }
 
 /// Every adapter of every backend, in a stable order: the index used by `--device`.

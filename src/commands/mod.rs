@@ -1,6 +1,7 @@
 //! Command implementations, one module per subcommand.
 
 pub mod compare;
+pub mod completions;
 pub mod devices;
 pub mod diagnose;
 pub mod estimate;
@@ -19,6 +20,8 @@ pub fn run(command: Command) -> CliResult<()> {
         Command::Probe(args) => probe::run(&args),
         Command::Diagnose(args) => diagnose::run(&args),
         Command::Compare(args) => compare::run(&args),
+        Command::Completions(args) => completions::completions(&args),
+        Command::Man(args) => completions::man(&args),
         Command::ProbeChild(args) => crate::probe::child::run_child(&args),
     }
 }

@@ -4,17 +4,16 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressStyle};
-
 use crate::backend::{nvidia, DeviceInfo, DeviceType};
 use crate::cli::{ComputeMode, OutputFormat, ProbeArgs};
 use crate::error::{CliError, CliResult};
-use crate::probe::capacity::{self, Capacity};
+use crate::probe::capacity;
 use crate::probe::child::{ChildRunner, ProbeTimeout};
-use crate::probe::runner::{Isolation, RunContext};
+use crate::probe::runner::{Isolation, ProbeEvent, RunContext};
 use crate::probe::suite::{self, RunSpec};
 use crate::probe::{Compute, DeviceChoice};
 use crate::report::{self, Outcome, ProbeRecord, ProbeReport, RunResult, ToolInfo, SCHEMA_VERSION};
+use crate::term::{color_enabled, Progress, Stream};
 use crate::units;
 
 pub fn run(args: &ProbeArgs) -> CliResult<()> {
@@ -56,12 +55,11 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
     let user = user_workload(args)?;
 
     let (choice, info) = select_device(&args.device.backend, args.device.device.as_deref())?;
+    let open = || crate::backend::open::open_device(&choice.backend, choice.index);
     let mut cap = capacity::decide(&info, budget);
     if cap.budget.is_none() {
         // Under an address-space limit the device's own mappings count: measure them once.
-        if let Some(usable) = capacity::usable_under_address_space_limit(|| {
-            crate::backend::open::open_device(&choice.backend, choice.index)
-        }) {
+        if let Some(usable) = capacity::usable_under_address_space_limit(open) {
             cap.predict_against = Some(usable);
         }
     }
@@ -71,6 +69,25 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         None if info.device_type == DeviceType::Cpu => Compute::Touch,
         None => Compute::Full,
     };
+    let mut notes: Vec<String> =
+        crate::backend::open::faster_driver_hint(&info, &args.device.backend)
+            .into_iter()
+            .map(String::from)
+            .collect();
+    if budget.is_none() && info.device_type == DeviceType::Cpu && compute == Compute::Touch {
+        // A first run that finishes: size the default cap by the measured fill rate.
+        let probes_per_run = if at.is_some() {
+            1
+        } else {
+            capacity::PROBES_PER_RUN
+        };
+        let runs = suite::plan_runs(&args.scenario, user.as_ref(), cap.predict_against).len();
+        if let Some(rate) = capacity::measure_fill_rate(open) {
+            let runs = (runs * probes_per_run).div_ceil(capacity::PROBES_PER_RUN);
+            capacity::size_for_time(&mut cap, &rate, runs, capacity::CPU_TARGET_SECONDS);
+        }
+    }
+    notes.extend(cap.notes.iter().cloned());
     let isolation = if args.no_isolate {
         eprintln!("oomprobe: warning: {NO_ISOLATE_WARNING}");
         Isolation::InProcess
@@ -94,6 +111,7 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         nvidia::probe_note(&info, crate::backend::open::list_devices, nvidia::detect)
     {
         cap.notes.push(note.clone());
+        notes.push(note.clone());
         for r in &mut runs {
             r.notes.push(note.clone());
         }
@@ -107,10 +125,10 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         }
     }
 
+    let mut progress = Progress::new(args.quiet, &device_label(&info), runs.len());
     if !args.quiet {
-        eprintln!("oomprobe: {}", device_banner(&info, &cap, compute));
-        for n in &cap.notes {
-            eprintln!("oomprobe: {n}");
+        for n in &notes {
+            progress.println(&format!("oomprobe: {n}"));
         }
     }
     let mut report = ProbeReport {
@@ -133,37 +151,42 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         let mut snapshot = report.clone();
         snapshot.runs.push(partial_run(spec, &[]));
         out.write(&snapshot)?;
-        let bar = progress_bar(args.quiet, spec);
+        progress.start_run(&spec_label(spec), spec.scenario.dimension());
         let result = match at {
-            Some(x) => ctx.single(spec, x),
+            Some(x) => {
+                progress.probe_started(x);
+                let result = ctx.single(spec, x);
+                for p in &result.probes {
+                    progress.probe_finished(p);
+                }
+                result
+            }
             None => {
                 let mut partial: Vec<ProbeRecord> = Vec::new();
-                let mut on_probe = |rec: &ProbeRecord| {
-                    bar.set_message(format!(
-                        "{} {}: {}={} {}",
-                        spec.scenario.name(),
-                        spec.variant.as_deref().unwrap_or(""),
-                        spec.scenario.dimension(),
-                        rec.value,
-                        rec.outcome.name()
-                    ));
-                    bar.inc(1);
-                    partial.push(rec.clone());
-                    // Keep what was measured even if the run is killed half way.
-                    let mut snapshot = report.clone();
-                    snapshot.runs.push(partial_run(spec, &partial));
-                    let _ = out.write(&snapshot);
+                let mut on_event = |event: ProbeEvent<'_>| match event {
+                    ProbeEvent::Started(x) => progress.probe_started(x),
+                    ProbeEvent::Finished(rec) => {
+                        progress.probe_finished(rec);
+                        partial.push(rec.clone());
+                        // Keep what was measured even if the run is killed half way.
+                        let mut snapshot = report.clone();
+                        snapshot.runs.push(partial_run(spec, &partial));
+                        let _ = out.write(&snapshot);
+                    }
                 };
-                ctx.search(spec, &mut on_probe)
+                ctx.search(spec, &mut on_event)
             }
         };
-        bar.finish_and_clear();
         report.runs.push(result);
     }
     report.in_progress = false;
     out.write(&report)?;
+    progress.finish();
 
-    let text = report::render(&report, stdout_format).map_err(|e| CliError::run(e.to_string()))?;
+    let text = match stdout_format {
+        OutputFormat::Table => report::table::render_styled(&report, color_enabled(Stream::Stdout)),
+        f => report::render(&report, f).map_err(|e| CliError::run(e.to_string()))?,
+    };
     print!("{text}");
     if !text.ends_with('\n') {
         println!();
@@ -237,40 +260,17 @@ fn partial_run(spec: &RunSpec, probes: &[ProbeRecord]) -> RunResult {
     }
 }
 
-fn progress_bar(quiet: bool, spec: &RunSpec) -> ProgressBar {
-    if quiet {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new_spinner();
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed}] {pos} probes  {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-    );
-    bar.enable_steady_tick(Duration::from_millis(120));
-    bar.set_message(format!(
-        "{} {}",
-        spec.scenario.name(),
-        spec.variant.as_deref().unwrap_or("")
-    ));
-    bar
+/// The device as the progress bar names it: `llvmpipe (LLVM 15.0.6, 256 bits) (vulkan)`.
+fn device_label(info: &DeviceInfo) -> String {
+    format!("{} ({})", info.name, info.backend.as_str())
 }
 
-fn device_banner(info: &DeviceInfo, cap: &Capacity, compute: Compute) -> String {
-    let mem = |b: Option<u64>| b.map(units::fmt_bytes).unwrap_or_else(|| "unknown".into());
-    let overhead = info
-        .overhead_bytes
-        .map(|o| format!(" (after an overhead of {})", units::fmt_bytes(o)))
-        .unwrap_or_default();
-    format!(
-        "probing {} ({}, {}), memory total {} free {}{overhead}, budget {}, compute {}",
-        info.name,
-        info.backend.as_str(),
-        report::device_type_name(info.device_type),
-        mem(info.memory_total_bytes),
-        mem(info.memory_free_bytes),
-        mem(cap.budget),
-        compute.name()
-    )
+/// A run as the progress bar names it: `seq (naive)`.
+fn spec_label(spec: &RunSpec) -> String {
+    match spec.variant.as_deref() {
+        Some(v) if !v.is_empty() => format!("{} ({v})", spec.scenario.name()),
+        _ => spec.scenario.name().to_string(),
+    }
 }
 
 /// What `--no-isolate` gives up, said plainly.
@@ -361,9 +361,10 @@ pub fn select_device(backend: &str, device: Option<&str>) -> CliResult<(DeviceCh
         })
         .transpose()?;
     let info = crate::backend::open::device_info(backend, index)?;
+    // The backend resolved (`auto` becomes e.g. `vulkan`): probe children open only it.
     Ok((
         DeviceChoice {
-            backend: backend.to_string(),
+            backend: info.backend.as_str().to_string(),
             index: Some(info.index),
         },
         info,

@@ -17,6 +17,15 @@ use super::{Compute, DeviceChoice};
 /// Granularity of the params scenario: 2^16 parameters (1 MiB of fp32 Adam states).
 pub const PARAMS_GRANULARITY: u64 = 1 << 16;
 
+/// What a search reports as it goes (for progress and partial results).
+#[derive(Debug, Clone, Copy)]
+pub enum ProbeEvent<'a> {
+    /// A probe at this value is starting.
+    Started(u64),
+    /// A probe has finished.
+    Finished(&'a ProbeRecord),
+}
+
 /// How probes are run.
 #[derive(Debug, Clone)]
 pub enum Isolation {
@@ -80,8 +89,8 @@ impl RunContext {
             .flatten()
     }
 
-    /// Search the boundary of one run. `on_probe` sees every probe as it finishes.
-    pub fn search(&self, spec: &RunSpec, on_probe: &mut dyn FnMut(&ProbeRecord)) -> RunResult {
+    /// Search the boundary of one run. `on_event` sees every probe start and finish.
+    pub fn search(&self, spec: &RunSpec, on_event: &mut dyn FnMut(ProbeEvent<'_>)) -> RunResult {
         let started = Instant::now();
         let space = search_space(spec.scenario);
         let predicted = self.predicted_max(spec);
@@ -92,8 +101,9 @@ impl RunContext {
         });
         let mut records: Vec<ProbeRecord> = Vec::new();
         let found = search::find_boundary(space, start, |x| {
+            on_event(ProbeEvent::Started(x));
             let rec = self.probe(spec, x);
-            on_probe(&rec);
+            on_event(ProbeEvent::Finished(&rec));
             let outcome = rec.outcome;
             records.push(rec);
             outcome

@@ -30,7 +30,7 @@ use crate::scenario::Scenario;
 use super::model::{Outcome, ProbeReport, RunResult, ToolInfo, SCHEMA_VERSION};
 use super::throughput::{best_throughput, Throughput};
 use super::{
-    fmt_bytes, fmt_pct, fmt_signed_pct, fmt_value, prediction_error, run_capacity, ReportError,
+    fmt_bytes, fmt_pct, fmt_signed_pct, prediction_error, run_capacity, ReportError, ValueFormat,
 };
 
 /// Version of the `compare --format json` object.
@@ -341,22 +341,28 @@ fn measure(row: &CompareRow, cell: &Option<CompareCell>, m: usize) -> String {
     let Some(c) = cell else {
         return "no run".to_string();
     };
-    let v = |x: Option<u64>| x.map(|x| fmt_value(&row.dimension, x)).unwrap_or_else(dash);
+    // Every value of the row's dimension, across files, printed so that different ones differ.
+    let shown = row
+        .cells
+        .iter()
+        .flatten()
+        .flat_map(|c| [c.max_fit, c.first_fail, c.predicted_max])
+        .flatten();
+    let vf = ValueFormat::distinct(&row.dimension, shown);
+    let v = |x: Option<u64>| x.map(|x| vf.fmt(x)).unwrap_or_else(dash);
     match m {
         0 if c.in_progress => format!("{} (in progress)", v(c.max_fit)),
         0 => v(c.max_fit),
         1 => match (c.first_fail, c.fail_reason) {
-            (Some(f), Some(r)) => format!("{} ({})", fmt_value(&row.dimension, f), r.name()),
-            (Some(f), None) => fmt_value(&row.dimension, f),
+            (Some(f), Some(r)) => format!("{} ({})", vf.fmt(f), r.name()),
+            (Some(f), None) => vf.fmt(f),
             _ => dash(),
         },
         2 => c.bytes_at_max_fit.map(fmt_bytes).unwrap_or_else(dash),
         3 => c.fill_ratio.map(fmt_pct).unwrap_or_else(dash),
         4 => match (c.predicted_max, c.prediction_error) {
-            (Some(p), Some(e)) => {
-                format!("{} ({})", fmt_value(&row.dimension, p), fmt_signed_pct(e))
-            }
-            (Some(p), None) => fmt_value(&row.dimension, p),
+            (Some(p), Some(e)) => format!("{} ({})", vf.fmt(p), fmt_signed_pct(e)),
+            (Some(p), None) => vf.fmt(p),
             _ => dash(),
         },
         5 => c

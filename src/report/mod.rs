@@ -234,32 +234,81 @@ pub fn fmt_bytes(bytes: u64) -> String {
 
 /// A count in a compact human form: 48, 12.3k, 7.00M, 13.0B (params scenario values).
 pub fn fmt_count(v: u64) -> String {
+    fmt_count_with(v, 0)
+}
+
+/// [`fmt_count`] with `extra` more decimals (never more than make the value exact).
+fn fmt_count_with(v: u64, extra: usize) -> String {
     if v < 10_000 {
         return v.to_string();
     }
-    let (d, s) = if v >= 1_000_000_000 {
-        (1e9, "B")
+    let (d, s, exact_decimals) = if v >= 1_000_000_000 {
+        (1e9, "B", 9)
     } else if v >= 1_000_000 {
-        (1e6, "M")
+        (1e6, "M", 6)
     } else {
-        (1e3, "k")
+        (1e3, "k", 3)
     };
     let x = v as f64 / d;
-    if x >= 100.0 {
-        format!("{x:.0}{s}")
+    let decimals = if x >= 100.0 {
+        0
     } else if x >= 10.0 {
-        format!("{x:.1}{s}")
+        1
     } else {
-        format!("{x:.2}{s}")
-    }
+        2
+    };
+    let decimals = (decimals + extra).min(exact_decimals);
+    format!("{x:.decimals$}{s}")
 }
 
 /// A value of a run's dimension: parameter counts compact, batch and seq plain.
 pub fn fmt_value(dimension: &str, v: u64) -> String {
-    if dimension == "params" {
-        fmt_count(v)
-    } else {
-        v.to_string()
+    ValueFormat::plain(dimension).fmt(v)
+}
+
+/// How the values of one dimension are printed side by side: parameter counts compact
+/// (`774M`), batch and seq as plain integers, with as many more decimals as it takes for two
+/// different values never to print the same (`774.07M`, `774.13M`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ValueFormat {
+    compact: bool,
+    extra: usize,
+}
+
+impl ValueFormat {
+    /// The shortest form, for a value printed alone.
+    pub fn plain(dimension: &str) -> Self {
+        ValueFormat {
+            compact: dimension == "params",
+            extra: 0,
+        }
+    }
+
+    /// The shortest form that prints different `values` differently.
+    pub fn distinct(dimension: &str, values: impl IntoIterator<Item = u64>) -> Self {
+        let mut values: Vec<u64> = values.into_iter().collect();
+        values.sort_unstable();
+        values.dedup();
+        let mut f = Self::plain(dimension);
+        // Nine more decimals make any count exact (units of at most 1e9).
+        while f.compact && f.extra < 9 {
+            let mut shown: Vec<String> = values.iter().map(|&v| f.fmt(v)).collect();
+            shown.sort_unstable();
+            shown.dedup();
+            if shown.len() == values.len() {
+                break;
+            }
+            f.extra += 1;
+        }
+        f
+    }
+
+    pub fn fmt(self, v: u64) -> String {
+        if self.compact {
+            fmt_count_with(v, self.extra)
+        } else {
+            v.to_string()
+        }
     }
 }
 
@@ -415,6 +464,31 @@ mod tests {
         assert_eq!(fmt_bytes(200 << 30), "200 GiB");
         assert_eq!(fmt_count(7_000_000_000), "7.00B");
         assert_eq!(fmt_count(48), "48");
+    }
+
+    #[test]
+    fn different_values_in_a_row_never_print_the_same() {
+        // The row: two boundaries 65,536 params apart printed as `774M` twice.
+        let (fit, fail) = (774_045_696u64, 774_111_232u64);
+        assert_eq!(fmt_value("params", fit), fmt_value("params", fail));
+        let f = ValueFormat::distinct("params", [fit, fail, fit]);
+        assert_ne!(f.fmt(fit), f.fmt(fail));
+        assert_eq!(
+            (f.fmt(fit).as_str(), f.fmt(fail).as_str()),
+            ("774.0M", "774.1M")
+        );
+        // No more digits than needed: far-apart values keep the short form.
+        assert_eq!(
+            ValueFormat::distinct("params", [33_554_432, 67_108_864]),
+            ValueFormat::plain("params")
+        );
+        // Values one apart end exact, whatever their size.
+        for base in [12_345u64, 7_000_000_001, 123_456_789_012] {
+            let f = ValueFormat::distinct("params", [base, base + 1]);
+            assert_ne!(f.fmt(base), f.fmt(base + 1), "{base}");
+        }
+        // Batch and seq are exact integers already.
+        assert_eq!(ValueFormat::distinct("seq", [1393, 1394]).fmt(1394), "1394");
     }
 
     #[test]

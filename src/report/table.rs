@@ -1,11 +1,13 @@
 //! The terminal table: the device and its memory on top, then one row per run.
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, ContentArrangement, Table};
+use comfy_table::{
+    presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Color, ContentArrangement, Table,
+};
 
 use super::model::{ProbeReport, RunResult, IN_PROGRESS_NOTE};
 use super::throughput::best_throughput;
 use super::{
-    device_line, fmt_bytes, fmt_pct, fmt_seconds, fmt_signed_pct, fmt_value, prediction_error,
+    device_line, fmt_bytes, fmt_pct, fmt_seconds, fmt_signed_pct, prediction_error, ValueFormat,
 };
 
 /// Column titles of [`summary_row`] (shared by the table, Markdown and HTML).
@@ -28,7 +30,9 @@ pub const SUMMARY_COLUMNS: [&str; 13] = [
 /// A run's summary cells in [`SUMMARY_COLUMNS`] order (`-` where a value is unknown).
 pub fn summary_row(run: &RunResult) -> Vec<String> {
     let dash = || "-".to_string();
-    let v = |x: Option<u64>| x.map(|x| fmt_value(&run.dimension, x)).unwrap_or_else(dash);
+    let shown = [run.max_fit, run.first_fail, run.predicted_max];
+    let f = ValueFormat::distinct(&run.dimension, shown.into_iter().flatten());
+    let v = |x: Option<u64>| x.map(|x| f.fmt(x)).unwrap_or_else(dash);
     let mut max_fit = v(run.max_fit);
     if run.flaky {
         max_fit.push_str(" (flaky)");
@@ -98,21 +102,36 @@ pub fn notes(report: &ProbeReport) -> Vec<String> {
     out
 }
 
-/// The terminal table as a string (ends with a newline).
+/// The terminal table as a string (ends with a newline), without color.
 pub fn render(report: &ProbeReport) -> String {
+    render_styled(report, false)
+}
+
+/// The terminal table; with `color`, the max fit is green, the first fail red and a flaky
+/// boundary yellow (the caller decides, e.g. from `NO_COLOR` and whether stdout is a terminal).
+pub fn render_styled(report: &ProbeReport, color: bool) -> String {
     let mut out = format!("device: {}\n", device_line(report));
     let mut table = Table::new();
     table
         .load_preset(UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Disabled)
         .set_header(SUMMARY_COLUMNS.iter().map(Cell::new));
+    if color {
+        table.enforce_styling();
+    } else {
+        table.force_no_tty();
+    }
     for run in &report.runs {
         table.add_row(summary_row(run).into_iter().enumerate().map(|(i, s)| {
-            let c = Cell::new(s);
+            let mut c = Cell::new(s);
             if is_numeric_column(i) {
-                c.set_alignment(CellAlignment::Right)
-            } else {
-                c
+                c = c.set_alignment(CellAlignment::Right);
+            }
+            match i {
+                3 if run.flaky => c.fg(Color::Yellow),
+                3 => c.fg(Color::Green),
+                4 | 5 => c.fg(Color::Red),
+                _ => c,
             }
         }));
     }
@@ -126,4 +145,19 @@ pub fn render(report: &ProbeReport) -> String {
         out.push_str(&format!("note: {n}\n"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn color_only_when_asked() {
+        let report = crate::report::sample::sample_report(512 << 20);
+        let plain = render_styled(&report, false);
+        let colored = render_styled(&report, true);
+        assert!(!plain.contains('\u{1b}'), "{plain}");
+        assert!(colored.contains('\u{1b}'), "{colored}");
+        assert_eq!(plain, render(&report));
+    }
 }

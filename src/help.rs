@@ -1,0 +1,63 @@
+//! The examples each command's `--help` ends with (every line is checked to parse in tests).
+
+pub const DEVICES: &str = "\
+Examples:
+  oomprobe devices                  # every adapter, with memory and buffer limits
+  oomprobe devices --json           # the same as JSON, for scripts";
+
+pub const ESTIMATE: &str = "\
+Examples:
+  oomprobe estimate --model gpt2 --batch 8 --seq 1024
+  oomprobe estimate --model llama-13b --precision mixed --optimizer adam
+  oomprobe estimate --model gpt2 --precision fp16 --memory 24GiB --json";
+
+pub const PROBE: &str = "\
+Examples:
+  oomprobe probe                                  # the default suite on the default device
+  oomprobe probe --budget 512MiB                  # emulate a 512 MiB card
+  oomprobe probe --model gpt2 --scenario batch    # your workload's real max batch
+  oomprobe probe --scenario seq --out seq.html    # one scenario, an HTML report
+  oomprobe probe --model resnet50 --at 64         # does batch 64 fit?
+  oomprobe probe --backend cuda --device 1 --json";
+
+pub const DIAGNOSE: &str = "\
+Examples:
+  oomprobe diagnose --model gpt2 --seq 16384 --memory 40GiB
+  oomprobe diagnose --config cases/llama13b-full-training-80gb.toml --json";
+
+pub const COMPARE: &str = "\
+Examples:
+  oomprobe compare a100.json h100.json
+  oomprobe compare runs/*.json --format html --out fleet.html";
+
+pub const COMPLETIONS: &str = "\
+Examples:
+  oomprobe completions bash > ~/.local/share/bash-completion/completions/oomprobe
+  oomprobe completions zsh > ~/.zfunc/_oomprobe
+  oomprobe completions fish > ~/.config/fish/completions/oomprobe.fish";
+
+pub const MAN: &str = "\
+Examples:
+  oomprobe man > oomprobe.1 && man ./oomprobe.1
+  oomprobe man --dir /usr/local/share/man/man1    # a page per command";
+
+/// Every example command line above, without its comment (for tests and docs).
+pub fn example_lines() -> Vec<&'static str> {
+    [
+        DEVICES,
+        ESTIMATE,
+        PROBE,
+        DIAGNOSE,
+        COMPARE,
+        COMPLETIONS,
+        MAN,
+    ]
+    .iter()
+    .flat_map(|text| text.lines().skip(1))
+    .map(|l| {
+        let l = l.split(" # ").next().unwrap_or(l);
+        let l = l.split(" > ").next().unwrap_or(l);
+        l.split(" && ").next().unwrap_or(l).trim()
+    })
+    .collect()
+}

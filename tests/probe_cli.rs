@@ -143,14 +143,19 @@ fn a_real_oom_under_an_address_space_limit_is_a_result() {
         "no cap of oomprobe's own under a limit"
     );
     let run = only_run(&report);
-    assert_eq!(run["fail_reason"], "out_of_memory", "{run}");
+    // At the edge lavapipe sometimes dies inside the driver instead of refusing the allocation
+    // (a `crashed` result, retried once); the boundary is exact either way.
+    assert!(
+        run["fail_reason"] == "out_of_memory" || run["fail_reason"] == "crashed",
+        "{run}"
+    );
     let max = run["max_fit"].as_u64().expect("something fits");
     assert_eq!(run["first_fail"].as_u64(), Some(max + 1));
     let probes = run["probes"].as_array().unwrap();
     let oom = probes
         .iter()
         .position(|p| p["outcome"] == "out_of_memory")
-        .unwrap();
+        .expect("the driver refused an allocation at least once");
     assert!(oom + 1 < probes.len(), "probes go on after an OOM");
     assert!(probes.iter().any(|p| p["outcome"] == "fit"));
 }

@@ -272,12 +272,7 @@ impl States {
     /// place. Pending parts of a tied parameter are first summed with it into a new tensor
     /// (measured: three [V, h] live at once at GPT-2's embedding backward).
     pub fn gradient(&mut self, b: &mut Builder, name: &str, w: &Workload) -> Result<(), PlanError> {
-        let Some(kind) = self
-            .kinds
-            .iter()
-            .find(|k| k.role == Role::Gradients)
-            .cloned()
-        else {
+        let Some(kind) = self.grad_kind() else {
             return Ok(());
         };
         let Some(i) = self.piece(name) else {
@@ -335,12 +330,7 @@ impl States {
             .filter(|k| k.role == Role::Optimizer && k.name != "opt.master")
             .cloned()
             .collect();
-        let Some(grad_kind) = self
-            .kinds
-            .iter()
-            .find(|k| k.role == Role::Gradients)
-            .cloned()
-        else {
+        let Some(grad_kind) = self.grad_kind() else {
             return Ok(());
         };
         // Pieces whose gradient never appeared (unused parameters) get none now either.

@@ -68,7 +68,8 @@ pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
     record
 }
 
-fn failed_record(
+/// A probe that failed before its timeline ran (no plan, no device, kernels not prepared).
+pub(crate) fn failed_record(
     value: u64,
     bytes: u64,
     outcome: Outcome,

@@ -160,18 +160,13 @@ pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) ->
     // Compile every kernel before memory fills up (a compiler out of memory crashes).
     let kernels = super::warmup::kernels_of(plan, compute, backend.info());
     if let Err(e) = backend.prepare(&kernels) {
-        return ProbeRecord {
-            value: plan.value,
-            outcome: outcome_of_backend(&e),
+        return super::child::failed_record(
+            plan.value,
             bytes,
-            bytes_allocated: 0,
-            failed_tensor: None,
-            seconds: started.elapsed().as_secs_f64(),
-            step_seconds: None,
-            checksum: None,
-            detail: Some(format!("preparing kernels: {e}")),
-            failed_at: None,
-        };
+            outcome_of_backend(&e),
+            format!("preparing kernels: {e}"),
+            started,
+        );
     }
     let n = plan.tensors.len();
     let mut r = Replay {

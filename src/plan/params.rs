@@ -371,15 +371,14 @@ impl States {
             }
         }
         for i in 0..n {
-            let ps = &self.pieces[i];
-            let mut loop_tmps = Vec::new();
+            let mut denom = None;
             if adam && imp == OptimizerImpl::ForLoop {
                 // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bc2).add_(eps): the sqrt and
                 // the quotient are alive together for a moment.
-                let elems = ps.elems;
-                loop_tmps.push(tmp_of(b, i, "sqrt", &self.names, elems)?);
-                loop_tmps.push(tmp_of(b, i, "denom", &self.names, elems)?);
-                b.free(loop_tmps.remove(0));
+                let elems = self.pieces[i].elems;
+                let sqrt = tmp_of(b, i, "sqrt", &self.names, elems)?;
+                denom = Some(tmp_of(b, i, "denom", &self.names, elems)?);
+                b.free(sqrt);
             }
             let ps = &self.pieces[i];
             if let (Some(g), [m, v]) = (ps.grad, ps.opt.as_slice()) {
@@ -397,7 +396,7 @@ impl States {
                     elems,
                 });
             }
-            b.free_all(loop_tmps);
+            b.free_all(denom);
         }
         b.free_all(foreach_tmps);
         if !self.keep_grads {

@@ -453,20 +453,15 @@ impl T<'_> {
         self.states.gradient(self.b, &fr.piece, w)?;
         let p = &fr.piece;
         let c = self.c;
-        match fr.block {
+        // The gradient the block's inner ops end with ([b,s,f] for the MLP, [b,s,3h] for q/k/v).
+        let inner = match fr.block {
             Block::Mlp => {
                 // fc2 backward makes the gradient of its input [b,s,f]; the activation's backward
                 // another [b,s,f] (both alive for a moment); fc1's the gradient of LN2's output.
                 let g1 = self.wide_as(&format!("{p}.grad_wide_out"), Role::Workspace)?;
                 let g2 = self.wide_as(&format!("{p}.grad_wide_in"), Role::Workspace)?;
                 self.b.free(g1);
-                let gn = self.hidden(&format!("{p}.grad_norm_out"), Role::Workspace)?;
-                self.b.free(g2);
-                let gx = self.hidden(&format!("{p}.grad_in"), Role::Workspace)?;
-                self.b.free(gn);
-                self.b.free_all(fr.saved);
-                self.b.free(incoming);
-                Ok(gx)
+                g2
             }
             Block::Attn => {
                 let gctx = self.hidden(&format!("{p}.grad_ctx"), Role::Workspace)?;
@@ -489,15 +484,18 @@ impl T<'_> {
                     h,
                 )?;
                 self.b.free(last);
-                let gn = self.hidden(&format!("{p}.grad_norm_out"), Role::Workspace)?;
-                self.b.free(gqkv);
-                let gx = self.hidden(&format!("{p}.grad_in"), Role::Workspace)?;
-                self.b.free(gn);
-                self.b.free_all(fr.saved);
-                self.b.free(incoming);
-                Ok(gx)
+                gqkv
             }
-        }
+        };
+        // The block's input projection makes the gradient of its norm's output, the norm's
+        // backward (with the residual) that of the block's input.
+        let gn = self.hidden(&format!("{p}.grad_norm_out"), Role::Workspace)?;
+        self.b.free(inner);
+        let gx = self.hidden(&format!("{p}.grad_in"), Role::Workspace)?;
+        self.b.free(gn);
+        self.b.free_all(fr.saved);
+        self.b.free(incoming);
+        Ok(gx)
     }
 }
 

@@ -44,6 +44,19 @@ struct Failure {
     tensor: Option<String>,
 }
 
+impl Failure {
+    /// A failure at `event` that is not a refused allocation.
+    fn at(event: usize, (outcome, detail): (Outcome, String)) -> Failure {
+        Failure {
+            outcome,
+            detail,
+            event,
+            requested: 0,
+            tensor: None,
+        }
+    }
+}
+
 /// The replay's state: live device tensors by plan index, and what has been read back.
 struct Replay<'a> {
     backend: &'a mut dyn Backend,
@@ -61,13 +74,7 @@ impl Replay<'_> {
     fn run(&mut self) -> Result<(), Failure> {
         let plan = self.plan;
         for (i, e) in plan.events.iter().enumerate() {
-            let fail = |outcome, detail: String| Failure {
-                outcome,
-                detail,
-                event: i,
-                requested: 0,
-                tensor: None,
-            };
+            let fail = |outcome, detail: String| Failure::at(i, (outcome, detail));
             match e.kind {
                 EventKind::Alloc(t) => {
                     let spec = &plan.tensors[t];
@@ -108,22 +115,12 @@ impl Replay<'_> {
         let end = plan.events.len();
         for t in 0..self.live.len() {
             if self.live[t].is_some() {
-                self.read_back(t).map_err(|(o, d)| Failure {
-                    outcome: o,
-                    detail: d,
-                    event: end,
-                    requested: 0,
-                    tensor: None,
-                })?;
+                self.read_back(t).map_err(|e| Failure::at(end, e))?;
             }
         }
-        self.backend.synchronize().map_err(|err| Failure {
-            outcome: outcome_of_backend(&err),
-            detail: err.to_string(),
-            event: end,
-            requested: 0,
-            tensor: None,
-        })
+        self.backend
+            .synchronize()
+            .map_err(|err| Failure::at(end, (outcome_of_backend(&err), err.to_string())))
     }
 
     /// Read a live tensor back: verify its pattern, or fold its checksum once a kernel wrote it.

@@ -112,11 +112,13 @@ impl RunContext {
         let max_plan = found.max_fit.and_then(plan_at);
         let bytes_at_max_fit = max_plan.as_ref().map(|p| p.peak_bytes());
         let activation_share = max_plan.as_ref().and_then(|p| {
-            let total = p.peak_bytes();
-            let act = p
-                .bytes_by_role(Role::Activations)
-                .saturating_add(p.bytes_by_role(Role::Attention));
-            (total > 0).then(|| act as f64 / total as f64)
+            // One walk of the timeline: the breakdown at its peak.
+            let peak = p.peak();
+            let act = peak
+                .by_role
+                .get(Role::Activations)
+                .saturating_add(peak.by_role.get(Role::Attention));
+            (peak.bytes > 0).then(|| act as f64 / peak.bytes as f64)
         });
         let fill_ratio = match (bytes_at_max_fit, self.fill_base()) {
             (Some(b), Some(free)) if free > 0 => Some(b as f64 / free as f64),

@@ -574,9 +574,12 @@ proptest! {
     #[test]
     fn monotone_in_batch(b in 1u64..5000, name in prop::sample::select(vec!["tiny-gpt", "tiny-cnn", "gpt2", "vit-b16", "llama-7b"])) {
         let w = preset(name);
-        let t0 = Plan::for_value(&w, Scenario::Batch, b).unwrap().peak_bytes();
-        let t1 = Plan::for_value(&w, Scenario::Batch, b + 1).unwrap().peak_bytes();
-        prop_assert!(t1 > t0);
+        // The peak never falls (predicted_max's search relies on it) but can stay put while
+        // the optimizer step, not the activations, sets it; what forward saves always grows.
+        let p0 = Plan::for_value(&w, Scenario::Batch, b).unwrap();
+        let p1 = Plan::for_value(&w, Scenario::Batch, b + 1).unwrap();
+        prop_assert!(p1.peak_bytes() >= p0.peak_bytes());
+        prop_assert!(p1.saved_bytes() > p0.saved_bytes());
     }
 
     #[test]
@@ -584,9 +587,12 @@ proptest! {
         let mut w = preset("tiny-gpt");
         w.attention = if flash { Attention::Flash } else { Attention::Naive };
         w.checkpoint = [Checkpoint::None, Checkpoint::Full, Checkpoint::Sqrt][ck as usize];
-        let t0 = Plan::for_value(&w, Scenario::Seq, s).unwrap().peak_bytes();
-        let t1 = Plan::for_value(&w, Scenario::Seq, s + 1).unwrap().peak_bytes();
-        prop_assert!(t1 > t0);
+        // The peak never falls (predicted_max's search relies on it) but can stay put while
+        // the optimizer step, not the activations, sets it; what forward saves always grows.
+        let p0 = Plan::for_value(&w, Scenario::Seq, s).unwrap();
+        let p1 = Plan::for_value(&w, Scenario::Seq, s + 1).unwrap();
+        prop_assert!(p1.peak_bytes() >= p0.peak_bytes());
+        prop_assert!(p1.saved_bytes() > p0.saved_bytes());
     }
 
     #[test]

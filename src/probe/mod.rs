@@ -5,6 +5,7 @@ pub mod capacity;
 pub mod case;
 pub mod child;
 pub mod exec;
+pub mod fleet;
 pub mod runner;
 pub mod session;
 pub mod sinks;

@@ -465,8 +465,12 @@ impl States {
             // two [V, h] at GPT-2's embedding backward, not three). It becomes `.grad`, or is
             // added into the kept one.
             self.pending.retain(|(p, _)| *p != i);
+            let buffer = StateKind {
+                role: Role::Workspace,
+                ..kind.clone()
+            };
             let new = Piece::new(format!("{}.new", piece.name), piece.elems);
-            let new = self.alloc_kind(b, kind, &new, w)?;
+            let new = self.alloc_kind(b, &buffer, &new, w)?;
             b.free(new);
             for (j, part) in parts.into_iter().enumerate() {
                 if j == 0 && self.pieces[i].grad.is_none() {

@@ -9,7 +9,8 @@ pub const ESTIMATE: &str = "\
 Examples:
   oomprobe estimate --model gpt2 --batch 8 --seq 1024
   oomprobe estimate --model llama-13b --precision mixed --optimizer adam
-  oomprobe estimate --model gpt2 --precision fp16 --memory 24GiB --json";
+  oomprobe estimate --model gpt2 --precision fp16 --memory 24GiB --json
+  oomprobe estimate --model vit-l16 --batch 32 --precision amp-fp16   # torch.autocast";
 
 pub const PROBE: &str = "\
 Examples:

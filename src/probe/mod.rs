@@ -4,7 +4,9 @@
 pub mod capacity;
 pub mod child;
 pub mod exec;
+pub mod readback;
 pub mod runner;
+pub mod spill;
 pub mod suite;
 pub mod warmup;
 

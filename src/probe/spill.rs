@@ -147,38 +147,50 @@ pub fn regions(
     out
 }
 
-/// Take `words` words from the front of `regions`: whole regions, the last one cut to a prefix
-/// (the kernels address a buffer from its start). Returns them and how many regions it used.
-fn take_words(regions: impl Iterator<Item = Region>, words: u64) -> (Vec<Region>, usize) {
-    let mut left = words;
-    let mut out = Vec::new();
-    for r in regions {
-        if left == 0 {
-            break;
-        }
-        let n = r.words.min(left);
-        out.push(Region { words: n, ..r });
-        left -= n;
-    }
-    let used = out.len();
-    (out, used)
-}
-
-/// The first and last samples, equal in size and disjoint (no region in both): `None` when
-/// that leaves less than `min_bytes` on each side.
+/// The first and last samples: the same number of regions on each side, each cut to the same
+/// length, so both sides pay the same launches and read-backs (a wall-clock timing of a fast
+/// GPU is dominated by them) and differ only in where their memory is. Regions under
+/// `min_bytes / 16` are left out; no region is on both sides. `None` when that leaves less
+/// than `min_bytes` on a side.
 pub fn samples(regions: &[Region], rule: &SpillRule, min_bytes: u64) -> Option<[Vec<Region>; 2]> {
-    let total: u64 = regions.iter().map(|r| r.words).sum();
-    let mut words = (total / 2).min(rule.sample_bytes / 4);
-    let (_, used) = take_words(regions.iter().copied(), words);
-    // The region the first sample cut short is not the last sample's.
-    let rest = &regions[used.min(regions.len())..];
-    words = words.min(rest.iter().map(|r| r.words).sum());
-    if words == 0 || words * 4 < min_bytes {
+    let max_words = (rule.sample_bytes / 4).max(1);
+    let floor = min_bytes / 16 / 4;
+    let big: Vec<Region> = regions
+        .iter()
+        .copied()
+        .filter(|r| r.words > 0 && r.words >= floor)
+        .collect();
+    let (mut front, mut back) = (Vec::new(), Vec::new());
+    let (mut fw, mut bw) = (0u64, 0u64);
+    let (mut i, mut j) = (0usize, big.len());
+    while i < j && (fw < max_words || bw < max_words) {
+        if fw <= bw {
+            front.push(big[i]);
+            fw += big[i].words;
+            i += 1;
+        } else {
+            j -= 1;
+            back.push(big[j]);
+            bw += big[j].words;
+        }
+    }
+    let len = front
+        .iter()
+        .chain(&back)
+        .map(|r| r.words)
+        .min()?
+        .min(max_words);
+    let k = front.len().min(back.len()).min((max_words / len) as usize);
+    if k == 0 || k as u64 * len * 4 < min_bytes {
         return None;
     }
-    let (first, _) = take_words(regions.iter().copied(), words);
-    let (last, _) = take_words(rest.iter().rev().copied(), words);
-    Some([first, last])
+    let cut = |rs: &[Region]| -> Vec<Region> {
+        rs.iter()
+            .take(k)
+            .map(|r| Region { words: len, ..*r })
+            .collect()
+    };
+    Some([cut(&front), cut(&back)])
 }
 
 /// Rewrite and read back the regions once; seconds by the device clock or the wall.
@@ -330,18 +342,30 @@ mod tests {
         };
         let rs = [region(1, 4), region(2, 4), region(3, 4), region(4, 4)];
         let [first, last] = samples(&rs, &rule, 4).unwrap();
-        assert_eq!(first.iter().map(|r| r.words).sum::<u64>(), 8);
-        assert_eq!(last.iter().map(|r| r.words).sum::<u64>(), 8);
         assert_eq!(first.iter().map(|r| r.buffer.0).collect::<Vec<_>>(), [1, 2]);
         assert_eq!(last.iter().map(|r| r.buffer.0).collect::<Vec<_>>(), [4, 3]);
-        // Capped by sample_bytes (40 B = 10 words), the last region on each side cut short.
+        assert!(first.iter().chain(&last).all(|r| r.words == 4));
+        // Unequal regions: as many on each side, each cut to the shortest.
+        let rs = [region(1, 8), region(2, 2), region(3, 4), region(4, 6)];
+        let [first, last] = samples(&rs, &rule, 4).unwrap();
+        assert_eq!(first.len(), last.len());
+        assert!(
+            first.iter().chain(&last).all(|r| r.words == 2),
+            "{first:?} {last:?}"
+        );
+        let ids = |v: &[Region]| v.iter().map(|r| r.buffer.0).collect::<Vec<_>>();
+        assert!(
+            ids(&first).iter().all(|b| !ids(&last).contains(b)),
+            "disjoint"
+        );
+        // Capped by sample_bytes (24 B = 6 words): one region of 4 words a side.
         let rule = SpillRule {
             sample_bytes: 24,
             ..rule
         };
+        let rs = [region(1, 4), region(2, 4), region(3, 4), region(4, 4)];
         let [first, last] = samples(&rs, &rule, 4).unwrap();
-        assert_eq!(first.iter().map(|r| r.words).collect::<Vec<_>>(), [4, 2]);
-        assert_eq!(last.iter().map(|r| r.words).collect::<Vec<_>>(), [4, 2]);
+        assert_eq!((ids(&first), ids(&last)), (vec![1], vec![4]));
     }
 
     #[test]

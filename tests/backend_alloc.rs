@@ -300,3 +300,20 @@ fn misuse_is_an_error_not_a_panic() {
         0
     );
 }
+
+#[test]
+fn a_probe_uses_no_staging_after_its_first_tensor_on_a_real_adapter() {
+    use oomprobe::probe::{exec::execute_plan, Compute};
+    let mut b = open();
+    let w = oomprobe::workload::presets::get("tiny-gpt").unwrap();
+    let plan = oomprobe::plan::Plan::for_value(&w, oomprobe::scenario::Scenario::Batch, 2).unwrap();
+    for compute in [Compute::Touch, Compute::Full] {
+        let rec = execute_plan(&mut b, &plan, compute);
+        assert_eq!(rec.outcome, oomprobe::report::Outcome::Fit, "{rec:?}");
+        assert_eq!(
+            b.staging_after_prepare(),
+            0,
+            "{compute:?}: staging during the probe"
+        );
+    }
+}

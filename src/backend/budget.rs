@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use super::{AllocError, Backend, BackendError, BufferId, DeviceInfo, MemoryInfo};
+use super::{AllocError, Backend, BackendError, BufferId, DeviceInfo, HeapUsage, MemoryInfo};
 use crate::kernels::KernelId;
 
 /// Any backend, limited to `budget` bytes of live buffers.
@@ -127,6 +127,18 @@ impl<B: Backend + ?Sized> Backend for BudgetBackend<B> {
 
     fn prepare(&mut self, kernels: &[KernelId]) -> Result<(), BackendError> {
         self.inner.prepare(kernels)
+    }
+
+    fn staging_after_prepare(&self) -> u64 {
+        self.inner.staging_after_prepare()
+    }
+
+    fn device_seconds(&self) -> Option<f64> {
+        self.inner.device_seconds()
+    }
+
+    fn heap_usage(&self) -> Option<HeapUsage> {
+        self.inner.heap_usage()
     }
 }
 

@@ -4,11 +4,17 @@
 //! the configured limits is `ExceedsLimit`. The word kernels (fill, verify, checksum) run on
 //! the host with the same pattern as the WGSL, so probe logic can be tested without a device.
 //! Other kernels are refused with an error.
+//!
+//! Hazards of real drivers can be switched on for tests: buffers placed in host memory past a
+//! point (slow, and counted outside the device-local heap: a spill), a device lost after some
+//! launches, command buffers aborted after some launches (nothing runs, read-backs are zeros,
+//! as on Metal), and a count of staging used after `prepare`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::{
-    AllocError, Backend, BackendError, BackendKind, BufferId, DeviceInfo, DeviceType, MemoryInfo,
+    AllocError, Backend, BackendError, BackendKind, BufferId, DeviceInfo, DeviceType, HeapUsage,
+    MemoryInfo, STAGED_BYTES,
 };
 use crate::kernels::params::WordParams;
 use crate::kernels::{KernelId, Op};
@@ -30,7 +36,26 @@ pub struct MockBackend {
     /// ... and once the kernels are loaded and launched (`warm_up`).
     kernel_bytes: u64,
     warm: bool,
+    /// Buffers allocated once this many bytes are in use go to host memory, `slowdown` times
+    /// slower than device memory (None: everything is device memory).
+    spill: Option<(u64, f64)>,
+    host_buffers: HashSet<BufferId>,
+    /// Whether `heap_usage` reports (as Vulkan with VK_EXT_memory_budget).
+    heaps: bool,
+    /// Modelled device time: each word kernel costs its bytes over the buffer's bandwidth.
+    clock: f64,
+    /// Lose the device at this many dispatches.
+    lose_at: Option<u64>,
+    /// From this many dispatches on, command buffers abort: nothing runs, reads are zeros.
+    abort_at: Option<u64>,
+    prepared: bool,
+    /// Buffers allocated after `prepare` (tests compare with the plan's tensor chunks).
+    pub allocs_after_prepare: u64,
+    staging_after_prepare: u64,
 }
+
+/// Device-memory bandwidth of the mock's clock (bytes per second).
+const MOCK_BANDWIDTH: f64 = 1e12;
 
 impl MockBackend {
     /// A device with `capacity` bytes; buffers and bindings limited to 128 MiB by default.
@@ -63,7 +88,46 @@ impl MockBackend {
             context_bytes: 0,
             kernel_bytes: 0,
             warm: false,
+            spill: None,
+            host_buffers: HashSet::new(),
+            heaps: false,
+            clock: 0.0,
+            lose_at: None,
+            abort_at: None,
+            prepared: false,
+            allocs_after_prepare: 0,
+            staging_after_prepare: 0,
         }
+    }
+
+    /// Simulates a driver that pages to system memory: buffers allocated once `device_bytes`
+    /// are in use live in host memory, `slowdown` times slower (1.0: as fast as the rest).
+    pub fn spill_after(mut self, device_bytes: u64, slowdown: f64) -> Self {
+        self.spill = Some((device_bytes, slowdown));
+        self
+    }
+
+    /// Report heap usage (host buffers outside the device-local heap), as VK_EXT_memory_budget.
+    pub fn report_heaps(mut self) -> Self {
+        self.heaps = true;
+        self
+    }
+
+    /// Lose the device at the `n`-th dispatch (counting from 0) and after.
+    pub fn lose_device_at_dispatch(mut self, n: u64) -> Self {
+        self.lose_at = Some(n);
+        self
+    }
+
+    /// From the `n`-th dispatch on, command buffers abort silently (Metal on OOM or the
+    /// watchdog): kernels do nothing and buffers read back as zeros.
+    pub fn abort_at_dispatch(mut self, n: u64) -> Self {
+        self.abort_at = Some(n);
+        self
+    }
+
+    fn aborted(&self) -> bool {
+        self.abort_at.is_some_and(|n| self.dispatches > n)
     }
 
     /// Simulates a driver's own memory: `context` bytes gone once open, `kernels` more after
@@ -102,6 +166,13 @@ impl MockBackend {
         }
     }
 
+    /// A write or read larger than what `prepare` staged needs staging of its own.
+    fn count_staging(&mut self, bytes: u64) {
+        if self.prepared && bytes > STAGED_BYTES {
+            self.staging_after_prepare += 1;
+        }
+    }
+
     fn words_of(&self, id: BufferId) -> Result<&Vec<u8>, BackendError> {
         self.buffers
             .get(&id)
@@ -125,6 +196,11 @@ impl MockBackend {
                 "{len} words requested from a {data_len}-word buffer"
             )));
         }
+        let slowdown = match self.spill {
+            Some((_, s)) if self.host_buffers.contains(&data_id) => s,
+            _ => 1.0,
+        };
+        self.clock += (len * 4) as f64 / MOCK_BANDWIDTH * slowdown;
         match op {
             Op::Fill => {
                 let data = self
@@ -241,6 +317,15 @@ impl Backend for MockBackend {
         }
         let id = BufferId(self.next_id);
         self.next_id += 1;
+        if self
+            .spill
+            .is_some_and(|(device, _)| self.allocated >= device)
+        {
+            self.host_buffers.insert(id);
+        }
+        if self.prepared {
+            self.allocs_after_prepare += 1;
+        }
         // Contents undefined on a real device; poison here so unwritten bytes show.
         self.buffers.insert(id, vec![0xA5; size as usize]);
         self.allocated += size;
@@ -250,11 +335,13 @@ impl Backend for MockBackend {
     fn free_buffer(&mut self, id: BufferId) {
         if let Some(b) = self.buffers.remove(&id) {
             self.allocated -= b.len() as u64;
+            self.host_buffers.remove(&id);
         }
     }
 
     fn write_buffer(&mut self, id: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         self.check_lost()?;
+        self.count_staging(data.len() as u64);
         let buf = self
             .buffers
             .get_mut(&id)
@@ -275,6 +362,10 @@ impl Backend for MockBackend {
         len: u64,
     ) -> Result<Vec<u8>, BackendError> {
         self.check_lost()?;
+        self.count_staging(len);
+        if self.aborted() {
+            return Ok(vec![0; len as usize]);
+        }
         let buf = self.words_of(id)?;
         let start = usize::try_from(offset).map_err(|_| BackendError::Other("offset".into()))?;
         let len = usize::try_from(len).map_err(|_| BackendError::Other("length".into()))?;
@@ -292,8 +383,14 @@ impl Backend for MockBackend {
         buffers: &[BufferId],
         _workgroups: [u32; 3],
     ) -> Result<(), BackendError> {
+        if self.lose_at.is_some_and(|n| self.dispatches >= n) {
+            self.lose_device("mock: lost mid-probe");
+        }
         self.check_lost()?;
         self.dispatches += 1;
+        if self.aborted() {
+            return Ok(());
+        }
         match kernel.op {
             Op::Fill | Op::Verify | Op::Checksum => {
                 let n = std::mem::size_of::<WordParams>();
@@ -321,6 +418,37 @@ impl Backend for MockBackend {
 
     fn allocated_bytes(&self) -> u64 {
         self.allocated
+    }
+
+    fn prepare(&mut self, _kernels: &[KernelId]) -> Result<(), BackendError> {
+        self.check_lost()?;
+        self.prepared = true;
+        Ok(())
+    }
+
+    fn staging_after_prepare(&self) -> u64 {
+        self.staging_after_prepare
+    }
+
+    fn device_seconds(&self) -> Option<f64> {
+        Some(self.clock)
+    }
+
+    fn heap_usage(&self) -> Option<HeapUsage> {
+        if !self.heaps {
+            return None;
+        }
+        let host: u64 = self
+            .host_buffers
+            .iter()
+            .filter_map(|id| self.buffers.get(id))
+            .map(|b| b.len() as u64)
+            .sum();
+        Some(HeapUsage {
+            device_local_usage: self.allocated - host + self.reserved(),
+            device_local_budget: self.capacity,
+            other_usage: host,
+        })
     }
 }
 

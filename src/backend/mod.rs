@@ -10,6 +10,7 @@ pub mod mock;
 pub mod nvidia;
 pub mod open;
 pub mod overhead;
+pub mod timing;
 pub mod wgpu;
 
 use serde::{Deserialize, Serialize};
@@ -144,6 +145,22 @@ pub struct MemoryInfo {
     pub free_bytes: Option<u64>,
 }
 
+/// Heap usage as Vulkan's `VK_EXT_memory_budget` reports it for this process: device-local
+/// heaps (usage and the budget the driver grants) and every other heap (system memory the
+/// device can reach). A driver that backs "device-local" buffers with system memory shows it
+/// as usage growing outside the device-local heaps, or device-local usage over budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct HeapUsage {
+    pub device_local_usage: u64,
+    pub device_local_budget: u64,
+    pub other_usage: u64,
+}
+
+/// Writes and reads of at most this many bytes go through staging the backend set up before
+/// the probe (`Backend::prepare`); larger ones need a staging buffer of their own, which must
+/// never happen once tensors fill memory (it can lose the device on wgpu).
+pub const STAGED_BYTES: u64 = 256;
+
 /// The small surface a device offers. Buffers are raw bytes; kernels are named by `KernelId`
 /// and take `params` (a `#[repr(C)]` POD struct from `kernels::params`, bound as a uniform in
 /// WGSL and passed by value in CUDA) plus storage buffers in binding order.
@@ -183,9 +200,27 @@ pub trait Backend {
     /// Get `kernels` ready to launch (compile them) now, before a probe allocates its tensors:
     /// a shader compiler that runs out of host memory at the edge crashes the process, so
     /// nothing is compiled once memory is full. The default does nothing.
+    ///
+    /// It also sets up what the backend needs besides tensors for the whole probe (staging for
+    /// kernel parameters, small writes and read-backs of at most [`STAGED_BYTES`]), so that
+    /// no staging or scratch buffer is created once the tensors are allocated.
     fn prepare(&mut self, kernels: &[KernelId]) -> Result<(), BackendError> {
         let _ = kernels;
         Ok(())
+    }
+    /// Staging buffers the backend had to create for itself after `prepare` (a write or read
+    /// larger than [`STAGED_BYTES`]): stays 0 during a probe. For tests and diagnostics.
+    fn staging_after_prepare(&self) -> u64 {
+        0
+    }
+    /// A clock of device time in seconds where the backend models or measures one (the mock
+    /// models it from the bytes each kernel touches); None: callers time with the wall clock.
+    fn device_seconds(&self) -> Option<f64> {
+        None
+    }
+    /// Heap usage and budget where the API reports them (Vulkan with `VK_EXT_memory_budget`).
+    fn heap_usage(&self) -> Option<HeapUsage> {
+        None
     }
 }
 

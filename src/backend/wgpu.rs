@@ -5,17 +5,31 @@
 //! `AllocError::ExceedsLimit`; errors outside any scope go to an installed handler (wgpu's
 //! default one panics) and are reported by the next `synchronize`. Device loss is recorded by a
 //! callback and reported by every later call.
+//!
+//! Staging: `prepare` (or the first launch) sets up a parameter ring and a read-back buffer
+//! once, before any tensor. Kernel parameters and writes of at most `STAGED_BYTES` are written
+//! into a mapped upload buffer and reach the device in one copy per batch of launches; small
+//! read-backs reuse the read-back buffer. No `queue.write_buffer`, no `mapped_at_creation` and
+//! no buffer of the backend's own is created during a probe (wgpu's internal staging loses the
+//! device when it runs out of memory); a larger write or read still works through a buffer of
+//! its own, and is counted (`staging_after_prepare`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::timing::DispatchTimes;
 use super::{
-    AllocError, Backend, BackendError, BackendKind, BufferId, DeviceInfo, DeviceType, MemoryInfo,
+    AllocError, Backend, BackendError, BackendKind, BufferId, DeviceInfo, DeviceType, HeapUsage,
+    MemoryInfo, STAGED_BYTES,
 };
 use crate::kernels::{source, KernelId};
 
 /// Copies and buffer sizes are whole 32-bit words.
 const WORD: u64 = 4;
+/// Slots of the parameter ring: launches and small writes batched into one submission.
+const SLOTS: u64 = 64;
+/// Read-backs of at most this many bytes reuse the read-back buffer.
+const READBACK_BYTES: u64 = 4096;
 
 /// Give Mesa a runtime directory when the environment has none: its EGL/Wayland probe (wgpu's
 /// GL backend) otherwise prints `error: XDG_RUNTIME_DIR is invalid or not set in the
@@ -159,8 +173,42 @@ pub fn adapter_memory(adapter: &wgpu::Adapter) -> MemoryInfo {
     MemoryInfo::default()
 }
 
+/// Heap usage and budgets (`VK_EXT_memory_budget`) of a Vulkan adapter; None elsewhere or
+/// without the extension. wgpu itself exposes no heap budgets (only thresholds in
+/// `InstanceDescriptor::memory_budget_thresholds` and `generate_allocator_report`), so this
+/// reads them through the raw Vulkan handles.
+pub fn adapter_heaps(adapter: &wgpu::Adapter) -> Option<HeapUsage> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        if adapter.get_info().backend == wgpu::Backend::Vulkan {
+            return vulkan_heaps(adapter).and_then(|h| h.usage);
+        }
+    }
+    let _ = adapter;
+    None
+}
+
+/// What the Vulkan heaps tell.
+#[cfg(not(target_arch = "wasm32"))]
+struct VulkanHeaps {
+    device_local_total: u64,
+    /// Per device-local heap, budget − usage (never below 0), summed: with the extension.
+    device_local_free: Option<u64>,
+    usage: Option<HeapUsage>,
+}
+
 #[cfg(not(target_arch = "wasm32"))]
 fn vulkan_memory(adapter: &wgpu::Adapter) -> Option<MemoryInfo> {
+    let h = vulkan_heaps(adapter)?;
+    let total = h.device_local_total;
+    Some(MemoryInfo {
+        total_bytes: (total > 0).then_some(total),
+        free_bytes: h.device_local_free.filter(|_| total > 0),
+    })
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn vulkan_heaps(adapter: &wgpu::Adapter) -> Option<VulkanHeaps> {
     use ash::vk;
     // SAFETY: we only read properties through the raw handles; nothing is created or destroyed,
     // and the guard keeps the adapter alive while we use them.
@@ -176,8 +224,9 @@ fn vulkan_memory(adapter: &wgpu::Adapter) -> Option<MemoryInfo> {
                 .shared_instance()
                 .extensions()
                 .contains(&ash::khr::get_physical_device_properties2::NAME);
+        let with_budget = has_budget && can_props2;
         let mut budget = vk::PhysicalDeviceMemoryBudgetPropertiesEXT::default();
-        let props = if has_budget && can_props2 {
+        let props = if with_budget {
             let mut props2 = vk::PhysicalDeviceMemoryProperties2::default().push_next(&mut budget);
             instance.get_physical_device_memory_properties2(phd, &mut props2);
             props2.memory_properties
@@ -186,21 +235,24 @@ fn vulkan_memory(adapter: &wgpu::Adapter) -> Option<MemoryInfo> {
         };
         let mut total = 0u64;
         let mut free = 0u64;
+        let mut usage = HeapUsage::default();
         let heaps = props.memory_heap_count.min(vk::MAX_MEMORY_HEAPS as u32) as usize;
         for i in 0..heaps {
             let heap = props.memory_heaps[i];
+            let (b, u) = (budget.heap_budget[i], budget.heap_usage[i]);
             if heap.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL) {
                 total = total.saturating_add(heap.size);
-                if has_budget && can_props2 {
-                    let b = budget.heap_budget[i];
-                    let u = budget.heap_usage[i];
-                    free = free.saturating_add(b.saturating_sub(u));
-                }
+                free = free.saturating_add(b.saturating_sub(u));
+                usage.device_local_usage = usage.device_local_usage.saturating_add(u);
+                usage.device_local_budget = usage.device_local_budget.saturating_add(b);
+            } else {
+                usage.other_usage = usage.other_usage.saturating_add(u);
             }
         }
-        Some(MemoryInfo {
-            total_bytes: (total > 0).then_some(total),
-            free_bytes: (has_budget && can_props2 && total > 0).then_some(free),
+        Some(VulkanHeaps {
+            device_local_total: total,
+            device_local_free: with_budget.then_some(free),
+            usage: with_budget.then_some(usage),
         })
     }
 }
@@ -278,6 +330,20 @@ struct Buf {
     bytes: u64,
 }
 
+/// Staging set up once and reused. Kernel parameters and small writes go into a slot of
+/// `upload` (mappable, written while mapped); a batch's slots are copied to the same slots of
+/// `params` (a uniform buffer each launch binds one slot of) before the batch's commands.
+struct Staging {
+    upload: wgpu::Buffer,
+    mapped: bool,
+    params: wgpu::Buffer,
+    /// Bytes per slot (256, or the device's uniform offset alignment if larger).
+    slot: u64,
+    /// Slots used by the batch being recorded.
+    used: u64,
+    readback: wgpu::Buffer,
+}
+
 /// Shared between the device callbacks and the backend.
 #[derive(Default)]
 struct Events {
@@ -299,6 +365,12 @@ pub struct WgpuBackend {
     allocated: u64,
     pipelines: HashMap<KernelId, wgpu::ComputePipeline>,
     events: Arc<Mutex<Events>>,
+    staging: Option<Staging>,
+    /// Commands recorded since the last submission (launches, small writes).
+    pending: Option<wgpu::CommandEncoder>,
+    prepared: bool,
+    staging_after_prepare: u64,
+    times: Option<DispatchTimes>,
 }
 
 impl WgpuBackend {
@@ -366,6 +438,11 @@ impl WgpuBackend {
             allocated: 0,
             pipelines: HashMap::new(),
             events,
+            staging: None,
+            pending: None,
+            prepared: false,
+            staging_after_prepare: 0,
+            times: DispatchTimes::from_env(),
         })
     }
 
@@ -451,12 +528,15 @@ impl WgpuBackend {
             .ok_or_else(|| BackendError::Other("pipeline cache".into()))
     }
 
-    /// A mappable buffer holding `data` (padded to whole words), unmapped and ready to copy
-    /// from. It is `MAP_WRITE` and mapped at creation, so wgpu maps the buffer itself: never
+    /// A mappable buffer of its own holding `data` (padded to whole words), unmapped and ready
+    /// to copy from: only for writes larger than a ring slot, never during a probe. It is
+    /// `MAP_WRITE` and mapped at creation, so wgpu maps the buffer itself (never
     /// `queue.write_buffer` or `create_buffer_init` on a non-mappable buffer, whose internal
-    /// staging path (wgpu-core's pending writes, `queue.rs:503`, `Buffer::unmap`) unwraps an
-    /// out-of-memory error and panics at the edge of memory.
-    fn staging_with(&self, data: &[u8]) -> Result<wgpu::Buffer, BackendError> {
+    /// staging path unwraps an out-of-memory error and panics at the edge of memory).
+    fn staging_with(&mut self, data: &[u8]) -> Result<wgpu::Buffer, BackendError> {
+        if self.prepared {
+            self.staging_after_prepare += 1;
+        }
         let size = round_up_word(data.len() as u64).max(WORD);
         let device = &self.device;
         let staging = self.scoped("staging buffer", || {
@@ -478,9 +558,10 @@ impl WgpuBackend {
         Ok(staging)
     }
 
-    /// Copy `data` into `dst` at `offset` (both whole words) through a staging buffer and a
-    /// command encoder of our own.
-    fn upload(&self, dst: &wgpu::Buffer, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+    /// Copy `data` into `dst` at `offset` (both whole words) through a staging buffer of its
+    /// own, after everything recorded so far.
+    fn upload(&mut self, dst: &wgpu::Buffer, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        self.flush()?;
         let staging = self.staging_with(data)?;
         let (device, queue) = (&self.device, &self.queue);
         let done = self.scoped("write", || {
@@ -490,6 +571,170 @@ impl WgpuBackend {
         });
         staging.destroy();
         done
+    }
+
+    /// Copy whole words into `dst` at `offset`, after everything recorded so far: through a
+    /// ring slot when they fit one, else through a staging buffer of their own.
+    fn write_words(
+        &mut self,
+        dst: &wgpu::Buffer,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
+        if data.len() as u64 > STAGED_BYTES {
+            return self.upload(dst, offset, data);
+        }
+        let off = self.stage(data)?;
+        let params = match &self.staging {
+            Some(st) => st.params.clone(),
+            None => return Err(BackendError::Other("no staging".into())),
+        };
+        let mut enc = self.encoder();
+        enc.copy_buffer_to_buffer(&params, off, dst, offset, data.len() as u64);
+        self.pending = Some(enc);
+        Ok(())
+    }
+
+    /// Set up the parameter ring and the read-back buffer (once).
+    fn ensure_staging(&mut self) -> Result<(), BackendError> {
+        if self.staging.is_some() {
+            return Ok(());
+        }
+        let align = u64::from(self.device.limits().min_uniform_buffer_offset_alignment);
+        let slot = STAGED_BYTES.max(align);
+        let device = &self.device;
+        let buffer = |label, size, usage, mapped_at_creation| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage,
+                mapped_at_creation,
+            })
+        };
+        use wgpu::BufferUsages as U;
+        let st = self.scoped("staging buffers", || Staging {
+            upload: buffer(
+                "upload ring",
+                slot * SLOTS,
+                U::MAP_WRITE | U::COPY_SRC,
+                true,
+            ),
+            mapped: true,
+            params: buffer(
+                "parameter ring",
+                slot * SLOTS,
+                U::UNIFORM | U::COPY_DST | U::COPY_SRC,
+                false,
+            ),
+            slot,
+            used: 0,
+            readback: buffer(
+                "read-back",
+                READBACK_BYTES,
+                U::MAP_READ | U::COPY_DST,
+                false,
+            ),
+        })?;
+        self.staging = Some(st);
+        Ok(())
+    }
+
+    /// Map `buffer` (whole) for `mode` and wait until it is.
+    fn map_and_wait(&self, buffer: &wgpu::Buffer, mode: wgpu::MapMode) -> Result<(), BackendError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        buffer.map_async(mode, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        match rx.try_recv() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                self.check_lost()?;
+                Err(BackendError::Other(format!(
+                    "mapping a staging buffer: {e}"
+                )))
+            }
+            Err(_) => {
+                self.check_lost()?;
+                Err(BackendError::Other("a staging buffer never mapped".into()))
+            }
+        }
+    }
+
+    /// Put `data` (whole words, at most one slot) in the next ring slot; returns its offset
+    /// (the same in `upload` and `params`). Submits the batch first when the ring is full.
+    fn stage(&mut self, data: &[u8]) -> Result<u64, BackendError> {
+        let len = data.len() as u64;
+        if len == 0 || len > STAGED_BYTES || !len.is_multiple_of(WORD) {
+            return Err(BackendError::Other(format!(
+                "{len} bytes do not fit a staging slot"
+            )));
+        }
+        self.ensure_staging()?;
+        if self.staging.as_ref().is_some_and(|st| st.used == SLOTS) {
+            self.flush()?;
+        }
+        let (upload, mapped) = match &self.staging {
+            Some(st) => (st.upload.clone(), st.mapped),
+            None => return Err(BackendError::Other("no staging".into())),
+        };
+        if !mapped {
+            self.map_and_wait(&upload, wgpu::MapMode::Write)?;
+        }
+        let Some(st) = self.staging.as_mut() else {
+            return Err(BackendError::Other("no staging".into()));
+        };
+        st.mapped = true;
+        let off = st.used * st.slot;
+        {
+            let mut view = upload
+                .get_mapped_range_mut(off..off + len)
+                .map_err(|e| BackendError::Other(format!("staging slot: {e:?}")))?;
+            view.copy_from_slice(data);
+        }
+        st.used += 1;
+        Ok(off)
+    }
+
+    /// The recorder of the current batch.
+    fn encoder(&mut self) -> wgpu::CommandEncoder {
+        self.pending
+            .take()
+            .unwrap_or_else(|| self.device.create_command_encoder(&Default::default()))
+    }
+
+    /// Submit the batch: the used ring slots are copied to `params`, then the recorded
+    /// commands run.
+    fn flush(&mut self) -> Result<(), BackendError> {
+        let pending = self.pending.take();
+        let staged = match self.staging.as_mut() {
+            Some(st) if st.used > 0 => {
+                if st.mapped {
+                    st.upload.unmap();
+                    st.mapped = false;
+                }
+                let bytes = st.used * st.slot;
+                st.used = 0;
+                Some((st.upload.clone(), st.params.clone(), bytes))
+            }
+            _ => None,
+        };
+        if pending.is_none() && staged.is_none() {
+            return Ok(());
+        }
+        let (device, queue) = (&self.device, &self.queue);
+        self.scoped("submit", || {
+            let mut cmds = Vec::with_capacity(2);
+            if let Some((upload, params, bytes)) = &staged {
+                let mut enc = device.create_command_encoder(&Default::default());
+                enc.copy_buffer_to_buffer(upload, 0, params, 0, *bytes);
+                cmds.push(enc.finish());
+            }
+            if let Some(enc) = pending {
+                cmds.push(enc.finish());
+            }
+            queue.submit(cmds);
+        })
     }
 
     fn wait(&self) -> Result<(), BackendError> {
@@ -600,7 +845,7 @@ impl Backend for WgpuBackend {
         }
         if offset.is_multiple_of(WORD) && (data.len() as u64).is_multiple_of(WORD) {
             let buffer = buf.buffer.clone();
-            return self.upload(&buffer, offset, data);
+            return self.write_words(&buffer, offset, data);
         }
         // Unaligned: read the covering words, patch, write them back.
         let start = offset / WORD * WORD;
@@ -609,7 +854,7 @@ impl Backend for WgpuBackend {
         let at = (offset - start) as usize;
         words[at..at + data.len()].copy_from_slice(data);
         let buffer = self.buffer(id)?.buffer.clone();
-        self.upload(&buffer, start, &words)
+        self.write_words(&buffer, start, &words)
     }
 
     fn read_buffer(
@@ -636,46 +881,45 @@ impl Backend for WgpuBackend {
         let stop = round_up_word(end);
         let size = stop - start;
         let source = buf.buffer.clone();
+        self.flush()?;
+        self.ensure_staging()?;
+        let own = match &self.staging {
+            Some(st) if size <= READBACK_BYTES => Some((st.readback.clone(), false)),
+            _ => None,
+        };
+        if own.is_none() && self.prepared {
+            self.staging_after_prepare += 1;
+        }
         let device = &self.device;
         let queue = &self.queue;
-        let staging = self.scoped("read-back staging buffer", || {
-            let staging = device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("read-back"),
-                size,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
+        let (staging, temporary) = self.scoped("read-back", || {
+            let (staging, temporary) = own.unwrap_or_else(|| {
+                let b = device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("read-back"),
+                    size,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                (b, true)
             });
             let mut enc = device.create_command_encoder(&Default::default());
             enc.copy_buffer_to_buffer(&source, start, &staging, 0, size);
             queue.submit([enc.finish()]);
-            staging
+            (staging, temporary)
         })?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        match rx.try_recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                self.check_lost()?;
-                return Err(BackendError::Other(format!("mapping the read-back: {e}")));
-            }
-            Err(_) => {
-                self.check_lost()?;
-                return Err(BackendError::Other("read-back never mapped".into()));
-            }
-        }
-        let out = {
+        let mapped = self.map_and_wait(&staging, wgpu::MapMode::Read);
+        let out = mapped.and_then(|()| {
             let view = staging
-                .get_mapped_range(..)
+                .get_mapped_range(..size)
                 .map_err(|e| BackendError::Other(format!("mapped range: {e:?}")))?;
             let a = (offset - start) as usize;
-            view[a..a + len as usize].to_vec()
-        };
+            Ok(view[a..a + len as usize].to_vec())
+        });
         staging.unmap();
-        staging.destroy();
-        Ok(out)
+        if temporary {
+            staging.destroy();
+        }
+        out
     }
 
     fn dispatch(
@@ -694,24 +938,32 @@ impl Backend for WgpuBackend {
             bound.push(self.buffer(*id)?.buffer.clone());
         }
         let pipeline = self.pipeline(kernel)?.clone();
+        if self.times.is_some() {
+            // Timing on: start from an idle queue, so the wait below is this launch alone.
+            self.flush()?;
+            self.wait()?;
+        }
         let mut contents = params.to_vec();
         contents.resize(contents.len().div_ceil(16).max(1) * 16, 0);
-        let staging = self.staging_with(&contents)?;
+        let off = self.stage(&contents)?;
+        let params = match &self.staging {
+            Some(st) => st.params.clone(),
+            None => return Err(BackendError::Other("no staging".into())),
+        };
         let device = &self.device;
-        let queue = &self.queue;
         let label = kernel.label();
-        let done = self.scoped(&format!("dispatch {label}"), || {
+        // The bind group is checked on its own: an invalid one is refused here and never
+        // recorded into the batch (where it would fail every launch with it).
+        let group = self.scoped(&format!("dispatch {label}"), || {
             let layout = pipeline.get_bind_group_layout(0);
-            let uniform = device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("params"),
-                size: contents.len() as u64,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
             let mut entries = Vec::with_capacity(bound.len() + 1);
             entries.push(wgpu::BindGroupEntry {
                 binding: 0,
-                resource: uniform.as_entire_binding(),
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &params,
+                    offset: off,
+                    size: wgpu::BufferSize::new(contents.len() as u64),
+                }),
             });
             for (i, b) in bound.iter().enumerate() {
                 entries.push(wgpu::BindGroupEntry {
@@ -719,29 +971,37 @@ impl Backend for WgpuBackend {
                     resource: b.as_entire_binding(),
                 });
             }
-            let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&label),
                 layout: &layout,
                 entries: &entries,
+            })
+        })?;
+        let mut enc = self.encoder();
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(&label),
+                timestamp_writes: None,
             });
-            let mut enc = device.create_command_encoder(&Default::default());
-            enc.copy_buffer_to_buffer(&staging, 0, &uniform, 0, contents.len() as u64);
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some(&label),
-                    timestamp_writes: None,
-                });
-                pass.set_pipeline(&pipeline);
-                pass.set_bind_group(0, &group, &[]);
-                pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &group, &[]);
+            pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        }
+        self.pending = Some(enc);
+        if self.times.is_some() {
+            let t0 = std::time::Instant::now();
+            self.flush()?;
+            self.wait()?;
+            let seconds = t0.elapsed().as_secs_f64();
+            if let Some(t) = self.times.as_mut() {
+                t.record(&label, workgroups, seconds);
             }
-            queue.submit([enc.finish()]);
-        });
-        staging.destroy();
-        done
+        }
+        Ok(())
     }
 
     fn synchronize(&mut self) -> Result<(), BackendError> {
+        self.flush()?;
         self.wait()?;
         let errors = self.take_errors();
         if let Some(e) = errors
@@ -764,7 +1024,17 @@ impl Backend for WgpuBackend {
         for k in kernels {
             self.pipeline(*k)?;
         }
+        self.ensure_staging()?;
+        self.prepared = true;
         Ok(())
+    }
+
+    fn staging_after_prepare(&self) -> u64 {
+        self.staging_after_prepare
+    }
+
+    fn heap_usage(&self) -> Option<HeapUsage> {
+        adapter_heaps(&self._adapter)
     }
 }
 

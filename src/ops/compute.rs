@@ -30,6 +30,31 @@ const MAX_FLAT_UNITS: u64 = 1 << 30;
 const MAX_ROWS: u64 = 1 << 28;
 /// Layer norm epsilon.
 pub const LAYER_NORM_EPS: f32 = 1e-5;
+/// The slicing rule: one dispatch does at most this much work (multiply-adds for matmul,
+/// attention and convolution; elements for row and elementwise kernels), so that every launch
+/// stays well under a watchdog (Windows TDR: 2 s; macOS) on the slowest supported device. See
+/// the README ("Watchdogs") for the measurement behind it. Exceptions, since a kernel cannot be
+/// cut finer: one matmul tile (64 × 64 × k), one flash-attention head, one conv image.
+pub const MAX_DISPATCH_WORK: u64 = 1 << 30;
+/// Overrides [`MAX_DISPATCH_WORK`] (for measuring the rule itself).
+pub const DISPATCH_WORK_ENV: &str = "OOMPROBE_MAX_DISPATCH_WORK";
+
+/// The work cap in force.
+pub fn dispatch_work() -> u64 {
+    static CAP: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| {
+        std::env::var(DISPATCH_WORK_ENV)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&v| v > 0)
+            .unwrap_or(MAX_DISPATCH_WORK)
+    })
+}
+
+/// Most units one dispatch covers when each costs `per_unit` work (at least one).
+fn units_within(per_unit: u64) -> u64 {
+    (dispatch_work() / per_unit.max(1)).max(1)
+}
 
 fn err(msg: impl Into<String>) -> BackendError {
     BackendError::Other(msg.into())
@@ -212,7 +237,9 @@ pub fn matmul(
     let (b_sk, b_sn) = if d.b_transposed { (1, d.k) } else { (d.n, 1) };
     let b_size = d.k * d.n;
     let tile = MATMUL_TILE as u64;
-    let max_rows = MAX_GROUPS_PER_DIM * tile;
+    // Rows per launch: the grid's limit, and the work cap for whole rows (at least a tile;
+    // columns are cut below when even that is too much).
+    let max_rows = (MAX_GROUPS_PER_DIM * tile).min(units_within(d.n * d.k).max(tile));
     let p = MatmulParams {
         m: 0,
         n: 0,
@@ -275,7 +302,10 @@ pub fn matmul(
             launches.push(launch(&r, r.units, 1));
         }
     } else {
-        let by_batch = if d.m <= max_rows {
+        // Whole batches per launch while one batch is within the cap.
+        let by_batch = if d.m <= max_rows
+            && d.m.saturating_mul(d.n).saturating_mul(d.k) <= dispatch_work()
+        {
             split(
                 &[
                     opnd(a, 0, d.m * d.k, d.m * d.k),
@@ -283,7 +313,7 @@ pub fn matmul(
                     opnd(c, 0, d.m * d.n, d.m * d.n),
                 ],
                 d.batch,
-                MAX_GROUPS_PER_DIM,
+                MAX_GROUPS_PER_DIM.min(units_within(d.m.saturating_mul(d.n).saturating_mul(d.k))),
             )
         } else {
             Err(SplitError::Straddle(String::new()))
@@ -305,9 +335,12 @@ pub fn matmul(
             Err(e) => return Err(e.into()),
         }
     }
-    // Columns in blocks of at most 65535 tiles.
-    let max_cols = MAX_GROUPS_PER_DIM * tile;
+    // Columns in blocks of at most 65535 tiles, and of whole tiles within the work cap.
     for (l, bufs) in launches {
+        let per_col = l.m as u64 * l.batch as u64 * d.k;
+        let max_cols = (MAX_GROUPS_PER_DIM * tile)
+            .min(units_within(per_col) / tile * tile)
+            .max(tile);
         let mut j0 = 0u64;
         while j0 < d.n {
             let nb = (d.n - j0).min(max_cols);
@@ -348,7 +381,7 @@ fn row_kernel(
     let runs = split(
         &[opnd(x, 0, cols, cols), opnd(y, 0, cols, cols)],
         rows,
-        MAX_ROWS,
+        MAX_ROWS.min(units_within(cols)),
     )?;
     for r in runs {
         let bytes = params(&r, r.units as u32, cols32, 0);
@@ -451,7 +484,8 @@ fn elementwise(
     let storage = common_storage(op.name(), &[x, y])?;
     let kernel = KernelId::new(op, storage);
     let wg = kernel.workgroup_size()[0] as u64;
-    for r in split(&[opnd(x, 0, 1, 1), opnd(y, 0, 1, 1)], elems, MAX_FLAT_UNITS)? {
+    let max = MAX_FLAT_UNITS.min(dispatch_work());
+    for r in split(&[opnd(x, 0, 1, 1), opnd(y, 0, 1, 1)], elems, max)? {
         let p = ElemParams {
             len: r.units as u32,
             x_off: r.at[0].1,
@@ -573,7 +607,13 @@ pub fn flash_attention(
         opnd(out, 0, hs, hs),
         opnd(stats, 0, 2 * d.seq, 2 * d.seq),
     ];
-    for r in split(&ops, d.batch_heads, MAX_GROUPS_PER_DIM)? {
+    // QKᵀ and PV of one head: 2·seq²·head_dim multiply-adds.
+    let per_head = 2 * d.seq * d.seq * d.head_dim;
+    for r in split(
+        &ops,
+        d.batch_heads,
+        MAX_GROUPS_PER_DIM.min(units_within(per_head)),
+    )? {
         let p = FlashParams {
             heads: r.units as u32,
             seq: u32_of(d.seq, "seq")?,
@@ -645,7 +685,10 @@ pub fn conv2d(
     let y_img = d.c_out * ho * wo;
     let w_all = d.c_out * d.c_in * d.kernel * d.kernel;
     let wg = kernel.workgroup_size()[0] as u64;
-    let max_imgs = (MAX_FLAT_UNITS / y_img.max(1)).max(1);
+    let per_img = y_img * d.c_in * d.kernel * d.kernel;
+    let max_imgs = (MAX_FLAT_UNITS / y_img.max(1))
+        .max(1)
+        .min(units_within(per_img));
     let ops = [
         opnd(x, 0, x_img, x_img),
         opnd(w, 0, 0, w_all),
@@ -701,7 +744,7 @@ pub fn adam(
         opnd(m, 0, 1, 1),
         opnd(v, 0, 1, 1),
     ];
-    for r in split(&ops, elems, MAX_FLAT_UNITS)? {
+    for r in split(&ops, elems, MAX_FLAT_UNITS.min(dispatch_work()))? {
         let params = AdamParams {
             len: r.units as u32,
             p_off: r.at[0].1,
@@ -881,6 +924,126 @@ mod tests {
             elems,
             row_elems: row,
             chunks,
+        }
+    }
+
+    /// A device that records each launch's kernel, params and grid, and runs nothing.
+    struct Launches {
+        info: crate::backend::DeviceInfo,
+        seen: Vec<(Op, Vec<u8>, [u32; 3])>,
+    }
+
+    impl Launches {
+        fn new() -> Self {
+            let info = crate::backend::mock::MockBackend::new(1 << 40)
+                .info()
+                .clone();
+            Launches {
+                info,
+                seen: Vec::new(),
+            }
+        }
+    }
+
+    impl Backend for Launches {
+        fn info(&self) -> &crate::backend::DeviceInfo {
+            &self.info
+        }
+        fn memory(&self) -> crate::backend::MemoryInfo {
+            Default::default()
+        }
+        fn alloc_buffer(&mut self, _: u64) -> Result<BufferId, crate::backend::AllocError> {
+            Ok(BufferId(0))
+        }
+        fn free_buffer(&mut self, _: BufferId) {}
+        fn write_buffer(&mut self, _: BufferId, _: u64, _: &[u8]) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn read_buffer(&mut self, _: BufferId, _: u64, n: u64) -> Result<Vec<u8>, BackendError> {
+            Ok(vec![0; n as usize])
+        }
+        fn dispatch(
+            &mut self,
+            kernel: KernelId,
+            params: &[u8],
+            _: &[BufferId],
+            groups: [u32; 3],
+        ) -> Result<(), BackendError> {
+            self.seen.push((kernel.op, params.to_vec(), groups));
+            Ok(())
+        }
+        fn synchronize(&mut self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn allocated_bytes(&self) -> u64 {
+            0
+        }
+    }
+
+    /// One chunk of `elems` f32 in rows of `row`.
+    fn whole(elems: u64, row: u64) -> DeviceTensor {
+        chunked(elems, elems, row)
+    }
+
+    #[test]
+    fn matmuls_are_sliced_within_the_work_cap() {
+        if std::env::var_os(DISPATCH_WORK_ENV).is_some() {
+            return; // the cap is overridden for a measurement
+        }
+        let cap = MAX_DISPATCH_WORK;
+        for (batch, m, n, k, per_batch) in [
+            (1u64, 4096u64, 4096u64, 256u64, false), // 4× the cap, B shared
+            (8, 1024, 1024, 512, true),              // 4× the cap, two batches a launch
+            (64, 128, 128, 64, true),                // small: whole batches together
+        ] {
+            let a = whole(batch * m * k, k);
+            let b = whole(if per_batch { batch * k * n } else { k * n }, n);
+            let c = whole(batch * m * n, n);
+            let d = MatmulDims {
+                batch: if per_batch { batch } else { 1 },
+                m: if per_batch { m } else { batch * m },
+                n,
+                k,
+                b_per_batch: per_batch,
+                b_transposed: false,
+                alpha: 1.0,
+            };
+            let mut l = Launches::new();
+            matmul(&mut l, &a, &b, &c, &d).unwrap();
+            let mut covered = 0u64;
+            for (_, bytes, _) in &l.seen {
+                let p: MatmulParams = bytemuck::pod_read_unaligned(bytes);
+                let work = u64::from(p.m) * u64::from(p.n) * u64::from(p.batch) * k;
+                assert!(work <= cap, "{work} multiply-adds in one launch");
+                covered += u64::from(p.m) * u64::from(p.n) * u64::from(p.batch);
+            }
+            assert_eq!(covered, batch * m * n, "every output once");
+            let total = batch * m * n * k;
+            assert!(l.seen.len() as u64 >= total.div_ceil(cap));
+            if total <= cap {
+                assert_eq!(l.seen.len(), 1, "no slicing below the cap");
+            }
+        }
+    }
+
+    #[test]
+    fn flash_attention_takes_as_many_heads_as_the_cap_allows() {
+        if std::env::var_os(DISPATCH_WORK_ENV).is_some() {
+            return;
+        }
+        for (seq, heads, launches) in [(1024u64, 20u64, 3usize), (4096, 4, 4)] {
+            let hd = 64;
+            let t = whole(heads * seq * hd, hd);
+            let stats = whole(heads * seq * 2, 2);
+            let d = AttentionDims {
+                batch_heads: heads,
+                seq,
+                head_dim: hd,
+                causal: true,
+            };
+            let mut l = Launches::new();
+            flash_attention(&mut l, &t, &t, &t, &t, &stats, &d).unwrap();
+            assert_eq!(l.seen.len(), launches, "seq {seq}");
         }
     }
 

@@ -139,7 +139,35 @@ pub fn fill_buffer(
     )
 }
 
-/// Run verify or checksum over one buffer into a fresh zeroed result buffer; return its words.
+/// A 16-byte device buffer the reducing kernels (verify, checksum) add their result into.
+/// A probe allocates one before its first tensor and reuses it, so nothing but tensors is
+/// allocated once memory fills up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scratch(pub BufferId);
+
+impl Scratch {
+    /// Bytes of the result buffer.
+    pub const BYTES: u64 = 16;
+    pub fn alloc(backend: &mut dyn Backend) -> Result<Scratch, BackendError> {
+        Ok(Scratch(backend.alloc_buffer(Self::BYTES)?))
+    }
+    pub fn free(self, backend: &mut dyn Backend) {
+        backend.free_buffer(self.0);
+    }
+}
+
+/// Run `f` with a scratch result buffer of its own (allocated now, freed after).
+fn with_scratch<T>(
+    backend: &mut dyn Backend,
+    f: impl FnOnce(&mut dyn Backend, Scratch) -> Result<T, BackendError>,
+) -> Result<T, BackendError> {
+    let s = Scratch::alloc(backend)?;
+    let out = f(backend, s);
+    s.free(backend);
+    out
+}
+
+/// Run verify or checksum over one buffer into the zeroed result buffer; return its words.
 fn reduce_buffer(
     backend: &mut dyn Backend,
     op: Op,
@@ -147,23 +175,20 @@ fn reduce_buffer(
     first_word: u64,
     len_words: u64,
     seed: u32,
+    scratch: Scratch,
 ) -> Result<[u32; 4], BackendError> {
     let p = params(first_word, len_words, seed)?;
-    let result = backend.alloc_buffer(16)?;
-    let out = (|| {
-        backend.write_buffer(result, 0, &[0u8; 16])?;
-        if len_words > 0 {
-            backend.dispatch(
-                KernelId::words(op),
-                bytemuck::bytes_of(&p),
-                &[buffer, result],
-                reduce_workgroups(len_words),
-            )?;
-        }
-        read_result(backend, result)
-    })();
-    backend.free_buffer(result);
-    out
+    let result = scratch.0;
+    backend.write_buffer(result, 0, &[0u8; 16])?;
+    if len_words > 0 {
+        backend.dispatch(
+            KernelId::words(op),
+            bytemuck::bytes_of(&p),
+            &[buffer, result],
+            reduce_workgroups(len_words),
+        )?;
+    }
+    read_result(backend, result)
 }
 
 /// Count the words of one buffer and those that differ from the pattern.
@@ -174,7 +199,9 @@ pub fn verify_buffer(
     len_words: u64,
     seed: u32,
 ) -> Result<VerifyResult, BackendError> {
-    let w = reduce_buffer(backend, Op::Verify, buffer, first_word, len_words, seed)?;
+    let w = with_scratch(backend, |b, s| {
+        reduce_buffer(b, Op::Verify, buffer, first_word, len_words, seed, s)
+    })?;
     Ok(VerifyResult {
         words_seen: u64::from(w[0]),
         mismatches: u64::from(w[1]),
@@ -187,7 +214,19 @@ pub fn checksum_buffer(
     buffer: BufferId,
     len_words: u64,
 ) -> Result<Checksum, BackendError> {
-    let w = reduce_buffer(backend, Op::Checksum, buffer, 0, len_words, 0)?;
+    with_scratch(backend, |b, s| {
+        checksum_buffer_with(b, buffer, len_words, s)
+    })
+}
+
+/// The checksum of the first `len_words` words of one buffer, through `scratch`.
+pub fn checksum_buffer_with(
+    backend: &mut dyn Backend,
+    buffer: BufferId,
+    len_words: u64,
+    scratch: Scratch,
+) -> Result<Checksum, BackendError> {
+    let w = reduce_buffer(backend, Op::Checksum, buffer, 0, len_words, 0, scratch)?;
     Ok(Checksum {
         sum: u64::from(w[0]) | (u64::from(w[1]) << 32),
         words: u64::from(w[2]),
@@ -220,8 +259,9 @@ fn reduce_tensor(
     op: Op,
     tensor: &DeviceTensor,
     seed: u32,
+    scratch: Scratch,
 ) -> Result<Vec<[u32; 4]>, BackendError> {
-    reduce_tensor_batched(backend, op, tensor, seed, WORDS_PER_READBACK)
+    reduce_tensor_batched(backend, op, tensor, seed, WORDS_PER_READBACK, scratch)
 }
 
 fn reduce_tensor_batched(
@@ -230,37 +270,34 @@ fn reduce_tensor_batched(
     tensor: &DeviceTensor,
     seed: u32,
     words_per_readback: u64,
+    scratch: Scratch,
 ) -> Result<Vec<[u32; 4]>, BackendError> {
-    let result = backend.alloc_buffer(16)?;
-    let out = (|| {
-        let mut partials = Vec::new();
-        let mut first = 0u64;
-        let mut pending = 0u64;
-        backend.write_buffer(result, 0, &[0u8; 16])?;
-        for c in &tensor.chunks {
-            let n = c.words();
-            if pending > 0 && pending + n > words_per_readback {
-                partials.push(read_result(backend, result)?);
-                backend.write_buffer(result, 0, &[0u8; 16])?;
-                pending = 0;
-            }
-            if n > 0 {
-                let p = params(first, n, seed)?;
-                backend.dispatch(
-                    KernelId::words(op),
-                    bytemuck::bytes_of(&p),
-                    &[c.buffer, result],
-                    reduce_workgroups(n),
-                )?;
-            }
-            pending += n;
-            first += n;
+    let result = scratch.0;
+    let mut partials = Vec::new();
+    let mut first = 0u64;
+    let mut pending = 0u64;
+    backend.write_buffer(result, 0, &[0u8; 16])?;
+    for c in &tensor.chunks {
+        let n = c.words();
+        if pending > 0 && pending + n > words_per_readback {
+            partials.push(read_result(backend, result)?);
+            backend.write_buffer(result, 0, &[0u8; 16])?;
+            pending = 0;
         }
-        partials.push(read_result(backend, result)?);
-        Ok(partials)
-    })();
-    backend.free_buffer(result);
-    out
+        if n > 0 {
+            let p = params(first, n, seed)?;
+            backend.dispatch(
+                KernelId::words(op),
+                bytemuck::bytes_of(&p),
+                &[c.buffer, result],
+                reduce_workgroups(n),
+            )?;
+        }
+        pending += n;
+        first += n;
+    }
+    partials.push(read_result(backend, result)?);
+    Ok(partials)
 }
 
 fn read_result(backend: &mut dyn Backend, result: BufferId) -> Result<[u32; 4], BackendError> {
@@ -273,13 +310,24 @@ fn read_result(backend: &mut dyn Backend, result: BufferId) -> Result<[u32; 4], 
 }
 
 /// Check every word of a tensor against the pattern for `seed`. Needs a 16-byte scratch
-/// buffer on the device (counted like any allocation).
+/// buffer on the device (allocated now and counted like any allocation; see
+/// [`verify_tensor_with`] to reuse one).
 pub fn verify_tensor(
     backend: &mut dyn Backend,
     tensor: &DeviceTensor,
     seed: u32,
 ) -> Result<VerifyResult, BackendError> {
-    let partials = reduce_tensor(backend, Op::Verify, tensor, seed)?;
+    with_scratch(backend, |b, s| verify_tensor_with(b, tensor, seed, s))
+}
+
+/// [`verify_tensor`] through a scratch result buffer allocated earlier.
+pub fn verify_tensor_with(
+    backend: &mut dyn Backend,
+    tensor: &DeviceTensor,
+    seed: u32,
+    scratch: Scratch,
+) -> Result<VerifyResult, BackendError> {
+    let partials = reduce_tensor(backend, Op::Verify, tensor, seed, scratch)?;
     Ok(partials
         .iter()
         .fold(VerifyResult::default(), |t, w| VerifyResult {
@@ -288,12 +336,22 @@ pub fn verify_tensor(
         }))
 }
 
-/// The wrapping sum of every word of a tensor. Needs a 16-byte scratch buffer on the device.
+/// The wrapping sum of every word of a tensor. Needs a 16-byte scratch buffer on the device
+/// (see [`checksum_tensor_with`] to reuse one).
 pub fn checksum_tensor(
     backend: &mut dyn Backend,
     tensor: &DeviceTensor,
 ) -> Result<Checksum, BackendError> {
-    let partials = reduce_tensor(backend, Op::Checksum, tensor, 0)?;
+    with_scratch(backend, |b, s| checksum_tensor_with(b, tensor, s))
+}
+
+/// [`checksum_tensor`] through a scratch result buffer allocated earlier.
+pub fn checksum_tensor_with(
+    backend: &mut dyn Backend,
+    tensor: &DeviceTensor,
+    scratch: Scratch,
+) -> Result<Checksum, BackendError> {
+    let partials = reduce_tensor(backend, Op::Checksum, tensor, 0, scratch)?;
     Ok(partials.iter().fold(Checksum::default(), |t, w| {
         t.add(Checksum {
             sum: u64::from(w[0]) | (u64::from(w[1]) << 32),
@@ -346,8 +404,9 @@ mod tests {
         let t = crate::tensor::allocate(&mut m, "t", DType::F32, 1000, 1).unwrap();
         fill_tensor(&mut m, &t, 4).unwrap();
         m.write_buffer(t.chunks[1].buffer, 0, &[0; 4]).unwrap();
-        let one = reduce_tensor_batched(&mut m, Op::Verify, &t, 4, u64::MAX).unwrap();
-        let many = reduce_tensor_batched(&mut m, Op::Verify, &t, 4, 150).unwrap();
+        let s = Scratch::alloc(&mut m).unwrap();
+        let one = reduce_tensor_batched(&mut m, Op::Verify, &t, 4, u64::MAX, s).unwrap();
+        let many = reduce_tensor_batched(&mut m, Op::Verify, &t, 4, 150, s).unwrap();
         assert_eq!(one.len(), 1);
         assert_eq!(many.len(), t.chunks.len());
         let sum = |p: &[[u32; 4]], i: usize| p.iter().map(|w| u64::from(w[i])).sum::<u64>();

@@ -87,6 +87,7 @@ pub(crate) fn failed_record(
         checksum: None,
         detail: Some(detail),
         failed_at: None,
+        spill: None,
     }
 }
 
@@ -573,6 +574,7 @@ mod tests {
             checksum: None,
             detail: None,
             failed_at: None,
+            spill: None,
         };
         t.observe(&fit(1 << 20, 50.0)); // too small to say anything
         assert_eq!(t.for_bytes(16 << 30), Duration::from_secs(1024));

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use crate::backend::{AllocError, Backend, BackendError};
 use crate::ops;
+use crate::ops::words::Scratch;
 use crate::plan::{EventKind, Plan};
 use crate::report::{FailurePoint, Outcome, ProbeRecord};
 use crate::tensor::{self, DeviceTensor};
@@ -68,6 +69,17 @@ struct Replay<'a> {
     words_verified: u64,
     folded: u64,
     peak_allocated: u64,
+    /// The verify/checksum result buffer, allocated before the first tensor.
+    scratch: Scratch,
+    /// The spill check, at the step's peak (see `spill`).
+    spill: Option<SpillAt>,
+}
+
+/// Where the spill check runs and what it found.
+struct SpillAt {
+    event: usize,
+    heap_start: Option<crate::backend::HeapUsage>,
+    report: Option<super::spill::SpillReport>,
 }
 
 impl Replay<'_> {
@@ -90,6 +102,10 @@ impl Replay<'_> {
                     let r = ops::words::fill_tensor(self.backend, &dt, seed_of(t));
                     self.live[t] = Some(dt);
                     r.map_err(|err| fail(outcome_of_backend(&err), err.to_string()))?;
+                    if self.spill.as_ref().is_some_and(|s| s.event == i) {
+                        self.check_spill()
+                            .map_err(|err| fail(outcome_of_backend(&err), err.to_string()))?;
+                    }
                 }
                 EventKind::Free(t) => {
                     self.read_back(t).map_err(|(o, d)| fail(o, d))?;
@@ -129,23 +145,52 @@ impl Replay<'_> {
             return Ok(());
         };
         let fail = |e: BackendError| (outcome_of_backend(&e), e.to_string());
+        let name = &self.plan.tensors[t].name;
+        let expected = dt.words();
         if self.written[t] {
-            let c = ops::words::checksum_tensor(self.backend, dt).map_err(fail)?;
+            let c =
+                ops::words::checksum_tensor_with(self.backend, dt, self.scratch).map_err(fail)?;
+            if let Some(f) = super::readback::checksum_failure(name, expected, &c) {
+                return Err(f);
+            }
             self.folded = self.folded.rotate_left(7) ^ c.sum;
             return Ok(());
         }
-        let v = ops::words::verify_tensor(self.backend, dt, seed_of(t)).map_err(fail)?;
-        let expected = dt.words();
-        if v.words_seen != expected || v.mismatches != 0 {
-            return Err((
-                Outcome::Error,
-                format!(
-                    "tensor {} read back wrong: {} of {} words seen, {} mismatches",
-                    self.plan.tensors[t].name, v.words_seen, expected, v.mismatches
-                ),
-            ));
+        let v = ops::words::verify_tensor_with(self.backend, dt, seed_of(t), self.scratch)
+            .map_err(fail)?;
+        if !v.ok(expected) {
+            let zeros = if v.words_seen == expected && v.mismatches > 0 {
+                let c = ops::words::checksum_tensor_with(self.backend, dt, self.scratch)
+                    .map_err(fail)?;
+                Some(super::readback::all_zero(&c, expected))
+            } else {
+                None
+            };
+            return Err(super::readback::verify_failure(name, expected, v, zeros));
         }
         self.words_verified += v.words_seen;
+        Ok(())
+    }
+}
+
+impl Replay<'_> {
+    /// Time the first- and last-allocated buffers now, at the peak (see `spill`).
+    fn check_spill(&mut self) -> Result<(), BackendError> {
+        let regions = super::spill::regions(&self.live, &self.written, seed_of);
+        let heap_start = self.spill.as_ref().and_then(|s| s.heap_start);
+        let live = self.backend.allocated_bytes();
+        let rule = super::spill::SpillRule::default();
+        let report = super::spill::check(
+            self.backend,
+            &regions,
+            self.scratch,
+            heap_start,
+            live,
+            &rule,
+        )?;
+        if let Some(s) = self.spill.as_mut() {
+            s.report = report;
+        }
         Ok(())
     }
 }
@@ -154,9 +199,24 @@ impl Replay<'_> {
 pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) -> ProbeRecord {
     let started = Instant::now();
     let bytes = plan.peak_bytes();
-    // Compile every kernel before memory fills up (a compiler out of memory crashes).
+    // Compile every kernel before memory fills up (a compiler out of memory crashes), and
+    // set up every buffer besides tensors: nothing else is allocated once memory fills.
     let kernels = super::warmup::kernels_of(plan, compute, backend.info());
+    let scratch = match Scratch::alloc(backend) {
+        Ok(s) => s,
+        Err(e) => {
+            let detail = format!("allocating the read-back scratch: {e}");
+            return super::child::failed_record(
+                plan.value,
+                bytes,
+                outcome_of_backend(&e),
+                detail,
+                started,
+            );
+        }
+    };
     if let Err(e) = backend.prepare(&kernels) {
+        scratch.free(backend);
         return super::child::failed_record(
             plan.value,
             bytes,
@@ -165,6 +225,13 @@ pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) ->
             started,
         );
     }
+    let spill = super::spill::SpillRule::default()
+        .wanted(backend.info(), bytes)
+        .then(|| SpillAt {
+            event: plan.peak().event,
+            heap_start: backend.heap_usage(),
+            report: None,
+        });
     let n = plan.tensors.len();
     let mut r = Replay {
         backend,
@@ -175,6 +242,8 @@ pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) ->
         words_verified: 0,
         folded: 0,
         peak_allocated: 0,
+        scratch,
+        spill,
     };
     let result = r.run();
     let mut record = ProbeRecord {
@@ -188,6 +257,7 @@ pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) ->
         checksum: None,
         detail: None,
         failed_at: None,
+        spill: None,
     };
     match result {
         Ok(()) => {
@@ -214,6 +284,14 @@ pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) ->
     }
     for dt in r.live.iter_mut().filter_map(Option::take) {
         tensor::free_tensor(r.backend, dt);
+    }
+    r.scratch.free(r.backend);
+    record.spill = r.spill.and_then(|s| s.report);
+    if let Some(s) = record.spill.as_ref().filter(|s| s.spilled) {
+        if record.outcome.is_fit() {
+            record.outcome = Outcome::Spilled;
+            record.detail = Some(s.reason.clone());
+        }
     }
     record.seconds = started.elapsed().as_secs_f64();
     record

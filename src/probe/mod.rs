@@ -6,9 +6,11 @@ pub mod case;
 pub mod child;
 pub mod exec;
 pub mod fleet;
+pub mod readback;
 pub mod runner;
 pub mod session;
 pub mod sinks;
+pub mod spill;
 pub mod suite;
 pub mod warmup;
 

@@ -21,6 +21,14 @@ pub enum Outcome {
     /// The probe's child died by a signal (SIGSEGV, SIGABRT) or panicked while the probe was in
     /// flight, typically at the edge of memory inside the driver stack: not a fit.
     Crashed,
+    /// Every tensor was allocated, written and verified, but the last-allocated buffers ran at
+    /// host-link speed (or the driver counted the memory outside the device-local heap): the
+    /// driver placed part of the step in system memory. Not a fit (see `probe::spill`).
+    Spilled,
+    /// A read-back lost what the probe wrote (zeros where a pattern was written, or a verify
+    /// pass that never ran): on Metal a command buffer aborted for memory or by the watchdog
+    /// reports nothing else. Possible OOM or watchdog; not a fit.
+    VerifyFailed,
     Error,
 }
 
@@ -35,6 +43,8 @@ impl Outcome {
             Outcome::Killed => "killed",
             Outcome::Timeout => "timeout",
             Outcome::Crashed => "crashed",
+            Outcome::Spilled => "spilled",
+            Outcome::VerifyFailed => "verify_failed",
             Outcome::Error => "error",
         }
     }
@@ -93,6 +103,10 @@ pub struct ProbeRecord {
     /// Additive: where in the step's timeline the probe failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_at: Option<FailurePoint>,
+    /// Additive: what the spill check at the step's peak measured, where it ran (see
+    /// `probe::spill`); a spill makes the outcome `spilled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spill: Option<crate::probe::spill::SpillReport>,
 }
 
 /// The point of the timeline where a probe failed.

@@ -76,6 +76,7 @@ pub fn simulate(spec: &SimSpec<'_>, capacity: u64) -> RunResult {
             checksum: ok.then(|| format!("{:08x}", x.wrapping_mul(2654435761) & 0xffff_ffff)),
             detail: (!ok).then(|| "budget: allocation would pass the budget".to_string()),
             failed_at: None,
+            spill: None,
         });
         ok
     };

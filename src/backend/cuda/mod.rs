@@ -461,11 +461,23 @@ impl CudaBackend {
         .map_err(BackendError::Other)
     }
 
-    /// Launches every kernel once on empty params (each then does nothing) over one small
+    /// A scratch buffer, each of `kernels` launched once over it, freed.
+    fn launch_once(&mut self, kernels: &[KernelId]) -> Result<(), BackendError> {
+        let scratch = self.alloc_buffer(WARM_UP_SCRATCH_BYTES)?;
+        let r = self.launch_each_kernel_once(kernels, scratch);
+        self.free_buffer(scratch);
+        r
+    }
+
+    /// Launches each of `kernels` once on empty params (each then does nothing) over one small
     /// scratch buffer.
-    fn launch_each_kernel_once(&mut self, scratch: BufferId) -> Result<(), BackendError> {
+    fn launch_each_kernel_once(
+        &mut self,
+        kernels: &[KernelId],
+        scratch: BufferId,
+    ) -> Result<(), BackendError> {
         self.write_buffer(scratch, 0, &[0u8; WARM_UP_SCRATCH_BYTES as usize])?;
-        for id in nvrtc::all_kernel_ids() {
+        for &id in kernels {
             let params = vec![0u8; params::params_bytes(id.op)];
             let buffers = vec![scratch; params::buffer_count(id.op)];
             self.dispatch(id, &params, &buffers, [1, 1, 1])?;
@@ -754,10 +766,16 @@ impl Backend for CudaBackend {
     /// memory the driver sizes at the first launch (per thread the card can hold) are taken.
     fn warm_up(&mut self) -> Result<(), BackendError> {
         self.check_lost()?;
-        let scratch = self.alloc_buffer(WARM_UP_SCRATCH_BYTES)?;
-        let r = self.launch_each_kernel_once(scratch);
-        self.free_buffer(scratch);
-        r
+        self.launch_once(&nvrtc::all_kernel_ids())
+    }
+
+    /// Loads the probe's kernels and launches each once before the first tensor: module code
+    /// and the local memory the driver sizes at a kernel's first launch are taken while memory
+    /// is free. Parameters go by value and copies through the driver's own host staging, so
+    /// nothing else needs a buffer during the probe.
+    fn prepare(&mut self, kernels: &[KernelId]) -> Result<(), BackendError> {
+        self.check_lost()?;
+        self.launch_once(kernels)
     }
 }
 

@@ -31,6 +31,9 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         Some(t) => ProbeTimeout::Fixed(parse_timeout(t)?),
         None => ProbeTimeout::auto(),
     };
+    if crate::commands::snapshot::wanted(&args.snapshot) {
+        return crate::commands::snapshot::probe(args, budget, timeout);
+    }
     let out_format = match &args.out {
         Some(path) => Some(
             report::out_format(path, args.format).map_err(|e| CliError::usage(e.to_string()))?,

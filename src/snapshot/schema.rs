@@ -22,7 +22,7 @@ pub struct Segment {
     pub total_size: u64,
     #[serde(default)]
     pub stream: i64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segment_type: Option<String>,
     #[serde(default)]
     pub allocated_size: u64,
@@ -32,7 +32,7 @@ pub struct Segment {
     pub requested_size: u64,
     #[serde(default)]
     pub is_expandable: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segment_pool_id: Option<(i64, i64)>,
     pub blocks: Vec<Block>,
 }
@@ -72,18 +72,18 @@ pub struct TraceEntry {
     /// segment_unmap | snapshot | oom | annotate
     pub action: String,
     /// Absent for `oom` (older PyTorch put the device's free bytes here).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addr: Option<u64>,
     #[serde(default)]
     pub size: u64,
     #[serde(default)]
     pub stream: i64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_us: Option<i64>,
     #[serde(default)]
     pub frames: Vec<Frame>,
     /// `oom` only: what the driver still reported free.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_free: Option<u64>,
 }
 

@@ -205,6 +205,18 @@ pub fn top_frame(frames: &[Frame]) -> String {
         let file = f.filename.rsplit('/').next().unwrap_or(&f.filename);
         format!("{file}:{}:{}", f.line, f.name)
     };
+    // In backward the job's own code is not on the stack: the autograd node says more than
+    // the engine's Python frame.
+    let node = frames
+        .iter()
+        .find(|f| !f.filename.ends_with(".py") && f.name.contains("Backward"));
+    if let (None, Some(n)) = (own, node) {
+        let name = n.name.trim_start_matches("evaluate_function: ");
+        return match op {
+            Some(op) => format!("{name} ({op})"),
+            None => name.to_string(),
+        };
+    }
     match (own.or_else(|| frames.iter().find(is_py)), op) {
         (Some(f), Some(op)) => format!("{} ({op})", short(f)),
         (Some(f), None) => short(f),
@@ -517,14 +529,15 @@ fn unmap(
 /// with room it fits, under the original card's memory it fails where PyTorch's did.
 fn oom_request(c: &mut Collector, e: &TraceEntry, bytes: u64) -> OomRecord {
     let a = c.add(bytes, &e.frames, false);
-    c.allocs[a].frame = format!("OOM request: {}", c.allocs[a].frame);
+    let frame = c.allocs[a].frame.clone();
+    c.allocs[a].frame = format!("OOM request: {frame}");
     c.push(true, a, &e.frames);
     let event = c.events.len() - 1;
     c.push(false, a, &e.frames);
     OomRecord {
         requested: e.size,
         device_free: e.device_free.or(e.addr),
-        frame: c.allocs[a].frame.clone(),
+        frame,
         event,
     }
 }

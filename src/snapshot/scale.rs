@@ -210,3 +210,53 @@ impl ScaleModel {
 pub fn check_against(model: &ScaleModel, third: &Trace, x: u64) -> (u64, u64) {
     (model.at(x).peak(), third.peak())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Phase, Role};
+    use crate::snapshot::trace::{Allocation, TraceEvent};
+
+    /// A trace allocating `(key, bytes)` in order and freeing nothing.
+    fn trace(allocs: &[(&str, u64)]) -> Trace {
+        Trace {
+            granularity: Granularity::Blocks,
+            allocs: allocs
+                .iter()
+                .map(|&(k, bytes)| Allocation {
+                    bytes,
+                    frame: k.into(),
+                    key: k.into(),
+                    phase: Phase::Forward,
+                    role: Role::Activations,
+                    before_trace: false,
+                })
+                .collect(),
+            events: (0..allocs.len())
+                .map(|ix| TraceEvent {
+                    alloc: true,
+                    ix,
+                    phase: Phase::Forward,
+                })
+                .collect(),
+            oom: None,
+            notes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_extra_copy_at_the_larger_batch_scales_like_its_sibling() {
+        let a = trace(&[("w", 100), ("x", 10), ("y", 20)]);
+        let b = trace(&[("w", 100), ("x", 20), ("x", 20), ("y", 40)]);
+        let m = ScaleModel::fit(&a, 1, &b, 2).unwrap();
+        assert_eq!(m.class(0), Class::Fixed);
+        assert_eq!(m.class(1), Class::Scaling);
+        assert_eq!(m.class(2), Class::Scaling, "the copy follows x");
+        assert_eq!(m.unmatched, 0);
+        assert_eq!(m.at(4).peak(), 100 + 40 + 40 + 80);
+        // Given in either order, the same model.
+        let m2 = ScaleModel::fit(&b, 2, &a, 1).unwrap();
+        assert_eq!(m2.at(4).peak(), m.at(4).peak());
+        assert!(ScaleModel::fit(&a, 1, &b, 1).is_err());
+    }
+}

@@ -541,3 +541,56 @@ fn oom_request(c: &mut Collector, e: &TraceEntry, bytes: u64) -> OomRecord {
         event,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(filename: &str, line: i64, name: &str) -> Frame {
+        Frame {
+            filename: filename.into(),
+            line,
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn segment_sizes_follow_the_caching_allocator() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(segment_size_for(512), 2 * MIB);
+        assert_eq!(segment_size_for(MIB), 2 * MIB);
+        assert_eq!(segment_size_for(MIB + 1), 20 * MIB);
+        assert_eq!(segment_size_for(10 * MIB - 1), 20 * MIB);
+        assert_eq!(segment_size_for(10 * MIB), 10 * MIB);
+        assert_eq!(segment_size_for(11 * MIB), 12 * MIB);
+    }
+
+    #[test]
+    fn the_top_frame_is_the_jobs_own_code_with_its_op() {
+        let frames = [
+            f("??", 0, "at::native::mm"),
+            f("torch/nn/modules/linear.py", 125, "forward"),
+            f("/home/me/train.py", 42, "step"),
+        ];
+        assert_eq!(top_frame(&frames), "train.py:42:step (at::native::mm)");
+        let backward = [
+            f("??", 0, "aten::mm"),
+            f(
+                "torch/csrc/autograd/engine.cpp",
+                0,
+                "evaluate_function: MmBackward0",
+            ),
+            f("torch/autograd/graph.py", 1100, "_engine_run_backward"),
+        ];
+        assert_eq!(top_frame(&backward), "MmBackward0 (aten::mm)");
+        assert_eq!(top_frame(&[]), "(no stack recorded)");
+        let (phase, role) = classify(&backward, false);
+        assert_eq!((phase, role), (Phase::Backward, Role::Activations));
+        let tag = export_tag(Phase::Optimizer, Role::Optimizer);
+        assert_eq!(
+            classify(&[f(&tag, 0, "adam.m")], false),
+            (Phase::Optimizer, Role::Optimizer)
+        );
+        assert_eq!(classify(&[f(&tag, 0, "adam.m")], true).0, Phase::Setup);
+    }
+}

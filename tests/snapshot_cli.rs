@@ -232,6 +232,16 @@ fn bad_snapshots_exit_2_with_one_line() {
         (vec!["estimate", "--snapshot", &missing[..]], "cannot read"),
         (
             vec![
+                "probe",
+                "--snapshot",
+                &fx("hand-oom.pickle")[..],
+                "--model",
+                "gpt2",
+            ],
+            "replaces the workload",
+        ),
+        (
+            vec![
                 "estimate",
                 "--snapshot",
                 &fx("gpt2-tiny-b1.pickle")[..],

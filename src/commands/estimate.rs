@@ -70,7 +70,12 @@ pub fn memory_arg(v: &str) -> CliResult<u64> {
 pub fn run(args: &EstimateArgs) -> CliResult<()> {
     if crate::commands::snapshot::wanted(&args.snapshot) {
         let memory = args.memory.as_deref().map(memory_arg).transpose()?;
-        return crate::commands::snapshot::estimate(&args.snapshot, memory, args.json);
+        return crate::commands::snapshot::estimate(
+            &args.snapshot,
+            memory,
+            args.json,
+            args.export_snapshot.as_deref(),
+        );
     }
     let r = resolve(&args.workload, "gpt2")?;
     let w = r.workload;

@@ -83,6 +83,17 @@ fn third(src: &Source) -> Option<(&Path, u64)> {
 
 /// `probe --snapshot`.
 pub fn probe(args: &ProbeArgs, budget: Option<u64>, timeout: ProbeTimeout) -> CliResult<()> {
+    let w = &args.workload;
+    if w.model.is_some() || w.config.is_some() || w.params.is_some() || !args.scenario.is_empty() {
+        return Err(CliError::usage(
+            "--snapshot replaces the workload and the scenarios: drop --model, --config, --params and --scenario",
+        ));
+    }
+    if args.at.is_some() || args.out.is_some() {
+        return Err(CliError::usage(
+            "--at and --out do not apply to --snapshot (the trace's own batch is replayed; use --json)",
+        ));
+    }
     let src = source(&args.snapshot)?;
     let (choice, info) =
         super::probe::select_device(&args.device.backend, args.device.device.as_deref())?;
@@ -333,9 +344,17 @@ fn estimate_of(src: &Source, memory: Option<u64>) -> CliResult<SnapshotEstimate>
 }
 
 /// `estimate --snapshot`.
-pub fn estimate(args: &SnapshotArgs, memory: Option<u64>, as_json: bool) -> CliResult<()> {
+pub fn estimate(
+    args: &SnapshotArgs,
+    memory: Option<u64>,
+    as_json: bool,
+    export_to: Option<&Path>,
+) -> CliResult<()> {
     let src = source(args)?;
     let e = estimate_of(&src, memory)?;
+    if let Some(path) = export_to {
+        export(&first_plan(&src)?.1, path)?;
+    }
     if as_json {
         return json(&e);
     }

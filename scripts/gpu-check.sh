@@ -1,56 +1,58 @@
 #!/usr/bin/env bash
-# Every GPU check in one go, on a machine with a GPU. Builds nothing: it takes a prebuilt
-# `oomprobe` binary and prebuilt test executables (see README "Checking on a GPU machine").
+# Every GPU check in one go, on a machine with a GPU. Builds nothing: it takes the folder
+# `scripts/gpu-pack.sh` makes here (no GPU or CUDA toolkit needed to make it).
 #
-#   scripts/gpu-check.sh OUT_DIR [BIN_DIR]
+#   scripts/gpu-check.sh OUT_DIR [BIN_DIR]      (BIN_DIR default: target/gpu-pack)
 #
-# BIN_DIR (default: target/release) holds `oomprobe`; test executables are looked up under
-# BIN_DIR/tests/ (copy target/debug/deps/{kernels,backend_alloc,cuda_kernels}-* there).
-# Writes logs and JSON results to OUT_DIR.
+# Carried to the GPU machine: BIN_DIR (the stripped release `oomprobe` and the release test
+# executables kernels, backend_alloc, cuda_kernels, cuda_ptx: 27 MiB measured on 2026-11-30,
+# under the 64 MiB a device run may carry) and this script; nothing else. No NVRTC and no CUDA
+# toolkit: the CUDA kernels are inside the binaries as PTX (shaders/ptx, compute_50, PTX ISA
+# 7.0) and the NVIDIA driver JIT-compiles them, so the machine needs only its driver (libcuda,
+# CUDA 11.2 / r460 or newer). The CUDA runs set OOMPROBE_CUDA_EMBEDDED=1 so that they use the
+# embedded PTX even where an NVRTC happens to be installed: the driver-only path is checked.
 #
-# Carried to the GPU machine: that BIN_DIR (the `oomprobe` binary and the test executables)
-# and this script; nothing else. No NVRTC and no CUDA toolkit: the CUDA kernels are inside the
-# binaries as PTX (shaders/ptx, compute_50, PTX ISA 7.0) and the NVIDIA driver JIT-compiles
-# them, so the machine needs only its driver (libcuda, CUDA 11.2 / r460 or newer). The CUDA
-# runs set OOMPROBE_CUDA_EMBEDDED=1 so that they use the embedded PTX even where an NVRTC
-# happens to be installed: the driver-only path is the one checked.
+# Time budget: every step runs under `timeout`, and the limits add up to 470 s (under 8 min):
+# devices 2×15 s, cuda_ptx 10 s, kernel tests 3×60 s, the default suite 2×100 s (on an H200
+# each probe writes and verifies at most ~140 GB at several TB/s: the cost is the child's start,
+# context and allocation, about 1-3 s a probe, some 25 probes a suite), the spill check 40 s,
+# compare 10 s. A step that runs out says `rc=124` and the next one still runs.
 set -uo pipefail
 export OOMPROBE_CUDA_EMBEDDED=1
 out=${1:?usage: scripts/gpu-check.sh OUT_DIR [BIN_DIR]}
-bin=${2:-target/release}
+bin=${2:-target/gpu-pack}
 mkdir -p "$out"
 exe="$bin/oomprobe"
 [ -x "$exe" ] || { echo "no oomprobe binary at $exe" >&2; exit 2; }
 
-run() { # name, command...
-  local name=$1; shift
+run() { # name, seconds, command...
+  local name=$1 limit=$2; shift 2
   echo "== $name: $*" | tee -a "$out/summary.log"
   local t0=$(date +%s)
-  "$@" >"$out/$name.log" 2>&1
+  timeout --signal=TERM --kill-after=5 "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
   echo "   rc=$rc in $(( $(date +%s) - t0 )) s" | tee -a "$out/summary.log"
   tail -n 40 "$out/$name.log"
 }
 
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
-run devices "$exe" devices
-run devices-json "$exe" devices --json
+run devices 15 "$exe" devices
+run devices-json 15 "$exe" devices --json
 
-# Kernel tests (wgpu on the GPU, and CUDA where the test binary exists).
-for t in "$bin"/tests/kernels-* "$bin"/tests/backend_alloc-*; do
-  [ -x "$t" ] && run "test-$(basename "${t%-*}")" "$t" --test-threads=1
+# The embedded PTX parses and lists every kernel (no device needed), then the kernel tests on
+# wgpu's adapter and on CUDA through the driver's JIT.
+[ -x "$bin/tests/cuda_ptx" ] && run test-cuda_ptx 10 "$bin/tests/cuda_ptx"
+for t in kernels backend_alloc; do
+  [ -x "$bin/tests/$t" ] && run "test-$t" 60 "$bin/tests/$t" --test-threads=1
 done
-for t in "$bin"/tests/cuda_kernels-*; do
-  [ -x "$t" ] && run "test-cuda_kernels" "$t" --include-ignored --test-threads=1
-done
-for t in "$bin"/benches/kernels-*; do
-  [ -x "$t" ] && run "bench-kernels" "$t" --bench
-done
+[ -x "$bin/tests/cuda_kernels" ] &&
+  run test-cuda_kernels 60 "$bin/tests/cuda_kernels" --include-ignored --test-threads=1
 
-# The default suite on each backend the card offers.
-run suite-vulkan "$exe" probe --backend vulkan --json --out "$out/suite-vulkan.json" --quiet
+# The default suite on each backend the card offers: prediction error and fill ratio per row
+# are in the JSON (predicted_max, max_fit, fill_ratio) and the table.
+run suite-vulkan 100 "$exe" probe --backend vulkan --json --out "$out/suite-vulkan.json" --quiet
 if "$exe" devices --json 2>/dev/null | grep -q '"backend": *"cuda"'; then
-  run suite-cuda "$exe" probe --backend cuda --json --out "$out/suite-cuda.json" --quiet
-  run compare "$exe" compare "$out/suite-vulkan.json" "$out/suite-cuda.json" --format markdown --out "$out/compare.md"
+  run suite-cuda 100 "$exe" probe --backend cuda --json --out "$out/suite-cuda.json" --quiet
+  run compare 10 "$exe" compare "$out/suite-vulkan.json" "$out/suite-cuda.json" --format markdown --out "$out/compare.md"
 fi
 echo "logs in $out"

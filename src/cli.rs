@@ -88,7 +88,8 @@ pub struct WorkloadArgs {
     /// A plain parameter count for the params scenario, e.g. 7e9 or 7B.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub params: Option<String>,
-    /// fp32 | fp16 | bf16 | mixed (16-bit compute, fp32 master weights).
+    /// fp32 | fp16 | bf16 (model.half()/bfloat16()) | mixed (DeepSpeed/Megatron fp16: fp16
+    /// weights, fp32 master + Adam) | amp-fp16 | amp-bf16 (torch.autocast: fp32 states).
     #[arg(long, value_name = "P", allow_hyphen_values = true)]
     pub precision: Option<String>,
     /// adam | sgd | sgd-momentum | none (none = inference: weights only).

@@ -185,12 +185,7 @@ pub fn boundaries(w: &Workload, memory_bytes: u64) -> Result<Vec<Boundary>, Plan
 /// A one-line description of a workload for people.
 pub fn describe(w: &Workload) -> String {
     let psi = param_count(w).map(fmt_count).unwrap_or_else(|_| "?".into());
-    let prec = match w.precision {
-        crate::workload::Precision::Fp32 => "fp32",
-        crate::workload::Precision::Fp16 => "fp16",
-        crate::workload::Precision::Bf16 => "bf16",
-        crate::workload::Precision::Mixed => "mixed",
-    };
+    let prec = w.precision.name();
     let opt = match w.optimizer {
         crate::workload::Optimizer::Adam => "adam",
         crate::workload::Optimizer::Sgd => "sgd",

@@ -10,6 +10,7 @@ Examples:
   oomprobe estimate --model gpt2 --batch 8 --seq 1024
   oomprobe estimate --model llama-13b --precision mixed --optimizer adam
   oomprobe estimate --model gpt2 --precision fp16 --memory 24GiB --json
+  oomprobe estimate --model vit-l16 --batch 32 --precision amp-fp16   # torch.autocast
   oomprobe estimate --snapshot snap.pickle --memory 24GiB   # a PyTorch memory snapshot
   oomprobe estimate --model gpt2 --export-snapshot plan.pickle  # for PyTorch's memory viewer";
 

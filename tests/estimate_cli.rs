@@ -326,3 +326,43 @@ fn config_sizes_are_capped_and_overflows_name_the_fields() {
         "--layers: 5000000 is absurd",
     );
 }
+
+#[test]
+fn autocast_precisions_are_their_own_values() {
+    // amp-fp16 / amp-bf16 (torch.autocast) keep fp32 states: 16 B/param with Adam like fp32,
+    // but a smaller peak than fp32 (16-bit activations) and a larger one than model.half().
+    let peak = |p: &str| {
+        let v = json(&[
+            "estimate",
+            "--model",
+            "gpt2",
+            "--batch",
+            "8",
+            "--seq",
+            "1024",
+            "--precision",
+            p,
+        ]);
+        assert_eq!(v["workload"]["precision"], p);
+        u(&v, "/breakdown/total")
+    };
+    let (fp32, amp16, ampbf, half) = (
+        peak("fp32"),
+        peak("amp-fp16"),
+        peak("amp-bf16"),
+        peak("fp16"),
+    );
+    assert!(half < amp16 && amp16 < fp32, "{half} {amp16} {fp32}");
+    assert_eq!(amp16, ampbf);
+    // "amp" alone is ambiguous (torch.autocast or DeepSpeed fp16): refused with one line.
+    let out = oomprobe()
+        .args(["estimate", "--model", "gpt2", "--precision", "amp"])
+        .assert()
+        .code(2)
+        .get_output()
+        .stderr
+        .clone();
+    let err = String::from_utf8(out).unwrap();
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("amp-fp16") && err.contains("mixed"), "{err}");
+}

@@ -43,6 +43,46 @@ fn foreach_adam_adds_a_param_sized_temporary() {
 }
 
 #[test]
+fn bytes_per_param_by_precision_and_role() {
+    // (precision, params, gradients, optimizer) bytes per parameter with Adam, and the weights
+    // of an inference (optimizer none): pure 16-bit keeps everything in 16 bits (model.half()),
+    // mixed (DeepSpeed/Megatron fp16) adds fp32 master weights and Adam state, autocast keeps
+    // fp32 states (its 16-bit weight copies are not model states).
+    let psi = 1_000_000u64;
+    let table = [
+        (Precision::Fp32, 4, 4, 8, 4),
+        (Precision::Fp16, 2, 2, 4, 2),
+        (Precision::Bf16, 2, 2, 4, 2),
+        (Precision::Mixed, 2, 2, 12, 2),
+        (Precision::AmpFp16, 4, 4, 8, 4),
+        (Precision::AmpBf16, 4, 4, 8, 4),
+    ];
+    for (p, params, grads, opt, infer) in table {
+        let plan =
+            Plan::for_value(&dense(p, Optimizer::Adam, 0, 1), Scenario::Params, psi).unwrap();
+        let b = breakdown(&plan);
+        assert_eq!(
+            (b.params, b.gradients, b.optimizer),
+            (params * psi, grads * psi, opt * psi),
+            "{p:?}"
+        );
+        assert_eq!(plan.states_peak(), (params + grads + opt) * psi, "{p:?}");
+        let plan =
+            Plan::for_value(&dense(p, Optimizer::None, 0, 1), Scenario::Params, psi).unwrap();
+        assert_eq!(plan.peak_bytes(), infer * psi, "{p:?} inference");
+    }
+    // Pure 16-bit: every state tensor is in the 16-bit type, mixed keeps fp32 ones too.
+    for (p, dt) in [
+        (Precision::Fp16, DType::F16),
+        (Precision::Bf16, DType::Bf16),
+    ] {
+        let plan =
+            Plan::for_value(&dense(p, Optimizer::Adam, 0, 1), Scenario::Params, psi).unwrap();
+        assert!(plan.tensors.iter().all(|t| t.dtype == dt), "{p:?}");
+    }
+}
+
+#[test]
 fn sixteen_bytes_per_param_fp32_and_mixed_adam() {
     let psi = 7_000_000_000u64;
     for p in [Precision::Fp32, Precision::Mixed] {

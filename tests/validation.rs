@@ -7,18 +7,20 @@
 //! `OOMPROBE_VALIDATION_TABLE=FILE cargo test --test validation` writes the Markdown table that
 //! `docs/validation.md` shows.
 
+use oomprobe::plan::autocast::Device;
 use oomprobe::plan::build::param_count;
 use oomprobe::plan::Plan;
 use oomprobe::workload::presets::{self, vit_tokens};
-use oomprobe::workload::{Gelu, Grads, Mode, OptimizerImpl, StepKind, Workload};
+use oomprobe::workload::{Gelu, Grads, Mode, OptimizerImpl, Precision, StepKind, Workload};
 use serde_json::Value;
 
-fn fixture() -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/validation.json"
-    );
+fn load(name: &str) -> Value {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
     serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("fixture JSON")
+}
+
+fn fixture() -> Value {
+    load("validation.json")
 }
 
 fn u(r: &Value, k: &str) -> u64 {
@@ -38,6 +40,15 @@ fn workload(r: &Value) -> Workload {
     };
     let mut w = presets::get(preset).unwrap();
     w.batch = u(r, "batch");
+    match r["precision"].as_str().unwrap() {
+        "fp32" => {}
+        // CPU autocast: the CPU op lists decide per-op types, as measured.
+        "autocast-bf16" => {
+            w.precision = Precision::AmpBf16;
+            w.autocast_device = Device::Cpu;
+        }
+        other => panic!("unknown precision {other}"),
+    }
     match arch {
         "resnet50" => {
             w.image = u(r, "image");
@@ -103,8 +114,25 @@ fn variants() -> Vec<(String, OptimizerImpl, Grads, StepKind)> {
     v
 }
 
+/// Bytes of autocast's 16-bit weight copies live when backward starts (what the matmuls saved).
+fn weight_casts_at_backward(plan: &Plan) -> u64 {
+    let start = plan
+        .events
+        .iter()
+        .position(|e| e.phase >= oomprobe::plan::Phase::Backward)
+        .unwrap_or(plan.events.len());
+    plan.live_after(start)
+        .into_iter()
+        .filter(|&t| plan.tensors[t].name.starts_with("cast."))
+        .map(|t| plan.tensors[t].bytes)
+        .sum()
+}
+
 fn checks() -> Vec<Check> {
-    let fx = fixture();
+    checks_of(&fixture())
+}
+
+fn checks_of(fx: &Value) -> Vec<Check> {
     let mut out = Vec::new();
     for r in fx["rows"].as_array().unwrap() {
         let id = r["id"].as_str().unwrap().to_string();
@@ -120,6 +148,16 @@ fn checks() -> Vec<Check> {
             tol: 0.01,
             phases: None,
         });
+        if let Some(m) = r["weight_cast_bytes"].as_u64().filter(|&m| m > 0) {
+            out.push(Check {
+                row: id.clone(),
+                what: "weight casts saved".into(),
+                measured: m,
+                estimated: weight_casts_at_backward(&plan),
+                tol: 0.01,
+                phases: None,
+            });
+        }
         for (key, oi, grads, step) in variants() {
             let k = format!("train_{key}_peak_bytes");
             if r.get(&k).is_none() {
@@ -188,15 +226,15 @@ fn mib(b: u64) -> String {
     format!("{:.1}", b as f64 / (1u64 << 20) as f64)
 }
 
-#[test]
-fn every_fixture_row_is_reproduced() {
-    let checks = checks();
-    assert!(checks.len() >= 100, "{} checks", checks.len());
-    if let Ok(path) = std::env::var("OOMPROBE_VALIDATION_TABLE") {
+/// Write the Markdown table (when `env` names a file) and assert every check's tolerance, and
+/// saved activations within 0.5 % (exact up to what is not modelled: LayerNorm's per-row
+/// statistics, integer token ids).
+fn assert_checks(checks: &[Check], env: &str) {
+    if let Ok(path) = std::env::var(env) {
         let mut t = String::from(
             "| row | quantity | measured MiB | estimated MiB | error | peak phase (measured / estimated) |\n|---|---|---:|---:|---:|---|\n",
         );
-        for c in &checks {
+        for c in checks {
             let ph = c
                 .phases
                 .as_ref()
@@ -228,8 +266,6 @@ fn every_fixture_row_is_reproduced() {
         })
         .collect();
     assert!(bad.is_empty(), "{}", bad.join("\n"));
-    // Saved activations are exact up to what is not modelled (LayerNorm's per-row statistics,
-    // integer token ids): within 0.5 % on every row.
     for c in checks.iter().filter(|c| c.what == "saved + held") {
         assert!(
             c.error().abs() < 0.005,
@@ -238,6 +274,31 @@ fn every_fixture_row_is_reproduced() {
             c.error() * 100.0
         );
     }
+}
+
+#[test]
+fn every_fixture_row_is_reproduced() {
+    let checks = checks();
+    assert!(checks.len() >= 100, "{} checks", checks.len());
+    assert_checks(&checks, "OOMPROBE_VALIDATION_TABLE");
+}
+
+/// torch.autocast bf16 on CPU (`tests/fixtures/validation_autocast.json`), modelled with
+/// CPU's autocast op lists: fp32 params, gradients and Adam state, the weight-cast cache,
+/// per-op output types.
+#[test]
+fn autocast_rows_are_reproduced() {
+    let fx = load("validation_autocast.json");
+    let rows = fx["rows"].as_array().unwrap();
+    assert!(rows.len() >= 4, "{} autocast rows", rows.len());
+    let checks = checks_of(&fx);
+    // Every row has its saved bytes, its weight copies and at least one peak checked.
+    for r in rows {
+        let id = r["id"].as_str().unwrap();
+        let n = checks.iter().filter(|c| c.row == id).count();
+        assert!(n >= 4, "{id}: {n} checks");
+    }
+    assert_checks(&checks, "OOMPROBE_AUTOCAST_TABLE");
 }
 
 #[test]

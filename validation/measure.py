@@ -755,10 +755,21 @@ def all_rows(autocast: bool = True) -> list[dict]:
 
 
 def autocast_rows() -> list[dict]:
+    """CPU autocast-bf16 rows. The first two are full GPT-2 / ViT-B (slow: minutes per step where
+    the CPU emulates bf16); the `-mini` rows are the same architectures at a small width and depth
+    (2 layers, hidden 256), which check the per-op dtypes in seconds per row."""
     rows = []
     rows.append(dict(GPT2, model="gpt2-fused", gelu="gelu_pytorch_tanh", use_cache=False, dropout=0.0,
                      batch=1, seq=128, precision="autocast-bf16"))
     rows.append(dict(VIT, model="vit-b16", dropout=0.0, batch=1, seq=197, precision="autocast-bf16"))
+    mini = dict(hidden=256, layers=2, heads=4, ffn=1024)
+    for variant, gelu, cache, p in (("hf", "gelu_new", True, 0.1), ("fused", "gelu_pytorch_tanh", False, 0.0)):
+        rows.append(dict(GPT2, **mini, model=f"gpt2-{variant}-mini", gelu=gelu, use_cache=cache, dropout=p,
+                         vocab=8000, max_positions=256, batch=2, seq=128, precision="autocast-bf16"))
+    rows.append(dict(BERT, **mini, model="bert-mini", dropout=0.1, vocab=8000, max_positions=256, batch=2,
+                     seq=128, precision="autocast-bf16"))
+    rows.append(dict(VIT, **mini, model="vit-mini", dropout=0.0, image=96, classes=100, batch=2,
+                     seq=(96 // 16) ** 2 + 1, precision="autocast-bf16"))
     return rows
 
 
@@ -770,6 +781,10 @@ def row_id(r: dict) -> str:
 
 BREAKDOWN_IDS = {
     "gpt2-fused-p0-b1-s128-autocast-bf16",
+    "gpt2-hf-mini-p0.1-b2-s128-autocast-bf16",
+    "gpt2-fused-mini-p0-b2-s128-autocast-bf16",
+    "bert-mini-p0.1-b2-s128-autocast-bf16",
+    "vit-mini-p0-b2-i96-autocast-bf16",
     "vit-b16-p0-b1-i224-autocast-bf16",
     "gpt2-hf-p0.1-b1-s128",
     "gpt2-fused-p0.1-b1-s128",

@@ -96,7 +96,7 @@ pub fn probe(args: &ProbeArgs, budget: Option<u64>, timeout: ProbeTimeout) -> Cl
     }
     let src = source(&args.snapshot)?;
     let (choice, info) =
-        super::probe::select_device(&args.device.backend, args.device.device.as_deref())?;
+        crate::probe::session::select_device(&args.device.backend, args.device.device.as_deref())?;
     let cap = capacity::decide(&info, budget);
     if !args.quiet {
         for n in &cap.notes {
@@ -104,6 +104,10 @@ pub fn probe(args: &ProbeArgs, budget: Option<u64>, timeout: ProbeTimeout) -> Cl
         }
     }
     let runner = if args.no_isolate {
+        eprintln!(
+            "oomprobe: warning: {}",
+            crate::probe::session::NO_ISOLATE_WARNING
+        );
         None
     } else {
         Some(ChildRunner::current(timeout).map_err(|e| {

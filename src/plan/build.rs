@@ -132,8 +132,20 @@ impl Builder {
     pub fn tensor(&self, ix: TensorIx) -> &TensorSpec {
         &self.tensors[ix]
     }
-    /// Run a kernel now.
+    /// Run a kernel now. A kernel over tensors of different floating types (an autocast op
+    /// that reads a 16-bit tensor and writes an fp32 one) has no WGSL/CUDA kernel: it is left
+    /// out (its tensors are still allocated, filled and freed in order).
     pub fn step(&mut self, s: Step) {
+        let mut types = s
+            .tensors()
+            .into_iter()
+            .map(|t| self.tensors[t].dtype)
+            .filter(|d| !matches!(d, DType::U8 | DType::I64));
+        if let Some(first) = types.next() {
+            if types.any(|d| d != first) {
+                return;
+            }
+        }
         self.steps.push(s);
         self.events.push(Event {
             phase: self.phase,

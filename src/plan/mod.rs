@@ -3,6 +3,7 @@
 //! backend-free: the estimate (the timeline's peak) and the probe (its replay) both come from the
 //! same plan.
 
+pub mod autocast;
 pub mod build;
 pub mod params;
 pub mod resnet;

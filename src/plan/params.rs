@@ -6,24 +6,47 @@
 //!   momentum / SGD.
 //! - mixed: fp16 weights 2 + fp16 gradients 2 + fp32 master weights 4 (+ Adam m, v 8 or
 //!   momentum 4) → 16 / 12 / 8; K (optimizer bytes incl. the master copy) = 12 with Adam.
-//! - optimizer `none` (inference): weights only, in the compute type (fp32 4, otherwise 2).
+//! - amp-fp16 / amp-bf16 (torch.autocast): params, gradients and Adam state fp32 as in fp32
+//!   (16 / 12 / 8); the 16-bit copies of the weights (autocast's weight-cast cache, `cast`) are
+//!   not model states: they live from the forward's first use to the backward's last.
+//! - optimizer `none` (inference): weights only, in the parameter type (fp32 and amp 4,
+//!   otherwise 2).
 //!
 //! ZeRO over N data-parallel devices (the ZeRO paper's formulas, generalized to any precision
 //! with P = weight, G = gradient, K = optimizer bytes per parameter): stage 1 shards the optimizer
 //! state (PΨ + GΨ + KΨ/N), stage 2 also the gradients (PΨ + (G+K)Ψ/N), stage 3 also the weights
 //! ((P+G+K)Ψ/N). A shard holds ⌈Ψ/N⌉ elements.
 
+use super::autocast::Autocast;
 use super::build::{Builder, PlanError};
 use super::{DType, Phase, Role, Step, TensorIx};
 use crate::workload::{Grads, Optimizer, OptimizerImpl, Precision, StepKind, Workload};
 
-/// The compute (activation) type of a precision: mixed computes in fp16.
+/// The compute (activation) type of a precision: mixed computes in fp16; autocast's
+/// lower-precision ops (matmuls, convolutions) in its 16-bit type.
 pub fn compute_dtype(p: Precision) -> DType {
     match p {
         Precision::Fp32 => DType::F32,
-        Precision::Fp16 | Precision::Mixed => DType::F16,
-        Precision::Bf16 => DType::Bf16,
+        Precision::Fp16 | Precision::Mixed | Precision::AmpFp16 => DType::F16,
+        Precision::Bf16 | Precision::AmpBf16 => DType::Bf16,
     }
+}
+
+/// The type parameters and gradients are stored in: fp32 under autocast.
+pub fn param_dtype(p: Precision) -> DType {
+    if p.is_autocast() {
+        DType::F32
+    } else {
+        compute_dtype(p)
+    }
+}
+
+/// Autocast in effect for a workload (None unless `amp-*`), with the workload's op lists.
+pub fn autocast(w: &Workload) -> Option<Autocast> {
+    w.precision.is_autocast().then(|| Autocast {
+        device: w.autocast_device,
+        low: compute_dtype(w.precision),
+    })
 }
 
 /// One model-state tensor kind: its name, role, element type and ZeRO stage from which it is
@@ -38,7 +61,7 @@ pub struct StateKind {
 
 /// The model-state tensors of a precision and optimizer, in allocation order.
 pub fn state_kinds(precision: Precision, optimizer: Optimizer) -> Vec<StateKind> {
-    let c = compute_dtype(precision);
+    let c = param_dtype(precision);
     let kind = |name, role, dtype, stage| StateKind {
         name,
         role,
@@ -50,9 +73,10 @@ pub fn state_kinds(precision: Precision, optimizer: Optimizer) -> Vec<StateKind>
         return v;
     }
     v.push(kind("grads", Role::Gradients, c, 2));
-    // Optimizer-state element type: fp32 for fp32 and mixed, the 16-bit type for pure 16-bit.
+    // Optimizer-state element type: fp32 for fp32, mixed and autocast, the 16-bit type for
+    // pure 16-bit.
     let o = match precision {
-        Precision::Fp32 | Precision::Mixed => DType::F32,
+        Precision::Fp32 | Precision::Mixed | Precision::AmpFp16 | Precision::AmpBf16 => DType::F32,
         Precision::Fp16 | Precision::Bf16 => c,
     };
     if precision == Precision::Mixed {
@@ -134,6 +158,22 @@ pub struct States {
     /// A tied parameter's first gradient contributions, waiting in autograd's input buffer for
     /// the last one: (piece, tensor).
     pending: Vec<(usize, TensorIx)>,
+    /// Autocast's lower-precision type, when it is on (not modelled under flat ZeRO states).
+    low: Option<DType>,
+    /// The weight-cast cache: per piece, the 16-bit copies of its matmul/conv weights (saved
+    /// for backward) and biases (not saved), made at the first use in forward.
+    casts: std::collections::HashMap<usize, Cast>,
+}
+
+/// One piece's entry in autocast's weight-cast cache.
+#[derive(Debug, Clone, Copy)]
+struct Cast {
+    weight: TensorIx,
+    bias: Option<TensorIx>,
+    weight_live: bool,
+    /// Elements of the weight (and bias) that backward reaches last in the piece (the first
+    /// matmul of its forward): its 16-bit gradient is the piece's last transient one.
+    last_elems: u64,
 }
 
 impl States {
@@ -172,6 +212,8 @@ impl States {
             keep_grads: flat || w.grads == Grads::Keep,
             first_step: !flat && w.step == StepKind::First,
             pending: Vec::new(),
+            low: autocast(w).filter(|_| !flat).map(|a| a.low),
+            casts: Default::default(),
         };
         b.phase(Phase::Setup);
         for p in &pieces {
@@ -250,13 +292,126 @@ impl States {
         }
         let part = Piece::new(format!("{}.part", self.names[i]), self.pieces[i].elems);
         // Not yet a `.grad`: an autograd buffer (workspace) until the sum is made.
-        let buffer = StateKind {
-            role: Role::Workspace,
-            ..kind
+        // (Under autocast it becomes `.grad` itself: see `gradient`.)
+        let buffer = if self.low.is_some() {
+            kind
+        } else {
+            StateKind {
+                role: Role::Workspace,
+                ..kind
+            }
         };
+        let g16 = self.cast_grad(b, i)?;
         let t = self.alloc_kind(b, &buffer, &part, w)?;
+        self.release_cast(b, g16);
         self.pending.push((i, t));
         Ok(())
+    }
+
+    /// Autocast's cached 16-bit copy of piece `name`'s matmul (or conv) weights, `weight_elems`
+    /// of them plus `bias_elems` of biases: made at the piece's first use in forward
+    /// (`cached_cast` in PyTorch's `autocast_mode.cpp`: fp32 leaves that require grad are cast
+    /// once per autocast region). `last_elems`: the parameters of the piece's first matmul
+    /// (backward reaches it last). Returns the weight copy (what the kernels read), or None
+    /// without autocast (and under flat ZeRO states, where it is not modelled).
+    pub fn cast(
+        &mut self,
+        b: &mut Builder,
+        name: &str,
+        (weight_elems, bias_elems, last_elems): (u64, u64, u64),
+    ) -> Result<Option<TensorIx>, PlanError> {
+        let (Some(low), Some(i)) = (self.low, self.piece(name)) else {
+            return Ok(None);
+        };
+        // A piece used again after its copy was dropped (a checkpointed segment recomputed in
+        // backward, under autocast again) is cast anew; its biases' copies go at once then.
+        let recast = match self.casts.get(&i) {
+            Some(c) if c.weight_live => return Ok(Some(c.weight)),
+            Some(_) => true,
+            None => false,
+        };
+        let bias_elems = if recast { 0 } else { bias_elems };
+        let rows = |e: u64| e.clamp(1, 4096);
+        let weight = b.push(
+            &format!("cast.{name}"),
+            Role::Workspace,
+            low,
+            &[weight_elems.max(1)],
+            rows(weight_elems),
+        )?;
+        let bias = if bias_elems > 0 {
+            Some(b.push(
+                &format!("cast.{name}.bias"),
+                Role::Workspace,
+                low,
+                &[bias_elems],
+                rows(bias_elems),
+            )?)
+        } else {
+            None
+        };
+        self.casts.insert(
+            i,
+            Cast {
+                weight,
+                bias,
+                weight_live: true,
+                last_elems,
+            },
+        );
+        Ok(Some(weight))
+    }
+
+    /// Piece `name`'s live 16-bit weight copy, if autocast made one.
+    pub fn cast_weight(&self, name: &str) -> Option<TensorIx> {
+        let c = self.casts.get(&self.piece(name)?)?;
+        c.weight_live.then_some(c.weight)
+    }
+
+    /// The autocast region exits (`clear_cache`): cast biases are freed (no backward saves
+    /// them); weight copies stay while backward still needs them, except those of the pieces
+    /// `unsaved` names (an inference forward, or layers run under no_grad for checkpointing:
+    /// no graph saved their copies).
+    pub fn autocast_exit(&mut self, b: &mut Builder, unsaved: impl Fn(&str) -> bool) {
+        let mut keys: Vec<usize> = self.casts.keys().copied().collect();
+        keys.sort_unstable();
+        for i in keys {
+            let free_weight = unsaved(&self.names[i]);
+            let c = self.casts.get_mut(&i).expect("key");
+            if let Some(t) = c.bias.take() {
+                b.free(t);
+            }
+            if free_weight && c.weight_live {
+                c.weight_live = false;
+                b.free(c.weight);
+            }
+        }
+    }
+
+    /// Under autocast, backward through piece `i`'s matmuls. Each matmul's node makes the
+    /// 16-bit gradient of its weight copy and then releases its saved variables (the copy);
+    /// `ToCopyBackward0` then makes the fp32 gradient from it. Modelled per piece: the copy is
+    /// freed, the 16-bit gradient of the piece's last-reached matmul is allocated (returned)
+    /// and freed once the fp32 gradient exists (`release_cast`).
+    fn cast_grad(&mut self, b: &mut Builder, i: usize) -> Result<Option<TensorIx>, PlanError> {
+        let (Some(low), Some(c)) = (self.low, self.casts.get_mut(&i)) else {
+            return Ok(None);
+        };
+        if !c.weight_live {
+            return Ok(None);
+        }
+        let elems = c.last_elems.max(1);
+        let name = format!("grad16.{}", self.names[i]);
+        let g = b.push(&name, Role::Workspace, low, &[elems], elems.clamp(1, 4096))?;
+        c.weight_live = false;
+        b.free(c.weight);
+        Ok(Some(g))
+    }
+
+    fn release_cast(&mut self, b: &mut Builder, g16: Option<TensorIx>) {
+        if let Some(g) = g16 {
+            b.free(g);
+        }
     }
 
     fn grad_kind(&self) -> Option<StateKind> {
@@ -283,12 +438,49 @@ impl States {
             // DeepSpeed reduces into its flat buffer bucket by bucket: no per-piece temporary.
             return Ok(());
         }
+        let g16 = self.cast_grad(b, i)?;
+        self.gradient_fp(b, i, &kind, piece, w)?;
+        self.release_cast(b, g16);
+        Ok(())
+    }
+
+    /// The gradient of piece `i` in the gradients' own type (see `gradient`).
+    fn gradient_fp(
+        &mut self,
+        b: &mut Builder,
+        i: usize,
+        kind: &StateKind,
+        piece: Piece,
+        w: &Workload,
+    ) -> Result<(), PlanError> {
         let parts: Vec<TensorIx> = self
             .pending
             .iter()
             .filter(|(p, _)| *p == i)
             .map(|&(_, t)| t)
             .collect();
+        if !parts.is_empty() && self.low.is_some() {
+            // Under autocast the earlier part is `ToCopyBackward0`'s fresh fp32 output:
+            // autograd's input buffer adds the new contribution into it in place (measured:
+            // two [V, h] at GPT-2's embedding backward, not three). It becomes `.grad`, or is
+            // added into the kept one.
+            self.pending.retain(|(p, _)| *p != i);
+            let buffer = StateKind {
+                role: Role::Workspace,
+                ..kind.clone()
+            };
+            let new = Piece::new(format!("{}.new", piece.name), piece.elems);
+            let new = self.alloc_kind(b, &buffer, &new, w)?;
+            b.free(new);
+            for (j, part) in parts.into_iter().enumerate() {
+                if j == 0 && self.pieces[i].grad.is_none() {
+                    self.pieces[i].grad = Some(part);
+                } else {
+                    b.free(part);
+                }
+            }
+            return Ok(());
+        }
         if !parts.is_empty() {
             self.pending.retain(|(p, _)| *p != i);
             let buffer = StateKind {
@@ -298,7 +490,7 @@ impl States {
             let new = Piece::new(format!("{}.new", piece.name), piece.elems);
             let new = self.alloc_kind(b, &buffer, &new, w)?;
             let sum = Piece::new(format!("{}.sum", piece.name), piece.elems);
-            let sum = self.alloc_kind(b, &kind, &sum, w)?;
+            let sum = self.alloc_kind(b, kind, &sum, w)?;
             b.free_all(parts);
             b.free(new);
             if self.pieces[i].grad.is_none() {
@@ -309,11 +501,11 @@ impl States {
             return Ok(());
         }
         if self.pieces[i].grad.is_none() {
-            let t = self.alloc_kind(b, &kind, &piece, w)?;
+            let t = self.alloc_kind(b, kind, &piece, w)?;
             self.pieces[i].grad = Some(t);
         } else {
             let tmp = Piece::new(format!("{}.new", piece.name), piece.elems);
-            let t = self.alloc_kind(b, &kind, &tmp, w)?;
+            let t = self.alloc_kind(b, kind, &tmp, w)?;
             b.free(t);
         }
         Ok(())
@@ -449,5 +641,9 @@ mod tests {
         assert_eq!(bytes_per_param(Fp16, None), 2);
         assert_eq!(bytes_per_param(Fp32, None), 4);
         assert_eq!(bytes_per_param(Mixed, SgdMomentum), 12);
+        assert_eq!(bytes_per_param(AmpFp16, Adam), 16);
+        assert_eq!(bytes_per_param(AmpBf16, Adam), 16);
+        assert_eq!(bytes_per_param(AmpBf16, None), 4);
+        assert_eq!(bytes_per_param(Bf16, Adam), 8);
     }
 }

@@ -21,9 +21,17 @@
 //! Backward walks the convs in reverse: each makes the gradient of its BN/ReLU output and of its
 //! input, and its weight gradient appears; a block keeps its incoming gradient for the shortcut
 //! and sums the two paths into a new tensor.
+//!
+//! Under autocast (`amp-*`; both CUDA's and CPU's lists put convolutions and linear layers on
+//! the lower-precision list and batch norm, ReLU, pooling on none): every activation is 16-bit,
+//! the conv weights and the fc are cast once (the weight-cast cache), the stem conv saves a
+//! 16-bit copy of the fp32 image, and the loss computes fp32 log-probabilities from the 16-bit
+//! logits (an fp32 copy first, except CUDA fp16's `half_to_float` log-softmax).
+//!
 //! Steps: Conv2d per conv, LayerNorm over each (n, c) plane standing in for BN, the fc matmul;
 //! the in-place ReLUs, the max-pool and the residual adds have no kernel.
 
+use super::autocast::Device;
 use super::build::{prod, sum, Builder, PlanError};
 use super::params::{compute_dtype, Piece, States};
 use super::{DType, Phase, Role, Step, TensorIx};
@@ -225,7 +233,11 @@ impl R<'_> {
         let bsz = self.bsz;
         let shape = [bsz, cv.c_out, ho, ho];
         let y = self.act(&format!("{}.out", cv.name), shape, Role::Activations)?;
-        let wt = self.states.weights(&cv.name);
+        let we = cv.weight_elems()?;
+        let wt = match self.states.cast(self.b, &cv.name, (we, 0, we))? {
+            Some(t) => t,
+            None => self.states.weights(&cv.name),
+        };
         // Under ZeRO-3 a conv reads the local shard; one smaller than its weight runs no kernel.
         if cv.weight_elems()? <= self.b.tensor(wt).elems() {
             self.b.step(Step::Conv2d {
@@ -324,7 +336,17 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     };
     r.b.phase(Phase::Forward);
     let img = w.image;
-    let image = r.act("image", [bsz, 3, img, img], Role::Activations)?;
+    let ac = super::params::autocast(w);
+    // Under autocast the pixels stay an fp32 input (held, not saved): the stem conv saves its
+    // 16-bit copy.
+    let mut inputs = Vec::new();
+    let image = if ac.is_some() {
+        let shape = [bsz, 3, img, img];
+        inputs.push(r.b.push("input.image", Role::Workspace, DType::F32, &shape, img)?);
+        r.act("image.cast", shape, Role::Activations)?
+    } else {
+        r.act("image", [bsz, 3, img, img], Role::Activations)?
+    };
     let (stem_fr, stem_out) = r.conv(&n.stem, image)?;
     let ph = n.pool_h;
     let pool_shape = [bsz, n.stem.c_out, ph, ph];
@@ -396,7 +418,14 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     let classes = w.vocab;
     let logits =
         r.b.push("logits", Role::Activations, c, &[bsz, classes], classes)?;
-    let wt = r.states.weights("fc");
+    let fe = f.saturating_mul(classes);
+    let wt = match r
+        .states
+        .cast(r.b, "fc", (fe, classes, fe.saturating_add(classes)))?
+    {
+        Some(t) => t,
+        None => r.states.weights("fc"),
+    };
     if f.saturating_mul(classes) <= r.b.tensor(wt).elems() {
         r.b.step(Step::Matmul {
             a: pooled,
@@ -409,41 +438,53 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         });
     }
     if !train {
+        r.states.autocast_exit(r.b, |_| true);
         r.b.free_all([x, pooled, logits]);
+        r.b.free_all(inputs);
         return Ok(());
     }
     r.b.phase(Phase::Loss);
-    let logprobs = r.b.push(
-        "logprobs",
-        Role::Activations,
-        DType::F32,
-        &[bsz, classes],
-        classes,
-    )?;
-    if c == DType::F32 {
-        r.b.step(Step::Softmax {
-            x: logits,
-            y: logprobs,
-            rows: bsz,
-            cols: classes,
-        });
-    }
+    // F.cross_entropy on the logits as they are: fp32 log-probabilities (from an fp32 copy
+    // under autocast, except CUDA fp16's one-kernel `half_to_float`); without autocast the
+    // log-softmax runs in the logits' type.
+    let half_to_float = ac.is_some_and(|a| a.device == Device::Cuda && c == DType::F16);
+    let lp_dtype = if ac.is_some() { DType::F32 } else { c };
+    let shape = [bsz, classes];
+    let copy = if ac.is_some() && !half_to_float {
+        Some(r.b.push(
+            "loss.logits_f32",
+            Role::Workspace,
+            DType::F32,
+            &shape,
+            classes,
+        )?)
+    } else {
+        None
+    };
+    let logprobs =
+        r.b.push("logprobs", Role::Activations, lp_dtype, &shape, classes)?;
+    r.b.step(Step::Softmax {
+        x: copy.unwrap_or(logits),
+        y: logprobs,
+        rows: bsz,
+        cols: classes,
+    });
+    r.b.free_all(copy);
+    r.states.autocast_exit(r.b, |_| false);
     r.b.phase(Phase::Backward);
-    let g_lp = r.b.push(
-        "grad.logprobs",
-        Role::Workspace,
-        DType::F32,
-        &[bsz, classes],
-        classes,
-    )?;
-    let g_logits = r.b.push(
-        "grad.logits",
-        Role::Workspace,
-        DType::F32,
-        &[bsz, classes],
-        classes,
-    )?;
+    let g_lp =
+        r.b.push("grad.logprobs", Role::Workspace, lp_dtype, &shape, classes)?;
+    let gl_dtype = if half_to_float { c } else { lp_dtype };
+    let mut g_logits =
+        r.b.push("grad.logits", Role::Workspace, gl_dtype, &shape, classes)?;
     r.b.free_all([g_lp, logprobs]);
+    if gl_dtype != c {
+        // ToCopyBackward0 of the fp32 copy: the logits' own type.
+        let g =
+            r.b.push("grad.logits_16", Role::Workspace, c, &shape, classes)?;
+        r.b.free(g_logits);
+        g_logits = g;
+    }
     r.states.gradient(r.b, "fc", w)?;
     let g_pool = r.b.push("grad.pooled", Role::Workspace, c, &[bsz, f], f)?;
     r.b.free_all([g_logits, pooled]);
@@ -493,6 +534,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     r.backward(stem_fr, g_stem, false, false)?;
     let w_ = r.w;
     r.b.free(logits);
+    r.b.free_all(inputs);
     r.states.optimizer_step(r.b, w_)?;
     Ok(())
 }

@@ -70,6 +70,7 @@
 //! recomputation (`recompute.*`): min(K, L) full layers minus the segment input, which is the
 //! checkpoint. Full recompute thus holds `L·B·sbh + (one layer − B·sbh)`.
 
+use super::autocast::{self, Autocast};
 use super::build::{prod, sum, Builder, PlanError};
 use super::params::{compute_dtype, Piece, States};
 use super::{DType, Phase, Role, Step, TensorIx};
@@ -167,6 +168,44 @@ struct Frame {
     saved: Vec<TensorIx>,
 }
 
+/// How a model's code runs attention's softmax (Hugging Face transformers 5.24,
+/// `eager_attention_forward` of each model), which decides the probabilities' type together with
+/// autocast's lists.
+#[derive(Debug, Clone, Copy)]
+struct SoftmaxCode {
+    /// `softmax(..., dtype=torch.float32)` (ViT, LLaMA): fp32 probabilities whatever the input.
+    fp32: bool,
+    /// The scores get `+ attention_mask` first, a mask in the embeddings' type (GPT-2's causal
+    /// mask): under autocast that promotes the 16-bit scores to fp32.
+    mask_promotes: bool,
+    /// The probabilities are cast back to the values' type right after the softmax
+    /// (`.type(value.dtype)` in GPT-2, `.to(query.dtype)` in ViT and LLaMA); BERT does not, so
+    /// under autocast its dropout runs on fp32 probabilities and the matmul casts them.
+    cast_back: bool,
+}
+
+impl SoftmaxCode {
+    fn of(arch: Arch) -> SoftmaxCode {
+        match arch {
+            Arch::Gpt2 => SoftmaxCode {
+                fp32: false,
+                mask_promotes: true,
+                cast_back: true,
+            },
+            Arch::Bert => SoftmaxCode {
+                fp32: false,
+                mask_promotes: false,
+                cast_back: false,
+            },
+            _ => SoftmaxCode {
+                fp32: true,
+                mask_promotes: false,
+                cast_back: true,
+            },
+        }
+    }
+}
+
 struct T<'a> {
     b: &'a mut Builder,
     w: &'a Workload,
@@ -176,7 +215,17 @@ struct T<'a> {
     h: u64,
     a: u64,
     f: u64,
+    /// The compute type: matmul outputs (autocast's lower-precision type under `amp-*`).
     c: DType,
+    /// The residual stream's type: fp32 under autocast (fp32 embeddings plus 16-bit block
+    /// outputs promote to fp32), else `c`.
+    r: DType,
+    /// Autocast and the op lists in effect.
+    ac: Option<Autocast>,
+    softmax: SoftmaxCode,
+    /// How many projections read the attention's normed input (GPT-2's fused `c_attn`: 1;
+    /// separate q, k, v Linears: 3). Under autocast each casts it separately and saves its copy.
+    qkv_readers: u64,
     dropout: bool,
     flash: bool,
     causal: bool,
@@ -188,17 +237,76 @@ struct T<'a> {
     held: Vec<TensorIx>,
 }
 
+/// Parameters of piece `name` that autocast casts to 16 bits (matmul and conv weights, and
+/// biases, which no backward saves): (weights, biases, the weight and bias of the piece's first
+/// matmul, which backward reaches last). LayerNorm/RMSNorm gains, position and token-type
+/// embeddings are used in fp32 and never cast.
+fn cast_elems(w: &Workload, name: &str) -> Result<(u64, u64, u64), PlanError> {
+    let (h, f, v) = (w.hidden, w.ffn, w.vocab);
+    let e = "the weight-cast cache";
+    let llama = w.arch == Arch::Llama;
+    let hh = prod(&[h, h], e)?;
+    let hf = prod(&[h, f], e)?;
+    Ok(if name.ends_with(".attn") {
+        // GPT-2's fused c_attn (3h² + 3h) is its first matmul; the others' q projection.
+        let first = match w.arch {
+            Arch::Gpt2 => sum(&[prod(&[3, h, h], e)?, 3 * h], e)?,
+            Arch::Llama => hh,
+            _ => sum(&[hh, h], e)?,
+        };
+        (prod(&[4, h, h], e)?, if llama { 0 } else { 4 * h }, first)
+    } else if name.ends_with(".mlp") {
+        if llama {
+            (prod(&[3, h, f], e)?, 0, hf)
+        } else {
+            (prod(&[2, h, f], e)?, sum(&[f, h], e)?, sum(&[hf, f], e)?)
+        }
+    } else {
+        match (name, w.arch) {
+            ("embed" | "head", _) => {
+                let vh = prod(&[v, h], e)?;
+                (vh, 0, vh)
+            }
+            // BERT's MLM transform dense and the decoder's bias; ViT's classifier.
+            ("head.rest", Arch::Bert) => (hh, sum(&[h, v], e)?, sum(&[hh, h], e)?),
+            ("head.rest", Arch::Vit) => {
+                let hv = prod(&[h, v], e)?;
+                (hv, v, sum(&[hv, v], e)?)
+            }
+            // ViT's patch convolution.
+            ("embed.rest", Arch::Vit) => {
+                let k = prod(&[3, w.patch, w.patch, h], e)?;
+                (k, h, sum(&[k, h], e)?)
+            }
+            _ => (0, 0, 0),
+        }
+    })
+}
+
 impl T<'_> {
     fn hidden(&mut self, name: &str, role: Role) -> Result<TensorIx, PlanError> {
-        let (bsz, s, h, c) = (self.bsz, self.s, self.h, self.c);
-        self.b.push(name, role, c, &[bsz, s, h], h)
+        let c = self.c;
+        self.hidden_t(name, role, c)
+    }
+    fn hidden_t(&mut self, name: &str, role: Role, dtype: DType) -> Result<TensorIx, PlanError> {
+        let (bsz, s, h) = (self.bsz, self.s, self.h);
+        self.b.push(name, role, dtype, &[bsz, s, h], h)
+    }
+    /// A residual-stream tensor (layer input and output, norm inputs).
+    fn resid(&mut self, name: &str) -> Result<TensorIx, PlanError> {
+        let r = self.r;
+        self.hidden_t(name, Role::Activations, r)
     }
     fn wide(&mut self, name: &str) -> Result<TensorIx, PlanError> {
         self.wide_as(name, Role::Activations)
     }
     fn wide_as(&mut self, name: &str, role: Role) -> Result<TensorIx, PlanError> {
-        let (bsz, s, f, c) = (self.bsz, self.s, self.f, self.c);
-        self.b.push(name, role, c, &[bsz, s, f], f)
+        let c = self.c;
+        self.wide_t(name, role, c)
+    }
+    fn wide_t(&mut self, name: &str, role: Role, dtype: DType) -> Result<TensorIx, PlanError> {
+        let (bsz, s, f) = (self.bsz, self.s, self.f);
+        self.b.push(name, role, dtype, &[bsz, s, f], f)
     }
     fn scores(&mut self, name: &str, role: Role, dtype: DType) -> Result<TensorIx, PlanError> {
         let (bsz, a, s) = (self.bsz, self.a, self.s);
@@ -217,8 +325,27 @@ impl T<'_> {
     fn rows(&self) -> u64 {
         self.bsz.saturating_mul(self.s)
     }
+    fn dtype(&self, t: TensorIx) -> DType {
+        self.b.tensor(t).dtype
+    }
+    /// The output type of `op` over inputs of these types (autocast's lists, or promotion).
+    fn out(&self, op: &str, inputs: &[DType]) -> DType {
+        autocast::out_dtype(self.ac, op, inputs)
+    }
+    /// Piece `piece`'s first use in forward: under autocast its weights are cast (and cached).
+    fn use_piece(&mut self, piece: &str) -> Result<(), PlanError> {
+        if self.ac.is_some() && self.gather.is_none() {
+            let elems = cast_elems(self.w, piece)?;
+            if elems.0 > 0 {
+                self.states.cast(self.b, piece, elems)?;
+            }
+        }
+        Ok(())
+    }
     fn weights(&self, piece: &str) -> TensorIx {
-        self.gather.unwrap_or_else(|| self.states.weights(piece))
+        self.gather
+            .or_else(|| self.states.cast_weight(piece))
+            .unwrap_or_else(|| self.states.weights(piece))
     }
     fn matmul(&mut self, piece: &str, a: TensorIx, c: TensorIx, n: u64, k: u64) {
         let m = self.rows();
@@ -236,6 +363,55 @@ impl T<'_> {
     fn norm(&mut self, x: TensorIx, y: TensorIx) {
         let (rows, cols) = (self.rows(), self.h);
         self.b.step(Step::LayerNorm { x, y, rows, cols });
+    }
+
+    /// A layer norm over residual `x` (whose backward saves `x`): its output, in the type the
+    /// op lists give it.
+    fn norm_out(&mut self, name: &str, x: TensorIx) -> Result<TensorIx, PlanError> {
+        let dt = self.out("layer_norm", &[self.dtype(x)]);
+        let y = self.hidden_t(name, Role::Activations, dt)?;
+        self.norm(x, y);
+        Ok(y)
+    }
+
+    /// What `readers` matmuls save of their input `src`: under autocast, when `src` is not in
+    /// the 16-bit type, each casts it to a fresh copy and saves that (`src` is freed unless
+    /// `src_kept`, something else keeps it); otherwise they share `src` itself. Returns the
+    /// tensor the kernels read.
+    fn matmul_input(
+        &mut self,
+        src: TensorIx,
+        readers: u64,
+        src_kept: bool,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let c = self.c;
+        let cast = self
+            .ac
+            .is_some_and(|a| a.casts_input("linear", self.dtype(src)));
+        if !cast {
+            if !src_kept {
+                saved.push(src);
+            }
+            return Ok(src);
+        }
+        let spec = self.b.tensor(src).clone();
+        let mut first = None;
+        for j in 0..readers.max(1) {
+            let t = self.b.push(
+                &format!("{}.cast{j}", spec.name),
+                Role::Activations,
+                c,
+                &spec.shape,
+                spec.row_elems,
+            )?;
+            saved.push(t);
+            first.get_or_insert(t);
+        }
+        if !src_kept {
+            self.b.free(src);
+        }
+        Ok(first.unwrap_or(src))
     }
 
     /// The attention core: q, k, v, the probabilities (naive; the pre-softmax scores are a
@@ -307,12 +483,52 @@ impl T<'_> {
             Ok(ctx)
         } else {
             let scores = self.scores(&format!("{p}.attn.scores"), Role::Workspace, c)?;
-            let probs = self.scores(&format!("{p}.attn.probs"), Role::Attention, c)?;
+            // The probabilities' type: the model's own softmax call and autocast's lists.
+            let sm = self.softmax;
+            let pt = if sm.fp32 {
+                DType::F32
+            } else {
+                let input = if sm.mask_promotes {
+                    autocast::promote(c, self.r)
+                } else {
+                    c
+                };
+                self.out("softmax", &[input])
+            };
+            // Softmax's backward saves its output.
+            let probs = self.scores(&format!("{p}.attn.probs"), Role::Attention, pt)?;
             saved.push(probs);
+            let mut cur = probs;
+            let mut cur_saved = true;
+            if sm.cast_back && pt != c {
+                cur = self.scores(&format!("{p}.attn.probs16"), Role::Attention, c)?;
+                cur_saved = false;
+            }
             if self.dropout {
+                // native_dropout saves its 1-byte mask; its input is not saved.
                 let m = self.scores(&format!("{p}.attn.drop_mask"), Role::Attention, DType::U8)?;
-                let o = self.scores(&format!("{p}.attn.drop_out"), Role::Attention, c)?;
-                saved.extend([m, o]);
+                saved.push(m);
+                let dt = self.dtype(cur);
+                let o = self.scores(&format!("{p}.attn.drop_out"), Role::Attention, dt)?;
+                if !cur_saved {
+                    self.b.free(cur);
+                }
+                cur = o;
+                cur_saved = false;
+            }
+            // probs·V saves its first input; under autocast in the 16-bit type (a cast copy
+            // when the probabilities are still fp32, e.g. BERT's on CUDA).
+            let pv = if self.dtype(cur) != c {
+                let t = self.scores(&format!("{p}.attn.probs_cast"), Role::Attention, c)?;
+                if !cur_saved {
+                    self.b.free(cur);
+                }
+                t
+            } else {
+                cur
+            };
+            if pv != probs {
+                saved.push(pv);
             }
             let ctx = self.hidden(&format!("{p}.ctx"), Role::Activations)?;
             saved.push(ctx);
@@ -321,7 +537,7 @@ impl T<'_> {
                 k,
                 v,
                 scores,
-                probs,
+                probs: pv,
                 out: ctx,
                 batch_heads: bh,
                 seq: s,
@@ -333,29 +549,87 @@ impl T<'_> {
         }
     }
 
-    /// One layer's forward reading `x`: its two frames and its output (a new tensor).
+    /// The MLP's activation over `fc1` ([b,s,f]): pushes what its backward saves and returns
+    /// the tensor the second projection reads (and whether `fc1` itself is saved).
+    fn activation(
+        &mut self,
+        p: &str,
+        fc1: TensorIx,
+        sm: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let c = self.c;
+        let elems = self.rows().saturating_mul(self.f);
+        if self.w.gelu == Gelu::Unfused && self.train {
+            // gelu_new: 0.5·x · (1 + tanh(√(2/π)·(x + 0.044715·pow(x, 3)))) in separate ops
+            // saves pow's input, tanh's output, 0.5·x and 1 + tanh (both factors of the last
+            // product). Under CUDA autocast `pow` is on the fp32 list: it saves an fp32 copy
+            // of x, and everything after it (tanh, 1 + tanh, the product) is fp32.
+            let pow_cast = self.ac.is_some_and(|a| a.casts_input("pow", c));
+            if pow_cast {
+                sm.push(self.wide_t(&format!("{p}.gelu.x32"), Role::Activations, DType::F32)?);
+            } else {
+                sm.push(fc1);
+            }
+            let t = autocast::promote(c, self.out("pow", &[c]));
+            sm.push(self.wide_t(&format!("{p}.gelu.tanh"), Role::Activations, t)?);
+            sm.push(self.wide(&format!("{p}.gelu.half_x"))?);
+            sm.push(self.wide_t(&format!("{p}.gelu.one_plus_tanh"), Role::Activations, t)?);
+            let out = self.wide_t(&format!("{p}.gelu.out"), Role::Activations, t)?;
+            self.b.step(Step::Gelu {
+                x: fc1,
+                y: out,
+                elems,
+            });
+            if pow_cast {
+                self.b.free(fc1);
+            }
+            self.matmul_input(out, 1, false, sm)
+        } else {
+            sm.push(fc1);
+            let gelu = self.wide(&format!("{p}.gelu.out"))?;
+            sm.push(gelu);
+            self.b.step(Step::Gelu {
+                x: fc1,
+                y: gelu,
+                elems,
+            });
+            Ok(gelu)
+        }
+    }
+
+    /// One layer's forward reading `x`: its two frames and its output (a new tensor). Not
+    /// `saving` (no_grad), the attention block's tensors other than `x` go once its output
+    /// exists (nothing holds them).
     fn layer(
         &mut self,
         i: u64,
         p: &str,
         x: TensorIx,
         out_name: &str,
+        saving: bool,
     ) -> Result<(Frame, Frame, TensorIx), PlanError> {
         let (h, f) = (self.h, self.f);
         let (pa, pm) = (format!("L{i}.attn"), format!("L{i}.mlp"));
+        self.use_piece(&pa)?;
         let mut sa = vec![x];
-        let n1 = self.hidden(&format!("{p}.ln1.out"), Role::Activations)?;
-        sa.push(n1);
-        self.norm(x, n1);
+        let n1 = self.norm_out(&format!("{p}.ln1.out"), x)?;
+        let n1 = self.matmul_input(n1, self.qkv_readers, false, &mut sa)?;
         let ctx = self.attention(p, &pa, n1, &mut sa)?;
         self.mask(&format!("{p}.proj.drop_mask"), &mut sa)?;
         let mut sm = Vec::new();
-        let x2 = self.hidden(&format!("{p}.ln2.in"), Role::Activations)?;
+        // The projection's output plus the residual: the residual stream's type.
+        let x2 = self.resid(&format!("{p}.ln2.in"))?;
         sm.push(x2);
         self.matmul(&pa, ctx, x2, h, h);
-        let n2 = self.hidden(&format!("{p}.ln2.out"), Role::Activations)?;
-        sm.push(n2);
-        self.norm(x2, n2);
+        if !saving {
+            let done: Vec<TensorIx> = sa.drain(1..).collect();
+            self.b.free_all(done);
+        }
+        self.use_piece(&pm)?;
+        let n2 = self.norm_out(&format!("{p}.ln2.out"), x2)?;
+        // LLaMA's gate and up projections both read the norm's output.
+        let readers = if self.llama { 2 } else { 1 };
+        let n2 = self.matmul_input(n2, readers, false, &mut sm)?;
         let elems = self.rows().saturating_mul(f);
         let last = if self.llama {
             let gate = self.wide(&format!("{p}.mlp.gate"))?;
@@ -380,26 +654,11 @@ impl T<'_> {
             prod
         } else {
             let fc1 = self.wide(&format!("{p}.fc1.out"))?;
-            sm.push(fc1);
             self.matmul(&pm, n2, fc1, f, h);
-            if self.w.gelu == Gelu::Unfused && self.train {
-                // gelu_new: 0.5·x · (1 + tanh(√(2/π)·(x + 0.044715·x³))) in separate ops saves
-                // tanh's output, 0.5·x and 1 + tanh (both factors of the last product).
-                for t in ["tanh", "half_x", "one_plus_tanh"] {
-                    sm.push(self.wide(&format!("{p}.gelu.{t}"))?);
-                }
-            }
-            let gelu = self.wide(&format!("{p}.gelu.out"))?;
-            sm.push(gelu);
-            self.b.step(Step::Gelu {
-                x: fc1,
-                y: gelu,
-                elems,
-            });
-            gelu
+            self.activation(p, fc1, &mut sm)?
         };
         self.mask(&format!("{p}.mlp.drop_mask"), &mut sm)?;
-        let out = self.hidden(out_name, Role::Activations)?;
+        let out = self.resid(out_name)?;
         self.matmul(&pm, last, out, h, f);
         Ok((
             Frame {
@@ -430,7 +689,7 @@ impl T<'_> {
         let mut frames = Vec::new();
         let mut cur = x;
         for i in from..to {
-            let (fa, fm, out) = self.layer(i, &format!("L{i}"), cur, &out_name(i))?;
+            let (fa, fm, out) = self.layer(i, &format!("L{i}"), cur, &out_name(i), saving)?;
             if saving {
                 frames.push(fa);
                 frames.push(fm);
@@ -448,6 +707,9 @@ impl T<'_> {
 
     /// Backward through one frame: its weight gradient, the activation gradients it makes and
     /// frees, its saved tensors freed. Takes the incoming gradient and returns the outgoing one.
+    /// Each gradient has its tensor's type: 16-bit for autocast's matmul inputs and outputs,
+    /// the residual stream's type for the norms' inputs and outputs (`ToCopyBackward0` turns
+    /// a cast copy's 16-bit gradient into one of the original's type).
     fn backward(&mut self, fr: Frame, incoming: TensorIx) -> Result<TensorIx, PlanError> {
         let w = self.w;
         self.states.gradient(self.b, &fr.piece, w)?;
@@ -468,9 +730,16 @@ impl T<'_> {
                 let mut last = gctx;
                 if !self.flash {
                     // probs·V backward: the gradient of the probabilities; softmax backward: of
-                    // the scores; the scale/mask ops pass on one more of the same size.
+                    // the scores (in the probabilities' type); the scale/mask ops pass on one
+                    // more of the same size.
+                    let pt = fr
+                        .saved
+                        .iter()
+                        .map(|&t| self.b.tensor(t))
+                        .find(|t| t.name.ends_with(".attn.probs"))
+                        .map_or(c, |t| t.dtype);
                     let g1 = self.scores(&format!("{p}.grad_probs"), Role::Workspace, c)?;
-                    let g2 = self.scores(&format!("{p}.grad_scores"), Role::Workspace, c)?;
+                    let g2 = self.scores(&format!("{p}.grad_scores"), Role::Workspace, pt)?;
                     self.b.free(g1);
                     self.b.free(last);
                     last = g2;
@@ -487,11 +756,17 @@ impl T<'_> {
                 gqkv
             }
         };
-        // The block's input projection makes the gradient of its norm's output, the norm's
-        // backward (with the residual) that of the block's input.
-        let gn = self.hidden(&format!("{p}.grad_norm_out"), Role::Workspace)?;
+        // The block's input projection makes the gradient of its norm's output (16-bit under
+        // autocast, then cast back), the norm's backward (with the residual) that of the
+        // block's input.
+        let mut gn = self.hidden(&format!("{p}.grad_norm_out"), Role::Workspace)?;
         self.b.free(inner);
-        let gx = self.hidden(&format!("{p}.grad_in"), Role::Workspace)?;
+        if self.r != c {
+            let g = self.hidden_t(&format!("{p}.grad_norm_out32"), Role::Workspace, self.r)?;
+            self.b.free(gn);
+            gn = g;
+        }
+        let gx = self.hidden_t(&format!("{p}.grad_in"), Role::Workspace, self.r)?;
         self.b.free(gn);
         self.b.free_all(fr.saved);
         self.b.free(incoming);
@@ -525,6 +800,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     let train = !w.inference();
     let states = States::setup(b, w, &pieces(w)?)?;
     let zero3 = w.zero == 3 && w.gpus > 1;
+    let ac = super::params::autocast(w);
     let mut t = T {
         b,
         w,
@@ -535,6 +811,10 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         a,
         f,
         c,
+        r: if ac.is_some() { DType::F32 } else { c },
+        ac,
+        softmax: SoftmaxCode::of(w.arch),
+        qkv_readers: if w.arch == Arch::Gpt2 { 1 } else { 3 },
         dropout: w.dropout && train,
         flash: w.attention == Attention::Flash,
         causal: matches!(w.arch, Arch::Gpt2 | Arch::Llama),
@@ -563,13 +843,24 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
 
     // Embedding: its saved tensors form the last backward frame.
     let mut emb_saved = Vec::new();
+    // Held by the caller until the step ends, not saved (autocast: the conv saves its copy).
+    let mut inputs = Vec::new();
     let x0 = match w.arch {
         Arch::Vit => {
             let img = w.image;
-            let image =
-                t.b.push("image", Role::Activations, c, &[bsz, 3, img, img], img)?;
-            emb_saved.push(image);
-            let x0 = t.hidden("L0.in", Role::Activations)?;
+            t.use_piece("embed.rest")?;
+            let shape = [bsz, 3, img, img];
+            let image = if ac.is_some() {
+                // The pixels stay fp32 (an input); the patch conv saves its 16-bit copy.
+                let px =
+                    t.b.push("input.image", Role::Workspace, DType::F32, &shape, img)?;
+                inputs.push(px);
+                t.b.push("image.cast", Role::Activations, c, &shape, img)?
+            } else {
+                t.b.push("image", Role::Activations, c, &shape, img)?
+            };
+            // The conv's 16-bit output joins the fp32 class token and positions: fp32.
+            let x0 = t.resid("L0.in")?;
             let wt = t.weights("embed.rest");
             t.b.step(Step::Conv2d {
                 x: image,
@@ -584,16 +875,21 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
                 stride: w.patch,
                 pad: 0,
             });
+            if train || ac.is_none() {
+                emb_saved.push(image);
+            } else {
+                // Under no_grad nothing keeps the pixels' 16-bit copy past the conv.
+                t.b.free(image);
+            }
             x0
         }
         Arch::Bert => {
-            let ln_in = t.hidden("emb.ln_in", Role::Activations)?;
+            let ln_in = t.resid("emb.ln_in")?;
             emb_saved.push(ln_in);
-            let x0 = t.hidden("L0.in", Role::Activations)?;
-            t.norm(ln_in, x0);
-            x0
+            t.norm_out("L0.in", ln_in)?
         }
-        _ => t.hidden("L0.in", Role::Activations)?,
+        // Embedding lookups are not autocast ops: the fp32 tables give fp32 rows.
+        _ => t.resid("L0.in")?,
     };
     t.mask("emb.drop_mask", &mut emb_saved)?;
 
@@ -655,22 +951,46 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     } else {
         head_piece
     };
-    let mut head_saved = vec![head_in];
+    let mut head_saved = Vec::new();
     let head_x = if w.arch == Arch::Bert {
+        t.use_piece("head.rest")?;
+        // The MLM transform: dense (saves its input, a 16-bit copy under autocast), GELU,
+        // LayerNorm over the GELU's 16-bit output: CUDA's autocast runs it in fp32 on an fp32
+        // copy (which its backward saves), CPU's in the input's type.
+        let x = t.matmul_input(head_in, 1, false, &mut head_saved)?;
         let d = t.hidden("head.dense_out", Role::Activations)?;
-        t.matmul("head.rest", head_in, d, h, h);
+        t.matmul("head.rest", x, d, h, h);
         let g = t.hidden("head.gelu_out", Role::Activations)?;
         let elems = t.rows().saturating_mul(h);
         t.b.step(Step::Gelu { x: d, y: g, elems });
-        let n = t.hidden("head.ln_out", Role::Activations)?;
-        t.norm(g, n);
-        head_saved.extend([d, g, n]);
-        n
+        head_saved.push(d);
+        let ln_in = if ac.is_some_and(|a| a.casts_input("layer_norm", c)) {
+            let g32 = t.hidden_t("head.gelu_out32", Role::Activations, DType::F32)?;
+            t.b.free(g);
+            g32
+        } else {
+            g
+        };
+        head_saved.push(ln_in);
+        let n = t.norm_out("head.ln_out", ln_in)?;
+        t.use_piece(head_piece)?;
+        t.matmul_input(n, 1, false, &mut head_saved)?
     } else {
-        let n = t.hidden("final_ln.out", Role::Activations)?;
-        t.norm(head_in, n);
-        head_saved.push(n);
-        n
+        head_saved.push(head_in);
+        let n = t.norm_out("final_ln.out", head_in)?;
+        t.use_piece(head_piece)?;
+        if classes_only && ac.is_some() {
+            // ViT's classifier reads `sequence_output[:, 0]`: under autocast it saves a [b, h]
+            // 16-bit copy of that token, and the fp32 norm output goes; without autocast
+            // it saves a view, which keeps the whole [b, s, h] output alive.
+            let tok =
+                t.b.push("head.cls_cast", Role::Activations, c, &[bsz, h], h)?;
+            head_saved.push(tok);
+            t.b.free(n);
+            tok
+        } else {
+            t.matmul_input(n, 1, false, &mut head_saved)?
+        }
     };
     let (logit_rows, logit_shape): (u64, Vec<u64>) = if classes_only {
         (bsz, vec![bsz, v])
@@ -689,20 +1009,40 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         k: h,
     });
     if !train {
+        // autocast exits with the forward: the weight-cast cache is cleared.
+        t.states.autocast_exit(t.b, |_| true);
         t.b.free_all(head_saved);
         t.b.free_all(emb_saved);
         // The caller keeps the logits (and a KV cache) until the step is over.
         t.b.free(logits);
         let held = std::mem::take(&mut t.held);
         t.b.free_all(held);
+        t.b.free_all(inputs);
         return Ok(());
     }
     t.held.push(logits);
     t.b.phase(Phase::Loss);
-    // The loss runs in fp32: a 16-bit model's logits are cast first (HF's `logits.float()`).
-    let loss_in = if c == DType::F32 {
-        None
+    // The loss's log-softmax output (saved by log_softmax and nll_loss backward) and whether
+    // an fp32 copy of the logits is made first:
+    // - GPT-2 and ViT (HF's `ForCausalLMLoss` / classification loss): `logits.float()`, an
+    //   fp32 copy in any 16-bit precision, fp32 log-probabilities.
+    // - BERT (`CrossEntropyLoss` on the logits as they are): without autocast the
+    //   log-softmax runs in the logits' type; CPU autocast puts `cross_entropy_loss` on its
+    //   fp32 list (an fp32 copy); CUDA's runs `log_softmax` with `dtype=float32`, which for
+    //   fp16 is one kernel (`half_to_float`, no copy; aten/src/ATen/native/SoftMax.cpp) and
+    //   for bf16 converts first (a copy).
+    let (lp_dtype, copy, half_to_float) = if w.arch != Arch::Bert {
+        (DType::F32, c != DType::F32, false)
     } else {
+        match ac {
+            None => (c, false, false),
+            Some(a) if a.device == autocast::Device::Cuda && c == DType::F16 => {
+                (DType::F32, false, true)
+            }
+            Some(_) => (DType::F32, true, false),
+        }
+    };
+    let loss_in = if copy {
         Some(t.b.push(
             "loss.logits_f32",
             Role::Workspace,
@@ -710,35 +1050,37 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
             &logit_shape,
             v,
         )?)
+    } else {
+        None
     };
     let logprobs =
-        t.b.push("logprobs", Role::Activations, DType::F32, &logit_shape, v)?;
-    if c == DType::F32 {
-        t.b.step(Step::Softmax {
-            x: logits,
-            y: logprobs,
-            rows: logit_rows,
-            cols: v,
-        });
-    }
+        t.b.push("logprobs", Role::Activations, lp_dtype, &logit_shape, v)?;
+    t.b.step(Step::Softmax {
+        x: loss_in.unwrap_or(logits),
+        y: logprobs,
+        rows: logit_rows,
+        cols: v,
+    });
     if let Some(x) = loss_in {
         t.b.free(x);
     }
+    // The autocast region ends with the loss: the cache is cleared (bias copies go; weight
+    // copies stay saved by the matmuls, except those of checkpointed layers, run under no_grad).
+    let ckpt_layers = seg.is_some();
+    t.states
+        .autocast_exit(t.b, |name| ckpt_layers && name.starts_with('L'));
 
-    // Backward: nll_loss and log_softmax backward make two fp32 [rows, V] gradients.
+    // Backward: nll_loss and log_softmax backward make two [rows, V] gradients (fp32 when the
+    // log-probabilities are; `half_to_float`'s backward gives the logits' type directly).
     t.b.phase(Phase::Backward);
-    let g_lp = t.b.push(
-        "grad.logprobs",
-        Role::Workspace,
-        DType::F32,
-        &logit_shape,
-        v,
-    )?;
+    let g_lp =
+        t.b.push("grad.logprobs", Role::Workspace, lp_dtype, &logit_shape, v)?;
+    let gl_dtype = if half_to_float { c } else { lp_dtype };
     let g_logits =
-        t.b.push("grad.logits", Role::Workspace, DType::F32, &logit_shape, v)?;
+        t.b.push("grad.logits", Role::Workspace, gl_dtype, &logit_shape, v)?;
     t.b.free(g_lp);
     t.b.free(logprobs);
-    let g_logits = if c == DType::F32 {
+    let g_logits = if gl_dtype == c {
         g_logits
     } else {
         let g =
@@ -755,12 +1097,18 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         t.states.gradient(t.b, head_piece, w_)?;
     }
     // (ViT's classifier reads one token; its input gradient is still [b, s, h], zeros elsewhere.)
-    let gx = t.hidden("grad.head_x", Role::Workspace)?;
+    let mut gx = t.hidden("grad.head_x", Role::Workspace)?;
     t.b.free(g_logits);
+    if t.r != c {
+        // ToCopyBackward0: the 16-bit gradient of the head's input copy becomes fp32.
+        let g = t.hidden_t("grad.head_x32", Role::Workspace, t.r)?;
+        t.b.free(gx);
+        gx = g;
+    }
     if head_piece != "head.rest" {
         t.states.gradient(t.b, "head.rest", w_)?;
     }
-    let gin = t.hidden("grad.head_in", Role::Workspace)?;
+    let gin = t.hidden_t("grad.head_in", Role::Workspace, t.r)?;
     t.b.free(gx);
     t.b.free_all(head_saved);
     let mut g = gin;
@@ -795,6 +1143,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     // and Lightning keep only the detached loss through the optimizer step.
     let held = std::mem::take(&mut t.held);
     t.b.free_all(held);
+    t.b.free_all(inputs);
     t.states.optimizer_step(t.b, w_)?;
     Ok(())
 }

@@ -5,9 +5,10 @@
 
 use std::time::Instant;
 
-use crate::backend::{Backend, DeviceInfo, DeviceType};
+use crate::backend::{DeviceInfo, DeviceType};
 use crate::plan::Plan;
 use crate::scenario::Scenario;
+use crate::workload::Workload;
 
 /// Share of available RAM a CPU adapter may use by default.
 pub const CPU_DEFAULT_SHARE: f64 = 0.5;
@@ -148,9 +149,9 @@ pub fn decide(device: &DeviceInfo, user_budget: Option<u64>) -> Capacity {
 pub const CPU_TARGET_SECONDS: f64 = 60.0;
 
 /// Probes a boundary search makes when the prediction is right (start, next, and the pair
-/// confirmed once more), and how many of them fit, i.e. write and verify about the capacity.
+/// confirmed once more). Each is costed as writing and verifying every byte its plan allocates
+/// at the predicted boundary: failing probes near the edge allocate about as much as fits.
 pub const PROBES_PER_RUN: usize = 4;
-pub const FITS_PER_RUN: usize = 2;
 
 /// The smallest cap a time-sized run gets: every default scenario keeps a boundary above one
 /// at this size (design.md), however slow the adapter.
@@ -159,73 +160,132 @@ pub const MIN_TIME_SIZED: u64 = 256 << 20;
 /// Time-sized caps are whole multiples of this, so the note and the table read cleanly.
 pub const TIME_SIZED_STEP: u64 = 32 << 20;
 
-/// Bytes of the plan the fill rate is measured on, and of the plan that warms the pipelines
-/// (whose time is what every probe pays before its first byte).
+/// Bytes of the plan the cost is measured on, and of the plan that measures the fixed cost.
 pub const CALIBRATION_BYTES: u64 = 64 << 20;
 const WARMUP_BYTES: u64 = 1 << 20;
 
-/// What a probe costs on this device, measured at startup.
+/// What a probe costs on this device, measured at startup with real probes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FillRate {
     /// Bytes allocated, written and verified per second.
     pub bytes_per_second: f64,
-    /// Seconds every probe pays whatever its size: opening the device, compiling the fill and
-    /// verify pipelines, starting the child.
+    /// Seconds every probe pays whatever its size: starting the child, opening the device,
+    /// compiling the pipelines.
     pub probe_overhead_seconds: f64,
 }
 
-/// A fixed allowance for starting a probe child (exec, dynamic linking), not measured.
-const CHILD_START_SECONDS: f64 = 0.05;
-
-/// Measure the fill rate with `open` (the device the probes will use): open it, run a tiny
-/// touch probe (pipelines, first use), then one of `CALIBRATION_BYTES` (the rate), and drop it.
-/// None when the device cannot be opened or a probe does not fit.
-pub fn measure_fill_rate<E>(
-    open: impl FnOnce() -> Result<Box<dyn Backend>, E>,
-) -> Option<FillRate> {
-    let plan = |bytes: u64| {
-        let w = crate::plan::build::default_workload(Scenario::Params);
-        // Model states of fp32 Adam: 16 bytes per parameter.
-        Plan::for_value(&w, Scenario::Params, (bytes / 16).max(1)).ok()
-    };
-    let (small, big) = (plan(WARMUP_BYTES)?, plan(CALIBRATION_BYTES)?);
-    let started = Instant::now();
-    let mut backend = open().ok()?;
-    let warm = super::exec::execute_plan(backend.as_mut(), &small, super::Compute::Touch);
-    let overhead = started.elapsed().as_secs_f64();
-    let timed = super::exec::execute_plan(backend.as_mut(), &big, super::Compute::Touch);
-    drop(backend);
-    if !(warm.outcome.is_fit() && timed.outcome.is_fit()) || timed.seconds <= 0.0 {
-        return None;
+impl FillRate {
+    /// Seconds one probe takes to allocate, write and verify `bytes`.
+    pub fn probe_seconds(&self, bytes: u64) -> f64 {
+        self.probe_overhead_seconds + bytes as f64 / self.bytes_per_second
     }
-    Some(FillRate {
-        bytes_per_second: timed.bytes as f64 / timed.seconds,
-        probe_overhead_seconds: overhead + CHILD_START_SECONDS,
-    })
+
+    /// The rate and fixed cost through two probes: (bytes, seconds) of a small and a large one.
+    pub fn from_two(small: (u64, f64), large: (u64, f64)) -> Option<FillRate> {
+        let (db, dt) = (large.0.checked_sub(small.0)? as f64, large.1 - small.1);
+        if db <= 0.0 || dt <= 0.0 {
+            return None;
+        }
+        let bytes_per_second = db / dt;
+        Some(FillRate {
+            bytes_per_second,
+            probe_overhead_seconds: (small.1 - small.0 as f64 / bytes_per_second).max(0.0),
+        })
+    }
 }
 
-/// The capacity whose `runs` searches take about `target_seconds` at `rate`: each run makes
-/// `PROBES_PER_RUN` probes, `FITS_PER_RUN` of which write and verify about the capacity.
-/// Rounded down to `TIME_SIZED_STEP`, never below `MIN_TIME_SIZED`.
-pub fn time_sized(rate: &FillRate, runs: usize, target_seconds: f64) -> u64 {
-    let probes = (runs * PROBES_PER_RUN) as f64;
-    let fits = (runs * FITS_PER_RUN).max(1) as f64;
-    let for_bytes = target_seconds - probes * rate.probe_overhead_seconds;
-    let bytes = (rate.bytes_per_second * for_bytes / fits).max(0.0);
-    let bytes = if bytes.is_finite() {
-        bytes as u64
-    } else {
-        u64::MAX
+/// Measure what a probe costs exactly as the runs will pay it: two real probes (a child each
+/// when isolated) of a params plan, one tiny (the fixed cost: child start, device open,
+/// pipelines) and one of `CALIBRATION_BYTES` (the rate). None when either does not fit.
+pub fn measure_probe_cost(
+    isolation: &super::runner::Isolation,
+    device: &super::DeviceChoice,
+) -> Option<FillRate> {
+    let w = crate::plan::build::default_workload(Scenario::Params);
+    let g = super::runner::PARAMS_GRANULARITY;
+    let probe = |bytes: u64| {
+        let req = super::child::ChildRequest {
+            workload: w.clone(),
+            scenario: Scenario::Params,
+            // Model states of fp32 Adam with the foreach temporary: 20 bytes per parameter.
+            value: (bytes / 20 / g).max(1) * g,
+            compute: super::Compute::Touch,
+            device: device.clone(),
+            budget: None,
+            snapshot: None,
+        };
+        let started = Instant::now();
+        let rec = match isolation {
+            super::runner::Isolation::Child(runner) => runner.run(&req),
+            super::runner::Isolation::InProcess => super::child::probe_in_process(&req),
+        };
+        let plan = Plan::for_value(&w, Scenario::Params, req.value).ok()?;
+        rec.outcome
+            .is_fit()
+            .then(|| (plan.allocated_bytes(), started.elapsed().as_secs_f64()))
     };
-    (bytes / TIME_SIZED_STEP * TIME_SIZED_STEP).max(MIN_TIME_SIZED)
+    // The first probe also warms caches (shader cache, page cache of the binary).
+    probe(WARMUP_BYTES)?;
+    FillRate::from_two(probe(WARMUP_BYTES)?, probe(CALIBRATION_BYTES)?)
 }
 
-/// Lower a CPU adapter's default cap (`decide` without a budget) to what `runs` searches fill
-/// in about `target_seconds` at `rate`, and say so and how to ask for more. A cap that already
-/// fits in time, or a run under a user budget, is left as it is.
-pub fn size_for_time(cap: &mut Capacity, rate: &FillRate, runs: usize, target_seconds: f64) {
+/// Seconds the runs planned for capacity `cap` take at `rate`: each run makes
+/// `PROBES_PER_RUN` probes, each writing and verifying every byte its plan allocates at the
+/// predicted boundary. `runs_at(cap)` gives each run's workload and scenario.
+pub fn suite_seconds(
+    runs: &[(Workload, Scenario)],
+    cap: u64,
+    rate: &FillRate,
+    probes_per_run: usize,
+) -> f64 {
+    runs.iter()
+        .map(|(w, s)| {
+            let at = crate::estimate::predicted_max(w, *s, cap)
+                .ok()
+                .flatten()
+                .unwrap_or(1);
+            let bytes = Plan::for_value(w, *s, at)
+                .map(|p| p.allocated_bytes())
+                .unwrap_or(cap);
+            probes_per_run as f64 * rate.probe_seconds(bytes)
+        })
+        .sum()
+}
+
+/// The largest cap whose run takes at most `target_seconds` by `seconds_at` (which grows with
+/// the cap): `limit` itself when it does, else a multiple of `TIME_SIZED_STEP`, never below
+/// `MIN_TIME_SIZED`.
+pub fn time_sized(limit: u64, target_seconds: f64, seconds_at: impl Fn(u64) -> f64) -> u64 {
+    if seconds_at(limit) <= target_seconds {
+        return limit;
+    }
+    let (mut lo, mut hi) = (MIN_TIME_SIZED / TIME_SIZED_STEP, limit / TIME_SIZED_STEP);
+    if hi <= lo {
+        return MIN_TIME_SIZED;
+    }
+    // Invariant: lo is the floor (or fits the target); hi does not fit.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if seconds_at(mid * TIME_SIZED_STEP) <= target_seconds {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo * TIME_SIZED_STEP
+}
+
+/// Lower a CPU adapter's default cap (`decide` without a budget) to what the run fills in
+/// about `target_seconds` by `seconds_at`, and say so and how to ask for more. A cap that
+/// already fits in time, or a run under a user budget, is left as it is.
+pub fn size_for_time(
+    cap: &mut Capacity,
+    rate: &FillRate,
+    target_seconds: f64,
+    seconds_at: impl Fn(u64) -> f64,
+) {
     let Some(ram_cap) = cap.budget else { return };
-    let sized = time_sized(rate, runs, target_seconds);
+    let sized = time_sized(ram_cap, target_seconds, seconds_at);
     if sized >= ram_cap {
         return;
     }
@@ -233,11 +293,12 @@ pub fn size_for_time(cap: &mut Capacity, rate: &FillRate, runs: usize, target_se
     cap.predict_against = Some(sized);
     cap.notes.clear();
     cap.notes.push(format!(
-        "CPU adapter: capped at {} so this run takes about {:.0} s (write+verify measured at \
-         {}/s); pass --budget SIZE for more, up to {} ({}% of available RAM)",
+        "CPU adapter: capped at {} so this run takes about {:.0} s (a probe measured at {}/s \
+         plus {:.1} s); pass --budget SIZE for more, up to {} ({}% of available RAM)",
         crate::units::fmt_bytes(sized),
         target_seconds,
         crate::units::fmt_bytes(rate.bytes_per_second as u64),
+        rate.probe_overhead_seconds,
         crate::units::fmt_bytes(ram_cap),
         (CPU_DEFAULT_SHARE * 100.0) as u32
     ));
@@ -256,24 +317,65 @@ mod tests {
         }
     }
 
+    /// 24 probes, each the overhead plus twice the cap's bytes.
+    fn linear(r: FillRate) -> impl Fn(u64) -> f64 {
+        move |cap| 24.0 * r.probe_seconds(2 * cap)
+    }
+
+    #[test]
+    fn two_probes_give_the_rate_and_the_fixed_cost() {
+        let r = FillRate::from_two((MIB, 1.01), (65 * MIB, 1.65)).expect("a rate");
+        assert!(
+            (r.bytes_per_second - 100.0 * MIB as f64).abs() < 1.0,
+            "{r:?}"
+        );
+        assert!((r.probe_overhead_seconds - 1.0).abs() < 1e-9, "{r:?}");
+        assert_eq!(
+            FillRate::from_two((MIB, 2.0), (65 * MIB, 1.0)),
+            None,
+            "faster when larger"
+        );
+        assert_eq!(FillRate::from_two((MIB, 1.0), (MIB, 2.0)), None);
+    }
+
     #[test]
     fn the_cap_fills_the_target_time_at_the_measured_rate() {
-        // 6 runs: 24 probes at 0.5 s = 12 s fixed; 48 s of filling at 100 MiB/s over 12 fits.
-        let cap = time_sized(&rate(100.0, 0.5), 6, 60.0);
-        assert_eq!(cap, 384 * MIB);
-        // Twice the rate, about twice the cap (rounded down to the step).
-        let fast = time_sized(&rate(200.0, 0.5), 6, 60.0);
-        assert_eq!(fast, 800 * MIB);
-        // Predicted time of the sized run stays within the target.
-        let r = rate(173.0, 0.37);
-        let c = time_sized(&r, 6, 60.0);
-        let t = 24.0 * r.probe_overhead_seconds + 12.0 * c as f64 / r.bytes_per_second;
-        assert!(t <= 60.0 && t > 55.0, "{t}");
+        // 24 probes at 0.5 s = 12 s fixed; 48 s of filling 48 caps at 100 MiB/s: 100 MiB.
+        let r = rate(100.0, 0.5);
+        let cap = time_sized(64 << 30, 60.0, linear(r));
+        assert_eq!(cap, 256 * MIB, "the floor: 100 MiB is below it");
+        let r = rate(400.0, 0.5);
+        let cap = time_sized(64 << 30, 60.0, linear(r));
+        assert_eq!(cap, 384 * MIB, "400 MiB/s: 48 s fill 400 MiB, rounded down");
+        assert!(linear(r)(cap) <= 60.0 && linear(r)(cap + TIME_SIZED_STEP) > 60.0);
+        // A limit that already fits in time is kept.
+        assert_eq!(time_sized(320 * MIB, 60.0, linear(r)), 320 * MIB);
     }
 
     #[test]
     fn a_slow_device_still_gets_a_meaningful_cap() {
-        assert_eq!(time_sized(&rate(1.0, 5.0), 6, 60.0), MIN_TIME_SIZED);
+        assert_eq!(
+            time_sized(64 << 30, 60.0, linear(rate(1.0, 5.0))),
+            MIN_TIME_SIZED
+        );
+    }
+
+    #[test]
+    fn the_suite_is_costed_by_the_bytes_its_plans_allocate() {
+        let w = crate::workload::presets::get("tiny-gpt").expect("preset");
+        let runs = vec![(w.clone(), Scenario::Batch)];
+        let r = rate(100.0, 0.5);
+        let small = suite_seconds(&runs, 256 * MIB, &r, 4);
+        let large = suite_seconds(&runs, 1024 * MIB, &r, 4);
+        assert!(small > 2.0 && large > small, "{small} {large}");
+        // A step allocates more than its peak: transients come and go.
+        let at = crate::estimate::predicted_max(&w, Scenario::Batch, 256 * MIB)
+            .unwrap()
+            .unwrap();
+        let plan = Plan::for_value(&w, Scenario::Batch, at).unwrap();
+        assert!(plan.allocated_bytes() > plan.peak_bytes());
+        let expect = 4.0 * r.probe_seconds(plan.allocated_bytes());
+        assert!((small - expect).abs() < 1e-9, "{small} {expect}");
     }
 
     fn cpu_cap(ram_cap: u64) -> Capacity {
@@ -288,7 +390,8 @@ mod tests {
     #[test]
     fn sizing_lowers_the_ram_cap_and_says_how_to_ask_for_more() {
         let mut cap = cpu_cap(11 << 30);
-        size_for_time(&mut cap, &rate(100.0, 0.5), 6, 60.0);
+        let r = rate(400.0, 0.5);
+        size_for_time(&mut cap, &r, 60.0, linear(r));
         assert_eq!(cap.budget, Some(384 * MIB));
         assert_eq!(cap.predict_against, Some(384 * MIB));
         assert_eq!(cap.notes.len(), 1, "{:?}", cap.notes);
@@ -300,14 +403,16 @@ mod tests {
     fn sizing_never_raises_a_cap() {
         let mut cap = cpu_cap(300 * MIB);
         let before = cap.clone();
-        size_for_time(&mut cap, &rate(10_000.0, 0.1), 6, 60.0);
+        let r = rate(10_000.0, 0.1);
+        size_for_time(&mut cap, &r, 60.0, linear(r));
         assert_eq!(cap, before);
         let mut none = Capacity {
             budget: None,
             ..cpu_cap(1)
         };
         let before = none.clone();
-        size_for_time(&mut none, &rate(100.0, 0.5), 6, 60.0);
+        let r = rate(100.0, 0.5);
+        size_for_time(&mut none, &r, 60.0, linear(r));
         assert_eq!(none, before);
     }
 }

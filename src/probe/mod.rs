@@ -2,9 +2,13 @@
 //! search each scenario's boundary and collect the results.
 
 pub mod capacity;
+pub mod case;
 pub mod child;
 pub mod exec;
+pub mod fleet;
 pub mod runner;
+pub mod session;
+pub mod sinks;
 pub mod suite;
 pub mod warmup;
 

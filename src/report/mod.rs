@@ -19,6 +19,7 @@ pub mod json;
 pub mod markdown;
 pub mod model;
 #[doc(hidden)]
+pub mod replay;
 pub mod sample;
 pub mod svg;
 pub mod table;

@@ -25,14 +25,51 @@ pub enum Arch {
     Dense,
 }
 
+/// How a model's numbers are stored (`--precision`). Which framework setting is which:
+///
+/// | value      | framework setting                                                     |
+/// |------------|-----------------------------------------------------------------------|
+/// | `fp32`     | plain PyTorch                                                         |
+/// | `fp16`     | `model.half()` (every state, gradient and activation in fp16)         |
+/// | `bf16`     | `model.bfloat16()`                                                    |
+/// | `mixed`    | DeepSpeed `"fp16": {"enabled": true}`, Megatron `--fp16`: fp16 weights and gradients, fp32 master weights and Adam state (16 B/param) |
+/// | `amp-fp16` | `torch.autocast("cuda", dtype=torch.float16)` + `GradScaler`: `accelerate --mixed_precision fp16`, Lightning `16-mixed`, HF Trainer `fp16=True` |
+/// | `amp-bf16` | `torch.autocast("cuda", dtype=torch.bfloat16)`: `accelerate --mixed_precision bf16`, Lightning `bf16-mixed`, HF Trainer `bf16=True` |
+///
+/// Under `amp-*` params, gradients and optimizer state stay fp32 and each op's output type
+/// follows PyTorch's autocast op lists (`plan::autocast`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     Fp32,
     Fp16,
     Bf16,
-    /// 16-bit compute with fp32 master weights (mixed precision).
+    /// 16-bit compute with fp32 master weights (DeepSpeed/Megatron mixed precision).
     Mixed,
+    /// torch.autocast with float16 (fp32 params, grads and optimizer state).
+    #[serde(rename = "amp-fp16")]
+    AmpFp16,
+    /// torch.autocast with bfloat16 (fp32 params, grads and optimizer state).
+    #[serde(rename = "amp-bf16")]
+    AmpBf16,
+}
+
+impl Precision {
+    /// The value as `--precision` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16 => "bf16",
+            Precision::Mixed => "mixed",
+            Precision::AmpFp16 => "amp-fp16",
+            Precision::AmpBf16 => "amp-bf16",
+        }
+    }
+    /// torch.autocast (fp32 states, per-op dtypes).
+    pub fn is_autocast(self) -> bool {
+        matches!(self, Precision::AmpFp16 | Precision::AmpBf16)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,6 +206,14 @@ pub struct Workload {
     /// the returned cache.
     #[serde(default)]
     pub kv_cache: bool,
+    /// Whose autocast op lists decide per-op types under `amp-*`: CUDA's (what a prediction
+    /// uses) or CPU's (what the CPU validation measures).
+    #[serde(default, skip_serializing_if = "is_cuda")]
+    pub autocast_device: crate::plan::autocast::Device,
+}
+
+fn is_cuda(d: &crate::plan::autocast::Device) -> bool {
+    *d == crate::plan::autocast::Device::Cuda
 }
 
 impl Workload {

@@ -65,10 +65,18 @@ pub fn parse_precision(v: &str) -> Result<Precision, CliError> {
         "fp32" | "f32" | "float32" => Ok(Precision::Fp32),
         "fp16" | "f16" | "float16" => Ok(Precision::Fp16),
         "bf16" | "bfloat16" => Ok(Precision::Bf16),
-        "mixed" | "amp" => Ok(Precision::Mixed),
+        "mixed" | "deepspeed-fp16" | "megatron-fp16" => Ok(Precision::Mixed),
+        "amp-fp16" | "autocast-fp16" => Ok(Precision::AmpFp16),
+        "amp-bf16" | "autocast-bf16" => Ok(Precision::AmpBf16),
+        "amp" | "autocast" => Err(usage(
+            "precision",
+            format!(
+                "'{v}' is ambiguous: torch.autocast is amp-fp16 or amp-bf16; DeepSpeed/Megatron fp16 is mixed"
+            ),
+        )),
         _ => Err(usage(
             "precision",
-            format!("unknown precision '{v}' (fp32, fp16, bf16, mixed)"),
+            format!("unknown precision '{v}' (fp32, fp16, bf16, mixed, amp-fp16, amp-bf16)"),
         )),
     }
 }

@@ -67,6 +67,7 @@ pub(crate) fn base(name: &str, arch: Arch) -> Workload {
         optimizer_impl: None,
         gelu: Gelu::Fused,
         kv_cache: false,
+        autocast_device: Default::default(),
     }
 }
 

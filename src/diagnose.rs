@@ -9,7 +9,7 @@
 //! 4. even batch 1 does not fit → `activations_explode` (one sample's stored activations overflow
 //!    what the model states leave; the seed's "drop the batch to 1 and it still OOMs" test);
 //! 5. batch 1 fits: a deep transformer stack (≥ 24 layers) whose stored per-layer activations
-//!    are ≥ 2/3 of the total and which full checkpointing would make fit at this batch →
+//!    (the attention probabilities included) are ≥ 2/3 of the total and which full checkpointing would make fit at this batch →
 //!    `activations_explode`; otherwise → `batch_too_large`.
 //!
 //! Remedies, each with its effect computed from the same plans: the max batch at this sequence,
@@ -170,7 +170,7 @@ pub fn diagnose(w: &Workload, memory: u64) -> Result<Diagnosis, PlanError> {
         )
     } else if w.is_transformer()
         && w.layers >= 24
-        && b.activations.saturating_mul(3) >= b.total.saturating_mul(2)
+        && b.activations.saturating_add(b.attention).saturating_mul(3) >= b.total.saturating_mul(2)
         && w.checkpoint == Checkpoint::None
         && fits(&full_ckpt, memory)?
     {
@@ -179,7 +179,7 @@ pub fn diagnose(w: &Workload, memory: u64) -> Result<Diagnosis, PlanError> {
             format!(
                 "{} layers of stored activations take {} of {}; checkpointing makes batch {} fit",
                 w.layers,
-                fmt_bytes(b.activations),
+                fmt_bytes(b.activations.saturating_add(b.attention)),
                 fmt_bytes(b.total),
                 w.batch
             ),

@@ -61,10 +61,14 @@ fn llama_13b_mixed_adam_on_80gib_is_model_too_large() {
         "80GiB",
     ]);
     assert_eq!(v["cause"], "model_too_large");
-    // ZeRO-3 shards everything: 208 GB of states over N cards plus activations.
+    // ZeRO-3 shards everything: 208 GB of states over N cards plus activations. ZeRO-2 needs
+    // more cards; ZeRO-1 none suffices: the unsharded fp16 weights and gradients (52 GB) plus
+    // seq 2048's naive-attention activations (HF LLaMA's softmax is fp32, with an fp16 copy)
+    // exceed 80 GiB by themselves.
     let z3 = remedy(&v, "ZeRO-3")["value"].as_u64().unwrap();
-    let z1 = remedy(&v, "ZeRO-1")["value"].as_u64().unwrap();
-    assert!(z3 >= 3 && z3 < z1, "zero3 {z3} zero1 {z1}");
+    let z2 = remedy(&v, "ZeRO-2")["value"].as_u64().unwrap();
+    assert!(z3 >= 3 && z3 < z2, "zero3 {z3} zero2 {z2}");
+    assert!(remedy(&v, "ZeRO-1")["value"].is_null());
 }
 
 #[test]

@@ -131,10 +131,31 @@ pub struct WorkloadArgs {
     pub kv_cache: Option<String>,
 }
 
+/// A PyTorch memory snapshot instead of a workload (docs/snapshots.md).
+#[derive(Debug, Args, Clone, Default)]
+pub struct SnapshotArgs {
+    /// A PyTorch memory snapshot (torch.cuda.memory._dump_snapshot). Twice, with --batch-of:
+    /// the same job at two batch sizes, scaled to any batch (a third checks the scaling).
+    #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
+    pub snapshot: Vec<PathBuf>,
+    /// The batch size of each --snapshot, in order: e.g. 1,2 (or 1,2,3).
+    #[arg(long, value_name = "A,B", allow_hyphen_values = true)]
+    pub batch_of: Option<String>,
+    /// What one replayed allocation is: the driver segments PyTorch's allocator asked for
+    /// (default) or the tensor blocks the program asked the allocator for.
+    #[arg(long, value_enum)]
+    pub granularity: Option<crate::snapshot::Granularity>,
+}
+
 #[derive(Debug, Args)]
 pub struct EstimateArgs {
     #[command(flatten)]
     pub workload: WorkloadArgs,
+    #[command(flatten)]
+    pub snapshot: SnapshotArgs,
+    /// Write the step's timeline as a PyTorch memory snapshot (for PyTorch's memory viewer).
+    #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
+    pub export_snapshot: Option<PathBuf>,
     /// Device memory to predict boundaries against, e.g. 40GiB, 80GB, 512MiB.
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub memory: Option<String>,
@@ -146,6 +167,8 @@ pub struct EstimateArgs {
 pub struct DiagnoseArgs {
     #[command(flatten)]
     pub workload: WorkloadArgs,
+    #[command(flatten)]
+    pub snapshot: SnapshotArgs,
     /// Device memory (default: the default device's memory).
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub memory: Option<String>,
@@ -191,6 +214,8 @@ pub struct DeviceSelect {
 pub struct ProbeArgs {
     #[command(flatten)]
     pub workload: WorkloadArgs,
+    #[command(flatten)]
+    pub snapshot: SnapshotArgs,
     /// Scenarios to run (repeatable). Default: the whole suite.
     #[arg(long, value_enum)]
     pub scenario: Vec<Scenario>,

@@ -10,7 +10,9 @@ Examples:
   oomprobe estimate --model gpt2 --batch 8 --seq 1024
   oomprobe estimate --model llama-13b --precision mixed --optimizer adam
   oomprobe estimate --model gpt2 --precision fp16 --memory 24GiB --json
-  oomprobe estimate --model vit-l16 --batch 32 --precision amp-fp16   # torch.autocast";
+  oomprobe estimate --model vit-l16 --batch 32 --precision amp-fp16   # torch.autocast
+  oomprobe estimate --snapshot snap.pickle --memory 24GiB   # a PyTorch memory snapshot
+  oomprobe estimate --model gpt2 --export-snapshot plan.pickle  # for PyTorch's memory viewer";
 
 pub const PROBE: &str = "\
 Examples:
@@ -19,12 +21,15 @@ Examples:
   oomprobe probe --model gpt2 --scenario batch    # your workload's real max batch
   oomprobe probe --scenario seq --out seq.html    # one scenario, an HTML report
   oomprobe probe --model resnet50 --at 64         # does batch 64 fit?
-  oomprobe probe --backend cuda --device 1 --json";
+  oomprobe probe --backend cuda --device 1 --json
+  oomprobe probe --snapshot snap.pickle --budget 24GiB      # replay a PyTorch memory snapshot
+  oomprobe probe --snapshot b1.pickle --snapshot b2.pickle --batch-of 1,2   # its max batch";
 
 pub const DIAGNOSE: &str = "\
 Examples:
   oomprobe diagnose --model gpt2 --seq 16384 --memory 40GiB
-  oomprobe diagnose --config cases/llama13b-full-training-80gb.toml --json";
+  oomprobe diagnose --config cases/llama13b-full-training-80gb.toml --json
+  oomprobe diagnose --snapshot snap.pickle --memory 24GiB";
 
 pub const COMPARE: &str = "\
 Examples:

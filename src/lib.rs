@@ -17,6 +17,7 @@ pub mod probe;
 pub mod report;
 pub mod scenario;
 pub mod search;
+pub mod snapshot;
 pub mod tensor;
 pub mod term;
 pub mod units;

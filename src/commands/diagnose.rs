@@ -19,6 +19,9 @@ pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
             })?,
         },
     };
+    if crate::commands::snapshot::wanted(&args.snapshot) {
+        return crate::commands::snapshot::diagnose(&args.snapshot, memory, args.json);
+    }
     let d = diagnose(&r.workload, memory).map_err(plan_error)?;
     for w in &r.warnings {
         eprintln!("oomprobe: warning: {w}");

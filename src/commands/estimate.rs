@@ -68,6 +68,15 @@ pub fn memory_arg(v: &str) -> CliResult<u64> {
 }
 
 pub fn run(args: &EstimateArgs) -> CliResult<()> {
+    if crate::commands::snapshot::wanted(&args.snapshot) {
+        let memory = args.memory.as_deref().map(memory_arg).transpose()?;
+        return crate::commands::snapshot::estimate(
+            &args.snapshot,
+            memory,
+            args.json,
+            args.export_snapshot.as_deref(),
+        );
+    }
     let r = resolve(&args.workload, "gpt2")?;
     let w = r.workload;
     let memory = match args.memory.as_deref().map(memory_arg).transpose()? {
@@ -75,6 +84,9 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         None => case_memory(&args.workload)?,
     };
     let plan = Plan::for_workload(&w).map_err(plan_error)?;
+    if let Some(path) = &args.export_snapshot {
+        crate::commands::snapshot::export(&plan, path)?;
+    }
     for w in &r.warnings {
         eprintln!("oomprobe: warning: {w}");
     }

@@ -8,6 +8,7 @@ pub mod estimate;
 pub mod fleet;
 pub mod probe;
 pub mod replay;
+pub mod snapshot;
 
 use crate::cli::Command;
 use crate::error::CliResult;

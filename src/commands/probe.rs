@@ -26,6 +26,9 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         Some(t) => ProbeTimeout::Fixed(session::parse_timeout(t)?),
         None => ProbeTimeout::auto(),
     };
+    if crate::commands::snapshot::wanted(&args.snapshot) {
+        return crate::commands::snapshot::probe(args, budget, timeout);
+    }
     let out = match &args.out {
         Some(path) => {
             let format = report::out_format(path, args.format)

@@ -212,6 +212,7 @@ pub fn measure_probe_cost(
             compute: super::Compute::Touch,
             device: device.clone(),
             budget: None,
+            snapshot: None,
         };
         let started = Instant::now();
         let rec = match isolation {

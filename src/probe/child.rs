@@ -45,14 +45,21 @@ pub struct ChildRequest {
     pub compute: Compute,
     pub device: DeviceChoice,
     pub budget: Option<u64>,
+    /// Replay a PyTorch memory snapshot instead of the workload's plan (`probe --snapshot`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<crate::snapshot::Source>,
 }
 
 /// Run one probe in this process: open the device, apply the budget, build the plan, execute.
 pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
     let started = Instant::now();
-    let plan = match Plan::for_value(&req.workload, req.scenario, req.value) {
+    let plan = match &req.snapshot {
+        Some(s) => s.plan_at(req.value).map_err(|e| e.to_string()),
+        None => Plan::for_value(&req.workload, req.scenario, req.value).map_err(|e| e.to_string()),
+    };
+    let plan = match plan {
         Ok(p) => p,
-        Err(e) => return failed_record(req.value, 0, Outcome::Error, e.to_string(), started),
+        Err(e) => return failed_record(req.value, 0, Outcome::Error, e, started),
     };
     let bytes = plan.peak_bytes();
     let backend = match crate::backend::open::open_device(&req.device.backend, req.device.index) {

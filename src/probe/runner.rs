@@ -68,6 +68,7 @@ impl RunContext {
             compute: self.compute,
             device: self.device.clone(),
             budget: self.capacity.budget,
+            snapshot: None,
         };
         match &self.isolation {
             Isolation::Child(runner) => runner.run(&req),

@@ -284,6 +284,7 @@ fn probe(value: u64, fit: bool, step: Option<f64>) -> ProbeRecord {
         checksum: None,
         detail: None,
         failed_at: None,
+        room: None,
     }
 }
 

@@ -9,7 +9,7 @@ use crate::cli::{ComputeMode, OutputFormat, ProbeArgs};
 use crate::error::{CliError, CliResult};
 use crate::probe::capacity;
 use crate::probe::child::{ChildRunner, ProbeTimeout};
-use crate::probe::runner::{Isolation, ProbeEvent, RunContext};
+use crate::probe::runner::{Isolation, ProbeEvent, RunContext, SearchMode};
 use crate::probe::suite::{self, RunSpec};
 use crate::probe::{Compute, DeviceChoice};
 use crate::report::{self, Outcome, ProbeRecord, ProbeReport, RunResult, ToolInfo, SCHEMA_VERSION};
@@ -104,6 +104,10 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         capacity: cap.clone(),
         compute,
         isolation,
+        search: match args.search {
+            crate::cli::SearchArg::Measure => SearchMode::Measure,
+            crate::cli::SearchArg::Gallop => SearchMode::Gallop,
+        },
     };
     let mut runs = suite::plan_runs(&args.scenario, user.as_ref(), cap.predict_against);
     // A CPU adapter standing in for a GPU whose Vulkan driver is missing says so.
@@ -253,6 +257,9 @@ fn partial_run(spec: &RunSpec, probes: &[ProbeRecord]) -> RunResult {
         activation_share: None,
         at: None,
         flaky: false,
+        measured_capacity_bytes: None,
+        measured_capacity_below: None,
+        device_overhead_bytes: None,
         notes: vec![report::IN_PROGRESS_NOTE.into()],
         probes: probes.to_vec(),
         seconds: probes.iter().map(|p| p.seconds).sum(),

@@ -11,7 +11,7 @@ use crate::error::{CliError, CliResult};
 use crate::plan::Plan;
 use crate::probe::capacity::{self, Capacity};
 use crate::probe::child::{ChildRunner, ProbeTimeout};
-use crate::probe::runner::{Isolation, RunContext};
+use crate::probe::runner::{Isolation, RunContext, SearchMode};
 use crate::probe::suite::RunSpec;
 use crate::probe::Compute;
 use crate::report::{ProbeRecord, SCHEMA_VERSION};
@@ -120,6 +120,10 @@ pub fn run(args: &ProbeArgs, budget: Option<u64>, timeout: ProbeTimeout) -> CliR
         },
         compute,
         isolation,
+        search: match args.search {
+            crate::cli::SearchArg::Measure => SearchMode::Measure,
+            crate::cli::SearchArg::Gallop => SearchMode::Gallop,
+        },
     };
     let mut report = ReplayReport {
         schema_version: SCHEMA_VERSION,

@@ -9,7 +9,8 @@ use std::time::Instant;
 use crate::backend::{AllocError, Backend, BackendError};
 use crate::ops;
 use crate::plan::{EventKind, Plan};
-use crate::report::{FailurePoint, Outcome, ProbeRecord};
+use crate::report::{FailurePoint, Outcome, ProbeRecord, RoomMeasurement};
+use crate::search::RoomAsk;
 use crate::tensor::{self, DeviceTensor};
 
 use super::Compute;
@@ -68,6 +69,9 @@ struct Replay<'a> {
     words_verified: u64,
     folded: u64,
     peak_allocated: u64,
+    /// The room to measure at the plan's peak event (see `room`), and what it measured.
+    room_ask: Option<(usize, u64, RoomAsk)>,
+    room: Option<RoomMeasurement>,
 }
 
 impl Replay<'_> {
@@ -90,6 +94,7 @@ impl Replay<'_> {
                     let r = ops::words::fill_tensor(self.backend, &dt, seed_of(t));
                     self.live[t] = Some(dt);
                     r.map_err(|err| fail(outcome_of_backend(&err), err.to_string()))?;
+                    self.measure_room(i, t);
                 }
                 EventKind::Free(t) => {
                     self.read_back(t).map_err(|(o, d)| fail(o, d))?;
@@ -123,6 +128,16 @@ impl Replay<'_> {
             .map_err(|err| Failure::at(end, (outcome_of_backend(&err), err.to_string())))
     }
 
+    /// At the plan's peak event, measure the room left with filler of its chunk size.
+    fn measure_room(&mut self, i: usize, t: usize) {
+        let Some((event, live, ask)) = self.room_ask.filter(|r| r.0 == i) else {
+            return;
+        };
+        let chunk = self.live[t].as_ref().and_then(|d| d.chunks.first());
+        let chunk = chunk.map_or(ask.step, |c| c.bytes);
+        self.room = Some(super::room::measure(self.backend, event, live, chunk, ask));
+    }
+
     /// Read a live tensor back: verify its pattern, or fold its checksum once a kernel wrote it.
     fn read_back(&mut self, t: usize) -> Result<(), (Outcome, String)> {
         let Some(dt) = self.live[t].as_ref() else {
@@ -152,6 +167,16 @@ impl Replay<'_> {
 
 /// Run one probe of `plan` on `backend`. Always frees what it allocated before returning.
 pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) -> ProbeRecord {
+    execute_plan_measuring(backend, plan, compute, None)
+}
+
+/// [`execute_plan`], measuring the room left at the plan's peak with filler when `room` asks.
+pub fn execute_plan_measuring(
+    backend: &mut dyn Backend,
+    plan: &Plan,
+    compute: Compute,
+    room: Option<RoomAsk>,
+) -> ProbeRecord {
     let started = Instant::now();
     let bytes = plan.peak_bytes();
     // Compile every kernel before memory fills up (a compiler out of memory crashes).
@@ -175,6 +200,8 @@ pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) ->
         words_verified: 0,
         folded: 0,
         peak_allocated: 0,
+        room_ask: room.map(|a| (plan.peak().event, bytes, a)),
+        room: None,
     };
     let result = r.run();
     let mut record = ProbeRecord {
@@ -188,6 +215,7 @@ pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) ->
         checksum: None,
         detail: None,
         failed_at: None,
+        room: r.room,
     };
     match result {
         Ok(()) => {
@@ -209,6 +237,7 @@ pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) ->
                     .map_or(crate::plan::Phase::Setup, |e| e.phase),
                 live_bytes: plan.live_before(f.event),
                 requested_bytes: f.requested,
+                max_live_bytes: Some(plan.max_live_before(f.event)),
             });
         }
     }

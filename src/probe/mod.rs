@@ -4,6 +4,7 @@
 pub mod capacity;
 pub mod child;
 pub mod exec;
+pub mod room;
 pub mod runner;
 pub mod suite;
 pub mod warmup;

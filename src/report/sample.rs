@@ -76,6 +76,7 @@ pub fn simulate(spec: &SimSpec<'_>, capacity: u64) -> RunResult {
             checksum: ok.then(|| format!("{:08x}", x.wrapping_mul(2654435761) & 0xffff_ffff)),
             detail: (!ok).then(|| "budget: allocation would pass the budget".to_string()),
             failed_at: None,
+            room: None,
         });
         ok
     };
@@ -137,6 +138,9 @@ pub fn simulate(spec: &SimSpec<'_>, capacity: u64) -> RunResult {
         activation_share: lo.map(|l| (spec.activation_share)(l)),
         at: None,
         flaky: false,
+        measured_capacity_bytes: None,
+        measured_capacity_below: None,
+        device_overhead_bytes: None,
         notes: Vec::new(),
         seconds: probes.iter().map(|p| p.seconds).sum(),
         probes,

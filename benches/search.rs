@@ -12,7 +12,8 @@
 //! byte function, the failure points and the filler are the real ones. Flaky devices add, by a
 //! fixed pseudo-random draw per probe, a child that crashes before answering (retried) or
 //! 48 MiB that another process holds during the probe. Prediction errors: the search starts at
-//! the true boundary times 1.03, 0.97, 1.2, 0.8, 2 or 0.5.
+//! the true boundary times 1.03, 0.97, 1.2, 0.8, 2 or 0.5. `SEARCH_TRACE=TEXT` prints the
+//! measuring search's probes of the rows whose name contains TEXT.
 
 use std::collections::HashMap;
 
@@ -27,7 +28,8 @@ use oomprobe::probe::suite::default_runs;
 use oomprobe::report::{FailurePoint, Outcome, ProbeRecord};
 use oomprobe::scenario::Scenario;
 use oomprobe::search::{
-    find_boundary, find_boundary_measured, lightning_style, Answer, Ask, SearchOutcome, SearchSpace,
+    find_boundary, find_boundary_measured, lightning_style, Answer, Ask, RoomAsk, SearchOutcome,
+    SearchSpace,
 };
 use oomprobe::workload::{presets, Checkpoint, Precision, Workload};
 
@@ -108,7 +110,7 @@ impl Backend for Device {
             self.dedicated += need;
             self.bufs.insert(id, (None, need));
         } else {
-            let run = (1u32 << pages) - 1;
+            let run = ((1u64 << pages) - 1) as u32;
             let slot = self.blocks.iter().enumerate().find_map(|(b, used)| {
                 let used = (*used)?;
                 (0..=PAGES_PER_BLOCK - pages)
@@ -211,14 +213,18 @@ impl Case {
         for (i, e) in plan.events.iter().enumerate() {
             match e.kind {
                 EventKind::Alloc(t) => {
-                    match oomprobe::tensor::allocate_tensor(&mut dev, &plan.tensors[t]) {
-                        Ok(dt) => {
-                            if let (true, Some(a)) = (i == peak.event, ask.room) {
-                                let chunk = dt.chunks.first().map_or(a.step, |c| c.bytes);
-                                rec.room = Some(room::measure(&mut dev, i, peak.bytes, chunk, a));
-                            }
-                            live[t] = Some(dt);
-                        }
+                    let spec = &plan.tensors[t];
+                    if let (true, Some(a)) = (i == peak.event, ask.room) {
+                        // As exec does: just before the peak's allocation, its bytes included.
+                        let chunk = spec.bytes.min(dev.info.max_chunk_bytes());
+                        let a = RoomAsk {
+                            limit: a.limit + spec.bytes,
+                            ..a
+                        };
+                        rec.room = Some(room::measure(&mut dev, i, plan.live_before(i), chunk, a));
+                    }
+                    match oomprobe::tensor::allocate_tensor(&mut dev, spec) {
+                        Ok(dt) => live[t] = Some(dt),
                         Err(_) => {
                             rec.outcome = Outcome::OutOfMemory;
                             rec.failed_at = Some(FailurePoint {
@@ -461,6 +467,16 @@ fn main() {
                     mark(&theirs),
                     if ours.fell_back { "yes" } else { "" }
                 );
+                if std::env::var("SEARCH_TRACE")
+                    .is_ok_and(|t| format!("{name} {label}").contains(&t))
+                {
+                    println!("    measure: {:?}", ours.probes);
+                    println!(
+                        "    capacity {:?}, device {}",
+                        ours.capacity,
+                        case.capacity - case.overhead
+                    );
+                }
                 let sums = if flaky.is_some() {
                     &mut flaky_totals
                 } else {

@@ -371,9 +371,32 @@ where
 /// Most probes the measuring search places by measurement before it falls back.
 const MAX_GUIDED: usize = 8;
 /// Probes whose outcome the measurements got wrong before the search stops trusting them.
-const MAX_MISSES: usize = 2;
+const MAX_MISSES: usize = 3;
 /// The finest room worth resolving, whatever the plan's step.
 pub const MIN_ROOM_STEP: u64 = 64 << 10;
+
+/// Which measurements still count: after a probe the measurements got wrong, the bounds on
+/// that side from the answers before it count only as their outcomes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Trust {
+    /// Measured lower bounds count from this answer on (one said a value fits that did not).
+    at_least_from: usize,
+    /// Measured upper bounds count from this answer on (one said a value fails that fit).
+    below_from: usize,
+}
+
+impl Trust {
+    /// Answer `i` as far as it is trusted.
+    fn of(&self, i: usize, a: &Answer) -> Answer {
+        Answer {
+            outcome: a.outcome,
+            bounds: Bounds {
+                at_least: a.bounds.at_least.filter(|_| i >= self.at_least_from),
+                below: a.bounds.below.filter(|_| i >= self.below_from),
+            },
+        }
+    }
+}
 
 /// The plan's bytes per value (its peak), memoised, and their inverse.
 struct PlanBytes<B> {
@@ -444,12 +467,12 @@ impl<B: FnMut(u64) -> Option<u64>> PlanBytes<B> {
     /// What the answers agree on, newest first (of an answer that contradicts newer ones only
     /// its outcome counts, or nothing), the largest lower bound among them that a fit set, and
     /// whether all of them agree.
-    fn agreed(&mut self, answers: &[(u64, Answer)]) -> (Bounds, Option<u64>, bool) {
+    fn agreed(&mut self, answers: &[(u64, Answer)], trust: Trust) -> (Bounds, Option<u64>, bool) {
         let mut b = Bounds::default();
         let mut by_fit: Option<u64> = None;
         let mut all = true;
-        for (x, a) in answers.iter().rev() {
-            let mut kept = self.bounds_of(*x, a);
+        for (i, (x, a)) in answers.iter().enumerate().rev() {
+            let mut kept = self.bounds_of(*x, &trust.of(i, a));
             let n = b.meet_close(kept).or_else(|| {
                 all = false;
                 kept = self.bounds_of(*x, &Answer::bare(a.outcome));
@@ -536,17 +559,30 @@ where
     // A lower bound set by a refusal (fewer and smaller buffers live than at a peak, whose
     // rounding the device charged less) is aimed under by 1/2^shift, twice as far per miss.
     let mut shift = 5;
+    let mut trust = Trust::default();
+    // After a probe the measurements said would fit failed: how far below that failure to
+    // step next when they put the boundary no higher than the largest fit (doubling).
+    let mut down: Option<u64> = None;
     for _ in 0..MAX_GUIDED {
         let Some((x, expect)) = next.take() else {
             break;
         };
-        let (cap, _, _) = plan.agreed(&p.answers);
+        let (cap, _, _) = plan.agreed(&p.answers, trust);
         let room = plan.room_ask(x, cap);
+        let before = p.answers.len();
         let fit = p.ask(Ask { value: x, room });
         if p.inconclusive_at(Some(x)) {
             break;
         }
         if expect.is_some_and(|e| e != fit) {
+            // The measurements that placed this probe were wrong on one side: from now on only
+            // newer ones count there.
+            if fit {
+                trust.below_from = before;
+            } else {
+                trust.at_least_from = before;
+                down = down.or(Some(g));
+            }
             misses += 1;
             shift = (shift - 1).max(1);
             if misses >= MAX_MISSES {
@@ -556,7 +592,7 @@ where
         if p.settled() {
             break;
         }
-        let (cap, by_fit, _) = plan.agreed(&p.answers);
+        let (cap, by_fit, _) = plan.agreed(&p.answers, trust);
         let Some(at_least) = cap.at_least else {
             break;
         };
@@ -573,8 +609,17 @@ where
             Some(c) => (c, true),
             None => (space.min, false),
         };
-        if f.is_some_and(|f| c <= f) {
-            (c, expect) = (f.map_or(c, |f| f + g), false);
+        if let Some(f) = f.filter(|f| c <= *f) {
+            (c, expect) = (f + g, false);
+            // A measurement overshot above, and nothing trusted is left between: step down
+            // from the failure, doubling, rather than up from the fit.
+            if let (Some(u), Some(d)) = (u, down) {
+                if u - f > 2 * g {
+                    c = u.saturating_sub(d).max(f + g);
+                    expect = c > f + g;
+                    down = Some(d.saturating_mul(2));
+                }
+            }
         }
         if u.is_some_and(|u| c >= u) {
             (c, expect) = (u.map_or(c, |u| u - g), true);
@@ -584,13 +629,19 @@ where
         }
         next = Some((c, Some(expect)));
     }
-    let (capacity, _, _) = plan.agreed(&p.answers);
+    let (capacity, _, _) = plan.agreed(&p.answers, trust);
     let (f, u) = p.bracket();
     let agree = plan.pair_agrees(&p.answers, f, u);
     let mut out = if p.settled() && agree && misses < MAX_MISSES {
         let hi = p.bracket().1;
         assemble(&p.seen, p.probes, hi)
     } else {
+        // Strides from one granule, doubling, where the measurements put the boundary near.
+        let wide = if p.answers.iter().any(|(_, a)| a.bounds != Bounds::default()) {
+            2 * g
+        } else {
+            wide
+        };
         let (lo, hi) = match p.bracket() {
             (Some(f), Some(u)) => (Some(f), Some(u)),
             (Some(f), None) => p.gallop_up(f, wide),

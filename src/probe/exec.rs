@@ -82,6 +82,7 @@ impl Replay<'_> {
             match e.kind {
                 EventKind::Alloc(t) => {
                     let spec = &plan.tensors[t];
+                    self.measure_room(i, t);
                     let dt =
                         tensor::allocate_tensor(self.backend, spec).map_err(|err| Failure {
                             outcome: outcome_of_alloc(&err),
@@ -94,7 +95,6 @@ impl Replay<'_> {
                     let r = ops::words::fill_tensor(self.backend, &dt, seed_of(t));
                     self.live[t] = Some(dt);
                     r.map_err(|err| fail(outcome_of_backend(&err), err.to_string()))?;
-                    self.measure_room(i, t);
                 }
                 EventKind::Free(t) => {
                     self.read_back(t).map_err(|(o, d)| fail(o, d))?;
@@ -128,13 +128,18 @@ impl Replay<'_> {
             .map_err(|err| Failure::at(end, (outcome_of_backend(&err), err.to_string())))
     }
 
-    /// At the plan's peak event, measure the room left with filler of its chunk size.
+    /// Before the allocation that reaches the plan's peak, measure the room left with filler
+    /// of that tensor's chunk size (its bytes added to the limit: the room includes them).
     fn measure_room(&mut self, i: usize, t: usize) {
         let Some((event, live, ask)) = self.room_ask.filter(|r| r.0 == i) else {
             return;
         };
-        let chunk = self.live[t].as_ref().and_then(|d| d.chunks.first());
-        let chunk = chunk.map_or(ask.step, |c| c.bytes);
+        let spec = &self.plan.tensors[t];
+        let chunk = spec.bytes.min(self.backend.info().max_chunk_bytes());
+        let ask = RoomAsk {
+            limit: ask.limit.saturating_add(spec.bytes),
+            ..ask
+        };
         self.room = Some(super::room::measure(self.backend, event, live, chunk, ask));
     }
 
@@ -200,7 +205,10 @@ pub fn execute_plan_measuring(
         words_verified: 0,
         folded: 0,
         peak_allocated: 0,
-        room_ask: room.map(|a| (plan.peak().event, bytes, a)),
+        room_ask: room.map(|a| {
+            let e = plan.peak().event;
+            (e, plan.live_before(e), a)
+        }),
         room: None,
     };
     let result = r.run();

@@ -1,29 +1,34 @@
-//! The room left on the device at a probe's peak, measured with filler (the plan's chunk size
-//! until the device refuses, then halves down to the step the search asked for, never more than
-//! its limit, all freed at once), and the capacity bounds a probe's record gives the search.
+//! The room left on the device at a probe's peak, measured with filler (buffers of the plan's
+//! chunk size while they fit, then one buffer sized by bisection to what the device takes,
+//! never more than the search's limit, all freed at once), and the capacity bounds a probe's
+//! record gives the search.
 //!
-//! The room is measured right after the allocation that reaches the plan's peak, when the plan
-//! holds the most bytes: the capacity is then at least the peak plus the room, in the device's
-//! own state at that moment (fragmentation included), and the filler stays small near the
-//! boundary. Measuring at the end of the step instead would fill everything the step freed.
-//! The filler is allocated, not written: a driver that commits memory only when it is written
-//! shows more room than it has, which the search notices when the next probe disagrees.
+//! The room is measured right before the allocation that reaches the plan's peak, when the plan
+//! holds the most it holds with that tensor still to come: the capacity is then at least the
+//! live bytes plus the room, in the device's own state at that moment (fragmentation included),
+//! and the room includes the peak tensor's share, so the filler is made of buffers as large as
+//! the plan's own (a device charges small buffers differently: suballocation blocks, pages).
+//! Near the boundary what is left over is small. Measuring at the end of the step instead would
+//! fill everything the step freed. The filler is allocated, not written: a driver that commits
+//! memory only when it is written shows more room than it has, which the search notices when
+//! the next probe disagrees.
 
 use crate::backend::{AllocError, Backend, BufferId, DeviceType};
 use crate::report::{Outcome, ProbeRecord, RoomMeasurement};
 use crate::search::{Bounds, RoomAsk};
 use crate::tensor::WORD_BYTES;
 
-/// The finest filler piece on a GPU: drivers map device memory in 2 MiB pages, so a smaller
-/// piece would be charged a page and the room counted short. (CPU adapters map 4 KiB pages.)
+/// The finest filler resolution on a GPU: drivers map device memory in 2 MiB pages. (CPU
+/// adapters map 4 KiB pages.)
 pub const GPU_PAGE: u64 = 2 << 20;
 
-/// Most filler buffers one measurement allocates (a device that refuses big buffers but takes
-/// endless small ones stops here, the room counted so far a lower bound).
+/// Most filler buffers one measurement holds (a device that refuses nothing stops here, the
+/// room counted so far a lower bound).
 const MAX_FILLER_BUFFERS: usize = 4096;
 
-/// Measure the room on `backend` after timeline event `event`, with `live_bytes` of the plan
-/// live and its chunks `chunk_bytes` large. Everything allocated is freed before returning.
+/// Measure the room on `backend` before timeline event `event`, with `live_bytes` of the plan
+/// live and the plan's chunks there `chunk_bytes` large. Everything allocated is freed before
+/// returning.
 pub fn measure(
     backend: &mut dyn Backend,
     event: usize,
@@ -38,27 +43,63 @@ pub fn measure(
         _ => GPU_PAGE,
     };
     let step = words(ask.step).max(page).min(max);
-    let mut size = words(chunk_bytes).clamp(step, max);
+    // At most half a buffer, so the last one can grow to one piece more.
+    let piece = words(chunk_bytes).min(max / 2).clamp(step, max);
+    let is_memory = |e: &AllocError| {
+        matches!(
+            e,
+            AllocError::OutOfMemory { .. } | AllocError::Budget { .. }
+        )
+    };
     let mut held: Vec<BufferId> = Vec::new();
     let mut room = 0u64;
-    let mut refused = None;
-    while room < ask.limit && held.len() < MAX_FILLER_BUFFERS {
-        let want = words(size.min(ask.limit - room));
-        match backend.alloc_buffer(want) {
+    let mut other_error = false;
+    // Whole pieces while the device takes them and the limit allows.
+    while room + piece <= ask.limit && held.len() < MAX_FILLER_BUFFERS {
+        match backend.alloc_buffer(piece) {
             Ok(id) => {
                 held.push(id);
-                room += want;
+                room += piece;
             }
-            Err(AllocError::OutOfMemory { .. } | AllocError::Budget { .. }) => {
-                if size / 2 >= step {
-                    size /= 2;
-                } else {
-                    refused = Some(want);
-                    break;
+            Err(e) => {
+                other_error = !is_memory(&e);
+                break;
+            }
+        }
+    }
+    // The rest as one buffer, from the last piece (freed) up to one piece more: the largest
+    // size the device takes, bisected to `step`.
+    let mut good = 0;
+    if let Some(id) = held.pop() {
+        backend.free_buffer(id);
+        room -= piece;
+        good = piece;
+    }
+    let mut bad = (good + piece).min(max).min(ask.limit - room);
+    let mut refused = None;
+    if !other_error && bad > good {
+        let mut fits = |size: u64| match backend.alloc_buffer(size) {
+            Ok(id) => {
+                backend.free_buffer(id);
+                Some(true)
+            }
+            Err(e) if is_memory(&e) => Some(false),
+            Err(_) => None,
+        };
+        match fits(bad) {
+            Some(true) => good = bad,
+            Some(false) => {
+                while bad - good > step {
+                    let mid = words(good + (bad - good) / 2);
+                    match fits(mid) {
+                        Some(true) => good = mid,
+                        Some(false) => bad = mid,
+                        None => break,
+                    }
                 }
+                refused = Some(bad - good);
             }
-            // Not a memory answer: what was taken so far is still a lower bound.
-            Err(_) => break,
+            None => {}
         }
     }
     for id in held {
@@ -67,9 +108,9 @@ pub fn measure(
     RoomMeasurement {
         event,
         live_bytes,
-        room_bytes: room,
+        room_bytes: room + good,
         refused_bytes: refused,
-        chunk_bytes: words(chunk_bytes).min(max),
+        chunk_bytes: piece,
         limit_bytes: ask.limit,
     }
 }
@@ -140,7 +181,7 @@ mod tests {
             step: 64 << 10,
         };
         let r = measure(&mut b, 0, 0, 4 * MIB, ask);
-        assert_eq!(r.room_bytes, 10 * MIB + 8, "whole words: {r:?}");
+        assert_eq!(r.room_bytes, 10 * MIB + 6, "{r:?}");
         assert_eq!(r.refused_bytes, None);
         assert_eq!(b.used(), 0);
         assert!(b.peak() <= 10 * MIB + 8);

@@ -101,15 +101,17 @@ pub struct ProbeRecord {
 /// The room left at a probe's peak, measured with filler (see `probe::room`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoomMeasurement {
-    /// Index into the plan's events: the allocation that reached the peak.
+    /// Index into the plan's events: the allocation that reaches the peak (measured just
+    /// before it).
     pub event: usize,
-    /// Bytes the plan held live then (its peak).
+    /// Bytes the plan held live then.
     pub live_bytes: u64,
     /// Filler bytes the device accepted on top.
     pub room_bytes: u64,
-    /// The smallest filler request the device refused (null: the limit came first).
+    /// The least further filler the device refused on top of `room_bytes` (null: the limit
+    /// came first).
     pub refused_bytes: Option<u64>,
-    /// The filler's first chunk size (the plan's chunk at its peak).
+    /// The filler's chunk size (the plan's chunk at its peak).
     pub chunk_bytes: u64,
     /// The most filler the search asked for.
     pub limit_bytes: u64,

@@ -1138,7 +1138,9 @@ mod tests {
                 (Some(b), Some(b + 1)),
                 "{start}: {r:?}"
             );
-            assert!(r.probes.len() <= 6, "{start}: {:?}", r.probes);
+            // Every tensor here rounds the same way (the worst case for a measurement made at
+            // another value): the fallback's galloping and bisecting pays for it.
+            assert!(r.probes.len() <= 12, "{start}: {:?}", r.probes);
         }
     }
 

@@ -1,66 +1,532 @@
-//! Probes needed by oomprobe's search (from the prediction: one granule, then gallop, bisect,
-//! confirm the pair) against a Lightning-style search (double from 2 until failure, then bisect)
-//! on the same threshold oracles. Prints one row per case and the totals; `cargo bench --bench
-//! search`. Probe counts are what matter: on a device one probe costs seconds.
+//! Probes needed to find the boundary on modelled devices: oomprobe's measuring search (the
+//! default), its fit/fail search (`--search gallop`) and a Lightning-style search (double from
+//! the smallest value until failure, then bisect), on the same devices. `cargo bench --bench
+//! search` prints one row per case, the totals and whether the goals are met (at most a third
+//! of the Lightning-style search's probes in total, at most 6 in a deterministic run), and fails
+//! if a search misses a boundary on a deterministic device.
+//!
+//! A device here is a model, not a measurement: a card of some bytes, a driver overhead the
+//! prediction does not know, 2 MiB pages, buffers under 64 MiB suballocated from 64 MiB blocks
+//! (first fit, a block returned when empty), bigger ones dedicated. A probe replays the real
+//! plan of a preset (every allocation and free of the step, chunked as on a GPU) on it, so the
+//! byte function, the failure points and the filler are the real ones. Flaky devices add, by a
+//! fixed pseudo-random draw per probe, a child that crashes before answering (retried) or
+//! 48 MiB that another process holds during the probe. Prediction errors: the search starts at
+//! the true boundary times 1.03, 0.97, 1.2, 0.8, 2 or 0.5. `SEARCH_TRACE=TEXT` prints the
+//! measuring search's probes of the rows whose name contains TEXT.
 
-use oomprobe::report::Outcome;
-use oomprobe::search::{find_boundary, lightning_style, SearchSpace};
+use std::collections::HashMap;
 
-fn count(
-    boundary: u64,
-    f: impl Fn(&mut dyn FnMut(u64) -> Outcome) -> (Option<u64>, usize),
-) -> usize {
-    let mut oracle = |x: u64| {
-        if x <= boundary {
-            Outcome::Fit
-        } else {
-            Outcome::OutOfMemory
+use oomprobe::backend::{
+    AllocError, Backend, BackendError, BackendKind, BufferId, DeviceInfo, DeviceType, MemoryInfo,
+};
+use oomprobe::kernels::KernelId;
+use oomprobe::plan::{EventKind, Plan};
+use oomprobe::probe::room;
+use oomprobe::probe::runner::search_space;
+use oomprobe::probe::suite::default_runs;
+use oomprobe::report::{FailurePoint, Outcome, ProbeRecord};
+use oomprobe::scenario::Scenario;
+use oomprobe::search::{
+    find_boundary, find_boundary_measured, lightning_style, Answer, Ask, RoomAsk, SearchOutcome,
+    SearchSpace,
+};
+use oomprobe::workload::{presets, Checkpoint, Precision, Workload};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const PAGE: u64 = 2 * MIB;
+const BLOCK: u64 = 64 * MIB;
+const PAGES_PER_BLOCK: u64 = BLOCK / PAGE;
+
+/// A modelled card: allocation bookkeeping only (nothing is stored or computed).
+struct Device {
+    info: DeviceInfo,
+    /// The card's bytes, of which the driver keeps `overhead` (and another process `transient`).
+    capacity: u64,
+    overhead: u64,
+    transient: u64,
+    dedicated: u64,
+    /// Used pages of each 64 MiB block (None: returned).
+    blocks: Vec<Option<u32>>,
+    bufs: HashMap<u64, (Option<usize>, u64)>,
+    next: u64,
+}
+
+impl Device {
+    fn new(capacity: u64, overhead: u64, transient: u64) -> Self {
+        Device {
+            info: DeviceInfo {
+                index: 0,
+                name: "modelled card".into(),
+                backend: BackendKind::Mock,
+                device_type: DeviceType::Discrete,
+                driver: "model".into(),
+                memory_total_bytes: Some(capacity),
+                memory_free_bytes: None,
+                max_buffer_size: 4 * GIB - 2 * MIB,
+                max_storage_binding_size: 2 * GIB - 1,
+                overhead_bytes: None,
+                kernel_overhead_bytes: None,
+            },
+            capacity,
+            overhead,
+            transient,
+            dedicated: 0,
+            blocks: Vec::new(),
+            bufs: HashMap::new(),
+            next: 1,
         }
-    };
-    let (max_fit, probes) = f(&mut oracle);
-    assert_eq!(
-        max_fit,
-        Some(boundary),
-        "both searches must find the boundary"
-    );
-    probes
+    }
+
+    fn used(&self) -> u64 {
+        let blocks = self.blocks.iter().flatten().count() as u64;
+        self.overhead + self.transient + self.dedicated + blocks * BLOCK
+    }
+
+    fn oom(bytes: u64) -> AllocError {
+        AllocError::OutOfMemory {
+            requested: bytes,
+            detail: "modelled".into(),
+        }
+    }
+}
+
+impl Backend for Device {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+    fn memory(&self) -> MemoryInfo {
+        MemoryInfo::default()
+    }
+    fn alloc_buffer(&mut self, bytes: u64) -> Result<BufferId, AllocError> {
+        let pages = bytes.div_ceil(PAGE).max(1);
+        let id = self.next;
+        if bytes >= BLOCK {
+            let need = pages * PAGE;
+            if self.used() + need > self.capacity {
+                return Err(Self::oom(bytes));
+            }
+            self.dedicated += need;
+            self.bufs.insert(id, (None, need));
+        } else {
+            let run = ((1u64 << pages) - 1) as u32;
+            let slot = self.blocks.iter().enumerate().find_map(|(b, used)| {
+                let used = (*used)?;
+                (0..=PAGES_PER_BLOCK - pages)
+                    .map(|p| run << p)
+                    .find(|m| used & m == 0)
+                    .map(|m| (b, m))
+            });
+            let (b, mask) = match slot {
+                Some(s) => s,
+                None => {
+                    if self.used() + BLOCK > self.capacity {
+                        return Err(Self::oom(bytes));
+                    }
+                    let b = match self.blocks.iter().position(Option::is_none) {
+                        Some(b) => b,
+                        None => {
+                            self.blocks.push(None);
+                            self.blocks.len() - 1
+                        }
+                    };
+                    self.blocks[b] = Some(0);
+                    (b, run)
+                }
+            };
+            self.blocks[b] = Some(self.blocks[b].unwrap_or(0) | mask);
+            self.bufs.insert(id, (Some(b), u64::from(mask)));
+        }
+        self.next += 1;
+        Ok(BufferId(id))
+    }
+    fn free_buffer(&mut self, id: BufferId) {
+        match self.bufs.remove(&id.0) {
+            Some((None, bytes)) => self.dedicated -= bytes,
+            Some((Some(b), mask)) => {
+                let left = self.blocks[b].unwrap_or(0) & !(mask as u32);
+                self.blocks[b] = (left != 0).then_some(left);
+            }
+            None => {}
+        }
+    }
+    fn write_buffer(&mut self, _: BufferId, _: u64, _: &[u8]) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn read_buffer(&mut self, _: BufferId, _: u64, len: u64) -> Result<Vec<u8>, BackendError> {
+        Ok(vec![0; len as usize])
+    }
+    fn dispatch(
+        &mut self,
+        _: KernelId,
+        _: &[u8],
+        _: &[BufferId],
+        _: [u32; 3],
+    ) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn allocated_bytes(&self) -> u64 {
+        0
+    }
+}
+
+/// One case: a workload's scenario on a card.
+struct Case {
+    label: &'static str,
+    workload: Workload,
+    scenario: Scenario,
+    capacity: u64,
+    overhead: u64,
+}
+
+impl Case {
+    fn plan(&self, x: u64) -> Option<Plan> {
+        Plan::for_value(&self.workload, self.scenario, x).ok()
+    }
+
+    /// Replay the plan at `ask.value` on a fresh device (with `transient` bytes of another
+    /// process), measuring the room at the peak when asked; the answer as the runner gives it.
+    fn probe(&self, ask: Ask, transient: u64) -> Answer {
+        let Some(plan) = self.plan(ask.value) else {
+            return Answer::bare(Outcome::Error);
+        };
+        let mut dev = Device::new(self.capacity, self.overhead, transient);
+        let peak = plan.peak();
+        let mut rec = ProbeRecord {
+            value: ask.value,
+            outcome: Outcome::Fit,
+            bytes: peak.bytes,
+            bytes_allocated: 0,
+            failed_tensor: None,
+            seconds: 0.0,
+            step_seconds: None,
+            checksum: None,
+            detail: None,
+            failed_at: None,
+            spill: None,
+            room: None,
+        };
+        let mut live: Vec<Option<oomprobe::tensor::DeviceTensor>> = vec![None; plan.tensors.len()];
+        for (i, e) in plan.events.iter().enumerate() {
+            match e.kind {
+                EventKind::Alloc(t) => {
+                    let spec = &plan.tensors[t];
+                    if let (true, Some(a)) = (i == peak.event, ask.room) {
+                        // As exec does: just before the peak's allocation, its bytes included.
+                        let chunk = spec.bytes.min(dev.info.max_chunk_bytes());
+                        let a = RoomAsk {
+                            limit: a.limit + spec.bytes,
+                            ..a
+                        };
+                        rec.room = Some(room::measure(&mut dev, i, plan.live_before(i), chunk, a));
+                    }
+                    match oomprobe::tensor::allocate_tensor(&mut dev, spec) {
+                        Ok(dt) => live[t] = Some(dt),
+                        Err(_) => {
+                            rec.outcome = Outcome::OutOfMemory;
+                            rec.failed_at = Some(FailurePoint {
+                                event: i,
+                                phase: e.phase,
+                                live_bytes: plan.live_before(i),
+                                requested_bytes: plan.tensors[t].bytes,
+                                max_live_bytes: Some(plan.max_live_before(i)),
+                            });
+                            break;
+                        }
+                    }
+                }
+                EventKind::Free(t) => {
+                    if let Some(dt) = live[t].take() {
+                        oomprobe::tensor::free_tensor(&mut dev, dt);
+                    }
+                }
+                EventKind::Kernel(_) => {}
+            }
+        }
+        Answer {
+            outcome: rec.outcome,
+            bounds: room::bounds_of(&rec),
+        }
+    }
+
+    /// The true boundary: the largest value that fits on the undisturbed device, checked by
+    /// probing every value from a bracket (so a non-monotone device would show).
+    fn truth(&self, space: SearchSpace) -> u64 {
+        let fits = |x: u64| {
+            self.probe(
+                Ask {
+                    value: x,
+                    room: None,
+                },
+                0,
+            )
+            .outcome
+            .is_fit()
+        };
+        let g = space.granularity;
+        let (mut lo, mut hi) = (space.min, space.min);
+        while fits(hi) {
+            lo = hi;
+            hi = space.snap(hi * 2);
+        }
+        while hi - lo > g {
+            let mid = space.snap(lo + (hi - lo) / 2);
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        assert!(
+            fits(lo) && !fits(lo + g),
+            "{}: not a boundary at {lo}",
+            self.label
+        );
+        lo
+    }
+}
+
+/// A fixed pseudo-random draw (splitmix64) for probe `n` of a flaky run.
+fn draw(seed: u64, n: u64) -> u64 {
+    let mut z = seed
+        .wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The oracle of one run: deterministic, or flaky (1 probe in 6 crashes before answering,
+/// 1 in 6 shares the card with 48 MiB of another process).
+fn oracle(case: &Case, flaky: Option<u64>) -> impl FnMut(Ask) -> Answer + '_ {
+    let mut n = 0;
+    move |ask| {
+        n += 1;
+        let Some(seed) = flaky else {
+            return case.probe(ask, 0);
+        };
+        match draw(seed, n) % 6 {
+            0 => Answer::bare(Outcome::Crashed),
+            1 => case.probe(ask, 48 * MIB),
+            _ => case.probe(ask, 0),
+        }
+    }
+}
+
+/// The Lightning-style search, with a child that died retried once as oomprobe does.
+fn lightning(case: &Case, space: SearchSpace, flaky: Option<u64>) -> SearchOutcome {
+    let mut o = oracle(case, flaky);
+    let mut extra = 0;
+    let mut r = lightning_style(space, space.snap(2 * space.granularity), |x| {
+        let a = o(Ask {
+            value: x,
+            room: None,
+        })
+        .outcome;
+        if a.is_transient() {
+            extra += 1;
+            return o(Ask {
+                value: x,
+                room: None,
+            })
+            .outcome;
+        }
+        a
+    });
+    r.probes.extend((0..extra).map(|_| (0, Outcome::Crashed)));
+    r
+}
+
+fn cases() -> Vec<Case> {
+    let preset = |n: &str| presets::get(n).expect("preset");
+    let suite = |s: Scenario, i: usize| default_runs(s).swap_remove(i).workload;
+    let mut mixed = preset("dense");
+    mixed.precision = Precision::Mixed;
+    let mut gpt2_full = preset("gpt2");
+    gpt2_full.checkpoint = Checkpoint::Full;
+    vec![
+        Case {
+            label: "params fp32 adam, 24 GiB",
+            workload: suite(Scenario::Params, 0),
+            scenario: Scenario::Params,
+            capacity: 24 * GIB,
+            overhead: 500 * MIB,
+        },
+        Case {
+            label: "params mixed adam, 80 GiB",
+            workload: mixed,
+            scenario: Scenario::Params,
+            capacity: 80 * GIB,
+            overhead: 700 * MIB,
+        },
+        Case {
+            label: "batch resnet50, 16 GiB",
+            workload: preset("resnet50"),
+            scenario: Scenario::Batch,
+            capacity: 16 * GIB,
+            overhead: 400 * MIB,
+        },
+        Case {
+            label: "batch gpt2 s1024, 80 GiB",
+            workload: preset("gpt2"),
+            scenario: Scenario::Batch,
+            capacity: 80 * GIB,
+            overhead: 600 * MIB,
+        },
+        Case {
+            label: "batch vit-b16, 24 GiB",
+            workload: preset("vit-b16"),
+            scenario: Scenario::Batch,
+            capacity: 24 * GIB,
+            overhead: 450 * MIB,
+        },
+        Case {
+            label: "batch bert-base, 12 GiB",
+            workload: preset("bert-base"),
+            scenario: Scenario::Batch,
+            capacity: 12 * GIB,
+            overhead: 300 * MIB,
+        },
+        Case {
+            label: "seq naive, 24 GiB",
+            workload: suite(Scenario::Seq, 0),
+            scenario: Scenario::Seq,
+            capacity: 24 * GIB,
+            overhead: 500 * MIB,
+        },
+        Case {
+            label: "seq flash, 8 GiB",
+            workload: suite(Scenario::Seq, 1),
+            scenario: Scenario::Seq,
+            capacity: 8 * GIB,
+            overhead: 350 * MIB,
+        },
+        Case {
+            label: "activations gpt2 full, 40 GiB",
+            workload: gpt2_full,
+            scenario: Scenario::Activations,
+            capacity: 40 * GIB,
+            overhead: 550 * MIB,
+        },
+    ]
 }
 
 fn main() {
-    let space = SearchSpace::unit(1 << 22);
-    let boundaries = [3u64, 11, 97, 1013, 4908, 50_000];
     // Prediction quality: the prediction as a fraction of the true boundary.
-    let accuracies = [
-        ("exact", 1.0),
+    let errors = [
         ("+3%", 1.03),
         ("-3%", 0.97),
         ("+20%", 1.2),
         ("-20%", 0.8),
         ("2x", 2.0),
+        ("0.5x", 0.5),
     ];
     println!(
-        "{:>10} {:>10} {:>10} {:>10}",
-        "boundary", "prediction", "oomprobe", "lightning"
+        "{:<30} {:>6} {:>12} {:>8} {:>8} {:>9}  fell back",
+        "case", "pred", "boundary", "measure", "gallop", "lightning"
     );
-    let (mut ours_total, mut theirs_total) = (0usize, 0usize);
-    for &b in &boundaries {
-        for (label, k) in accuracies {
-            let start = ((b as f64) * k).round().max(1.0) as u64;
-            let ours = count(b, |o| {
-                let r = find_boundary(space, start, o);
-                (r.max_fit, r.probes.len())
-            });
-            let theirs = count(b, |o| {
-                let r = lightning_style(space, 2, o);
-                (r.max_fit, r.probes.len())
-            });
-            ours_total += ours;
-            theirs_total += theirs;
-            println!("{b:>10} {label:>10} {ours:>10} {theirs:>10}");
+    let mut totals = [0usize; 3];
+    let mut flaky_totals = [0usize; 3];
+    let mut worst = 0;
+    let mut missed = Vec::new();
+    for case in cases() {
+        let space = search_space(case.scenario);
+        let truth = case.truth(space);
+        let bytes = |x: u64| case.plan(x).map(|p| p.peak_bytes());
+        for (flaky, list) in [(None, &errors[..]), (Some(7u64), &errors[2..4])] {
+            for (label, k) in list {
+                let start = space.snap(((truth as f64) * k).round() as u64);
+                let seed = flaky.map(|s| s ^ truth ^ start);
+                let ours = find_boundary_measured(space, start, bytes, oracle(&case, seed));
+                let mut plain = oracle(&case, seed);
+                let gallop = find_boundary(space, start, |x| {
+                    plain(Ask {
+                        value: x,
+                        room: None,
+                    })
+                    .outcome
+                });
+                let theirs = lightning(&case, space, seed);
+                let counts = [ours.probes.len(), gallop.probes.len(), theirs.probes.len()];
+                let name = if flaky.is_some() {
+                    format!("{} (flaky)", case.label)
+                } else {
+                    case.label.to_string()
+                };
+                let mark = |r: &SearchOutcome| if r.max_fit == Some(truth) { "" } else { "*" };
+                println!(
+                    "{name:<30} {label:>6} {truth:>12} {:>7}{} {:>7}{} {:>8}{}  {}",
+                    counts[0],
+                    mark(&ours),
+                    counts[1],
+                    mark(&gallop),
+                    counts[2],
+                    mark(&theirs),
+                    if ours.fell_back { "yes" } else { "" }
+                );
+                if std::env::var("SEARCH_TRACE")
+                    .is_ok_and(|t| format!("{name} {label}").contains(&t))
+                {
+                    println!("    measure: {:?}", ours.probes);
+                    println!(
+                        "    capacity {:?}, device {}",
+                        ours.capacity,
+                        case.capacity - case.overhead
+                    );
+                }
+                let sums = if flaky.is_some() {
+                    &mut flaky_totals
+                } else {
+                    &mut totals
+                };
+                for (s, c) in sums.iter_mut().zip(counts) {
+                    *s += c;
+                }
+                if flaky.is_none() {
+                    worst = worst.max(counts[0]);
+                    if ours.max_fit != Some(truth) || theirs.max_fit != Some(truth) {
+                        missed.push(format!("{name} {label}"));
+                    }
+                }
+            }
         }
     }
+    let ratio = |t: [usize; 3]| t[0] as f64 / t[2] as f64;
     println!(
-        "{:>10} {:>10} {ours_total:>10} {theirs_total:>10}   (oomprobe's counts include the 2-probe confirmation)",
-        "total", ""
+        "{:<30} {:>6} {:>12} {:>8} {:>8} {:>9}  measure/lightning {:.2}, most probes in a run {worst}",
+        "total (deterministic)", "", "", totals[0], totals[1], totals[2], ratio(totals)
+    );
+    println!(
+        "{:<30} {:>6} {:>12} {:>8} {:>8} {:>9}  measure/lightning {:.2}",
+        "total (flaky)",
+        "",
+        "",
+        flaky_totals[0],
+        flaky_totals[1],
+        flaky_totals[2],
+        ratio(flaky_totals)
+    );
+    println!(
+        "counts include every retry and confirmation; * marks a boundary other than the true one"
+    );
+    assert!(
+        missed.is_empty(),
+        "boundaries missed on deterministic devices: {missed:?}"
+    );
+    // The goals, stated rather than asserted: the bench shows where they are not met.
+    let goal = |ok: bool| if ok { "met" } else { "NOT met" };
+    println!(
+        "goal: total <= 1/3 of the Lightning-style search: {} ({} vs {})",
+        goal(3 * totals[0] <= totals[2]),
+        totals[0],
+        totals[2]
+    );
+    println!(
+        "goal: no deterministic run above 6 probes: {} (most {worst})",
+        goal(worst <= 6)
     );
 }

@@ -185,6 +185,14 @@ pub enum ComputeMode {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SearchArg {
+    /// Measure the capacity at each probe and invert the plan's bytes to the boundary.
+    Measure,
+    /// Fit or fail only: gallop from the prediction, bisect, confirm the pair once more.
+    Gallop,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
     Table,
     Json,
@@ -234,6 +242,10 @@ pub struct ProbeArgs {
     /// full (run the plan's kernels) or touch (write and verify every byte).
     #[arg(long, value_enum)]
     pub compute: Option<ComputeMode>,
+    /// How the boundary is searched: measure (default: each probe measures the capacity, the
+    /// plan's bytes invert it to the boundary) or gallop (fit/fail only: gallop and bisect).
+    #[arg(long, value_enum, default_value_t = SearchArg::Measure)]
+    pub search: SearchArg,
     /// Per-probe time limit in seconds (isolated probes only). Default: sized from the probe's
     /// bytes and the slowest fill rate seen so far, at least 60 s.
     #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]

@@ -1,5 +1,11 @@
-//! Boundary search over an oracle: start at the prediction, gallop to bracket the boundary,
-//! bisect, then confirm the boundary pair once more. Pure logic, tested with mock oracles.
+//! Boundary search over an oracle. Pure logic, tested with mock oracles.
+//!
+//! Two searches share the probing rules below. [`find_boundary_measured`] (the default) reads
+//! what each probe measured about the device's capacity (live bytes at a refusal, the room a
+//! fitting probe found with filler), inverts the plan's exact bytes per value to the boundary,
+//! probes that value and its neighbour, and falls back to galloping and bisecting only when
+//! the measurements and the probes disagree. [`find_boundary`] only sees fit or fail: it starts
+//! at the prediction, gallops to bracket the boundary, bisects, then confirms the pair once more.
 //!
 //! A child that died before answering (`crashed`, `killed`, `timeout`) is probed once more at
 //! the same value. Any outcome other than `Fit` steers the search like a failure, and the first
@@ -10,7 +16,86 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 use crate::report::Outcome;
+
+/// What probes measured about the device's capacity, in the plan's bytes (the bytes a plan's
+/// tensors may hold at once): at least `at_least`, less than `below`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Bounds {
+    pub at_least: Option<u64>,
+    pub below: Option<u64>,
+}
+
+impl Bounds {
+    /// Both sets of bounds at once (the larger lower bound, the smaller upper bound).
+    pub fn meet(self, o: Bounds) -> Bounds {
+        let pick = |a: Option<u64>, b: Option<u64>, f: fn(u64, u64) -> u64| match (a, b) {
+            (Some(a), Some(b)) => Some(f(a, b)),
+            (a, b) => a.or(b),
+        };
+        Bounds {
+            at_least: pick(self.at_least, o.at_least, u64::max),
+            below: pick(self.below, o.below, u64::min),
+        }
+    }
+    /// Some capacity satisfies both bounds.
+    pub fn is_consistent(&self) -> bool {
+        match (self.at_least, self.below) {
+            (Some(a), Some(b)) => a < b,
+            _ => true,
+        }
+    }
+
+    /// Both sets of bounds, where they agree within a thousandth of the capacity (the device
+    /// rounds what it charges: bounds that cross by that little touch instead); None where they
+    /// disagree.
+    fn meet_close(self, o: Bounds) -> Option<Bounds> {
+        let n = self.meet(o);
+        match (n.at_least, n.below) {
+            _ if n.is_consistent() => Some(n),
+            (Some(a), Some(b)) if a - b <= a >> 10 => Some(Bounds {
+                at_least: Some(b.saturating_sub(1)),
+                below: Some(b),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// How much room a fitting probe should measure with filler at its peak: at most `limit` bytes
+/// (what the search needs to know), resolved to `step` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoomAsk {
+    pub limit: u64,
+    pub step: u64,
+}
+
+/// One probe the search asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    pub value: u64,
+    /// None: only fit or fail (retries and the fallback's probes measure nothing).
+    pub room: Option<RoomAsk>,
+}
+
+/// A probe's answer: its outcome and what it measured about the capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answer {
+    pub outcome: Outcome,
+    pub bounds: Bounds,
+}
+
+impl Answer {
+    /// An answer that measured nothing.
+    pub fn bare(outcome: Outcome) -> Self {
+        Answer {
+            outcome,
+            bounds: Bounds::default(),
+        }
+    }
+}
 
 /// Where and how finely to search.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,25 +141,57 @@ pub struct SearchOutcome {
     pub flaky: bool,
     /// Values whose only answers were inconclusive (killed, timeout), in ascending order.
     pub inconclusive: Vec<u64>,
+    /// The capacity the probes measured, where their measurements agree (plan bytes).
+    pub capacity: Bounds,
+    /// The measuring search fell back to galloping and bisecting (measurements and probes
+    /// disagreed, or nothing was measured).
+    pub fell_back: bool,
 }
 
-/// The probes run so far and the first answer seen at each value.
+/// The probes run so far, the first answer seen at each value, and every answer's bounds.
 struct Prober<F> {
     oracle: F,
     space: SearchSpace,
     probes: Vec<(u64, Outcome)>,
     seen: BTreeMap<u64, Outcome>,
+    answers: Vec<(u64, Answer)>,
 }
 
-impl<F: FnMut(u64) -> Outcome> Prober<F> {
-    /// Probe `x` (once more if the child died before answering); true if it fit.
-    fn run(&mut self, x: u64) -> bool {
-        let mut o = (self.oracle)(x);
-        self.probes.push((x, o));
-        if o.is_transient() {
-            o = (self.oracle)(x);
-            self.probes.push((x, o));
+impl<F: FnMut(Ask) -> Answer> Prober<F> {
+    fn new(space: SearchSpace, oracle: F) -> Self {
+        Prober {
+            oracle,
+            space,
+            probes: Vec::new(),
+            seen: BTreeMap::new(),
+            answers: Vec::new(),
         }
+    }
+
+    /// Probe `x` measuring nothing; true if it fit.
+    fn run(&mut self, x: u64) -> bool {
+        self.ask(Ask {
+            value: x,
+            room: None,
+        })
+    }
+
+    /// Probe as asked (once more, without filler, if the child died before answering); true
+    /// if it fit.
+    fn ask(&mut self, ask: Ask) -> bool {
+        let x = ask.value;
+        let mut a = (self.oracle)(ask);
+        self.probes.push((x, a.outcome));
+        self.answers.push((x, a));
+        if a.outcome.is_transient() {
+            a = (self.oracle)(Ask {
+                value: x,
+                room: None,
+            });
+            self.probes.push((x, a.outcome));
+            self.answers.push((x, a));
+        }
+        let o = a.outcome;
         // A later fit does not erase a failure seen at the same value; an inconclusive answer
         // never replaces a real one, and a real one replaces it.
         self.seen
@@ -158,68 +275,385 @@ impl<F: FnMut(u64) -> Outcome> Prober<F> {
     }
 }
 
+/// The wide stride: a few percent of the prediction, at least one granule.
+fn wide_stride(space: SearchSpace, start: u64) -> u64 {
+    let g = space.granularity.max(1);
+    (start / 32).max(g) / g * g
+}
+
+impl<F: FnMut(Ask) -> Answer> Prober<F> {
+    /// The bracket the answers so far give: the largest value that fit below the lowest real
+    /// failure, and that failure (inconclusive answers are neither).
+    fn bracket(&self) -> (Option<u64>, Option<u64>) {
+        let failed = |o: &Outcome| !o.is_fit() && !o.is_inconclusive();
+        let fail = self.seen.iter().find(|(_, o)| failed(o)).map(|(x, _)| *x);
+        let fit = self
+            .seen
+            .range(..fail.unwrap_or(u64::MAX))
+            .filter(|(_, o)| o.is_fit())
+            .map(|(x, _)| *x)
+            .next_back();
+        (fit, fail)
+    }
+
+    /// The bracket is the boundary: adjacent fit and failure, everything up to the maximum fit,
+    /// or nothing down to the minimum.
+    fn settled(&self) -> bool {
+        let g = self.space.granularity.max(1);
+        match self.bracket() {
+            (Some(f), Some(u)) => u - f <= g,
+            (Some(f), None) => f >= self.space.snap(self.space.max),
+            (None, Some(u)) => u <= self.space.min,
+            (None, None) => false,
+        }
+    }
+
+    /// Bisect a bracket, confirm its pair once more (searching below a fit that does not hold,
+    /// stepping over an inconclusive upper end) and assemble the result.
+    fn finish(mut self, mut lo: Option<u64>, mut hi: Option<u64>, wide: u64) -> SearchOutcome {
+        // Bisect, then confirm the pair once more. If the fit does not hold on confirmation,
+        // search again below it (a few rounds at most); every answer stays in `seen`.
+        for _round in 0..3 {
+            let (Some(l0), Some(h0)) = (lo, hi) else {
+                break;
+            };
+            let (l, h) = self.bisect(l0, h0);
+            let lo_holds = self.run(l) || self.seen.get(&l).is_some_and(|o| o.is_fit());
+            self.run(h);
+            if lo_holds {
+                (lo, hi) = (Some(l), Some(h));
+                break;
+            }
+            (lo, hi) = self.gallop_down(l, wide);
+        }
+
+        // A killed or timed-out upper end says nothing: step over it (a few times at most) and
+        // look for a real answer above, then narrow that bracket as before.
+        for _round in 0..3 {
+            let (Some(_), Some(h0)) = (lo, hi) else {
+                break;
+            };
+            if !self.inconclusive_at(Some(h0)) {
+                break;
+            }
+            let (l, h) = self.gallop_up(h0, wide);
+            match (l, h) {
+                (Some(l), Some(h)) if l > h0 => {
+                    let (l, h) = self.bisect(l, h);
+                    self.run(l);
+                    self.run(h);
+                    (lo, hi) = (Some(l), Some(h));
+                }
+                (_, h) => hi = h.or(hi),
+            }
+        }
+        assemble(&self.seen, self.probes, hi)
+    }
+}
+
 /// Find the boundary. `oracle(x)` runs one probe at `x` and returns its outcome.
 /// `start` is the predicted maximum (clamped to the space).
-pub fn find_boundary<F>(space: SearchSpace, start: u64, oracle: F) -> SearchOutcome
+pub fn find_boundary<F>(space: SearchSpace, start: u64, mut oracle: F) -> SearchOutcome
 where
     F: FnMut(u64) -> Outcome,
 {
-    let g = space.granularity.max(1);
-    let mut p = Prober {
-        oracle,
-        space,
-        probes: Vec::new(),
-        seen: BTreeMap::new(),
-    };
+    let mut p = Prober::new(space, |a: Ask| Answer::bare(oracle(a.value)));
     let start = space.snap(start.max(space.min));
-    // The wide stride: a few percent of the prediction, at least one granule.
-    let wide = (start / 32).max(g) / g * g;
-
-    let (mut lo, mut hi) = if p.run(start) {
+    let wide = wide_stride(space, start);
+    let (lo, hi) = if p.run(start) {
         p.gallop_up(start, wide)
     } else {
         p.gallop_down(start, wide)
     };
+    p.finish(lo, hi, wide)
+}
 
-    // Bisect, then confirm the pair once more. If the fit does not hold on confirmation,
-    // search again below it (a few rounds at most); every answer stays in `seen`.
-    for _round in 0..3 {
-        let (Some(l0), Some(h0)) = (lo, hi) else {
-            break;
-        };
-        let (l, h) = p.bisect(l0, h0);
-        let lo_holds = p.run(l) || p.seen.get(&l).is_some_and(|o| o.is_fit());
-        p.run(h);
-        if lo_holds {
-            (lo, hi) = (Some(l), Some(h));
-            break;
+/// Most probes the measuring search places by measurement before it falls back.
+const MAX_GUIDED: usize = 8;
+/// Probes whose outcome the measurements got wrong before the search stops trusting them.
+const MAX_MISSES: usize = 3;
+/// The finest room worth resolving, whatever the plan's step.
+pub const MIN_ROOM_STEP: u64 = 64 << 10;
+
+/// Which measurements still count: after a probe the measurements got wrong, the bounds on
+/// that side from the answers before it count only as their outcomes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Trust {
+    /// Measured lower bounds count from this answer on (one said a value fits that did not).
+    at_least_from: usize,
+    /// Measured upper bounds count from this answer on (one said a value fails that fit).
+    below_from: usize,
+}
+
+impl Trust {
+    /// Answer `i` as far as it is trusted.
+    fn of(&self, i: usize, a: &Answer) -> Answer {
+        Answer {
+            outcome: a.outcome,
+            bounds: Bounds {
+                at_least: a.bounds.at_least.filter(|_| i >= self.at_least_from),
+                below: a.bounds.below.filter(|_| i >= self.below_from),
+            },
         }
-        (lo, hi) = p.gallop_down(l, wide);
+    }
+}
+
+/// The plan's bytes per value (its peak), memoised, and their inverse.
+struct PlanBytes<B> {
+    bytes: B,
+    memo: BTreeMap<u64, Option<u64>>,
+    space: SearchSpace,
+}
+
+impl<B: FnMut(u64) -> Option<u64>> PlanBytes<B> {
+    fn at(&mut self, x: u64) -> Option<u64> {
+        if let Some(b) = self.memo.get(&x) {
+            return *b;
+        }
+        let b = (self.bytes)(x);
+        self.memo.insert(x, b);
+        b
     }
 
-    // A killed or timed-out upper end says nothing: step over it (a few times at most) and
-    // look for a real answer above, then narrow that bracket as before.
-    for _round in 0..3 {
-        let (Some(_), Some(h0)) = (lo, hi) else {
-            break;
-        };
-        if !p.inconclusive_at(Some(h0)) {
-            break;
+    /// The largest value of the space whose bytes are at most `c` (None: not even the
+    /// smallest). The bytes are non-decreasing in the value.
+    fn invert(&mut self, c: u64) -> Option<u64> {
+        let s = self.space;
+        let g = s.granularity.max(1);
+        let mut fits = |x: u64| self.at(x).is_some_and(|b| b <= c);
+        if !fits(s.min) {
+            return None;
         }
-        let (l, h) = p.gallop_up(h0, wide);
-        match (l, h) {
-            (Some(l), Some(h)) if l > h0 => {
-                let (l, h) = p.bisect(l, h);
-                p.run(l);
-                p.run(h);
-                (lo, hi) = (Some(l), Some(h));
+        let top = s.snap(s.max);
+        if fits(top) {
+            return Some(top);
+        }
+        // fits(lo), !fits(hi)
+        let (mut lo, mut hi) = (s.min, top);
+        while hi - lo > g {
+            let mid = s.snap(lo + (hi - lo) / 2);
+            let mid = if mid <= lo { lo + g } else { mid };
+            if mid >= hi {
+                break;
             }
-            (_, h) => hi = h.or(hi),
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
         }
+        Some(lo)
     }
 
-    let Prober { probes, seen, .. } = p;
-    assemble(&seen, probes, hi)
+    /// The bounds an answer at `x` sets: what it measured, and what its outcome says by itself
+    /// (a fit held the plan's peak; a failure could not).
+    fn bounds_of(&mut self, x: u64, a: &Answer) -> Bounds {
+        let own = if a.outcome.is_fit() {
+            Bounds {
+                at_least: self.at(x),
+                below: None,
+            }
+        } else if a.outcome.is_inconclusive() {
+            Bounds::default()
+        } else {
+            Bounds {
+                at_least: None,
+                below: self.at(x),
+            }
+        };
+        own.meet(a.bounds)
+    }
+
+    /// What the answers agree on, newest first (of an answer that contradicts newer ones only
+    /// its outcome counts, or nothing), the largest lower bound among them that a fit set, and
+    /// whether all of them agree.
+    fn agreed(&mut self, answers: &[(u64, Answer)], trust: Trust) -> (Bounds, Option<u64>, bool) {
+        let mut b = Bounds::default();
+        let mut by_fit: Option<u64> = None;
+        let mut all = true;
+        for (i, (x, a)) in answers.iter().enumerate().rev() {
+            let mut kept = self.bounds_of(*x, &trust.of(i, a));
+            let n = b.meet_close(kept).or_else(|| {
+                all = false;
+                kept = self.bounds_of(*x, &Answer::bare(a.outcome));
+                b.meet_close(kept)
+            });
+            if let Some(n) = n {
+                b = n;
+                if a.outcome.is_fit() {
+                    by_fit = by_fit.max(kept.at_least.map(|k| k.min(n.at_least.unwrap_or(k))));
+                }
+            }
+        }
+        (b, by_fit, all)
+    }
+
+    /// Whether every answer at the values `f` and `u` agrees on one capacity.
+    fn pair_agrees(&mut self, answers: &[(u64, Answer)], f: Option<u64>, u: Option<u64>) -> bool {
+        let mut b = Some(Bounds::default());
+        for (x, a) in answers {
+            if Some(*x) == f || Some(*x) == u {
+                let own = self.bounds_of(*x, a);
+                b = b.and_then(|b| b.meet_close(own));
+            }
+        }
+        b.is_some()
+    }
+
+    /// The room worth measuring at `x`: up to the bytes of twice `x` (or of the capacity's
+    /// upper bound, if lower), resolved to a quarter of the plan's next step.
+    fn room_ask(&mut self, x: u64, cap: Bounds) -> Option<RoomAsk> {
+        let s = self.space;
+        let b = self.at(x)?;
+        let step = self
+            .at(s.snap(x.saturating_add(s.granularity.max(1))))
+            .map_or(MIN_ROOM_STEP, |n| {
+                (n.saturating_sub(b) / 4).max(MIN_ROOM_STEP)
+            });
+        let reach = self
+            .at(s.snap(x.saturating_mul(2)))
+            .unwrap_or(b.saturating_mul(2));
+        let mut limit = reach.saturating_sub(b);
+        if let Some(below) = cap.below {
+            limit = limit.min(below.saturating_sub(b));
+        }
+        (limit > 0).then_some(RoomAsk {
+            limit: limit.max(step),
+            step,
+        })
+    }
+}
+
+/// Find the boundary from what the probes measure. `bytes(x)` is the plan's peak at `x` (None
+/// where it cannot be built), non-decreasing in `x`; `oracle(ask)` runs one probe and returns
+/// its outcome and the capacity bounds it measured. `start` is the predicted maximum.
+///
+/// Each probe's bounds (and its outcome: a fit held the plan's peak, a failure could not) are
+/// met, newest first; the next probe is the largest value whose bytes fit under the measured
+/// lower bound, kept inside the bracket of values seen to fit and fail (just above the largest
+/// fit when the measurement says that is the boundary). The search ends on an adjacent fit and
+/// failure, as the bisection does; that pair is the confirmation when its own answers agree on
+/// one capacity. When they do not, when the measurements are wrong twice about a probe, or
+/// measure nothing, it gallops and bisects from the bracket and confirms the pair once more.
+pub fn find_boundary_measured<B, F>(
+    space: SearchSpace,
+    start: u64,
+    bytes: B,
+    oracle: F,
+) -> SearchOutcome
+where
+    B: FnMut(u64) -> Option<u64>,
+    F: FnMut(Ask) -> Answer,
+{
+    let g = space.granularity.max(1);
+    let mut p = Prober::new(space, oracle);
+    let mut plan = PlanBytes {
+        bytes,
+        memo: BTreeMap::new(),
+        space,
+    };
+    let start = space.snap(start.max(space.min));
+    let wide = wide_stride(space, start);
+    let mut next = Some((start, None::<bool>));
+    let mut misses = 0;
+    // A lower bound set by a refusal (fewer and smaller buffers live than at a peak, whose
+    // rounding the device charged less) is aimed under by 1/2^shift, twice as far per miss.
+    let mut shift = 5;
+    let mut trust = Trust::default();
+    // After a probe the measurements said would fit failed: how far below that failure to
+    // step next when they put the boundary no higher than the largest fit (doubling).
+    let mut down: Option<u64> = None;
+    for _ in 0..MAX_GUIDED {
+        let Some((x, expect)) = next.take() else {
+            break;
+        };
+        let (cap, _, _) = plan.agreed(&p.answers, trust);
+        let room = plan.room_ask(x, cap);
+        let before = p.answers.len();
+        let fit = p.ask(Ask { value: x, room });
+        if p.inconclusive_at(Some(x)) {
+            break;
+        }
+        if expect.is_some_and(|e| e != fit) {
+            // The measurements that placed this probe were wrong on one side: from now on only
+            // newer ones count there.
+            if fit {
+                trust.below_from = before;
+            } else {
+                trust.at_least_from = before;
+                down = down.or(Some(g));
+            }
+            misses += 1;
+            shift = (shift - 1).max(1);
+            if misses >= MAX_MISSES {
+                break;
+            }
+        }
+        if p.settled() {
+            break;
+        }
+        let (cap, by_fit, _) = plan.agreed(&p.answers, trust);
+        let Some(at_least) = cap.at_least else {
+            break;
+        };
+        let target = if by_fit >= Some(at_least) {
+            at_least
+        } else {
+            by_fit
+                .max(Some(at_least - (at_least >> shift)))
+                .unwrap_or(at_least)
+        };
+        let (f, u) = p.bracket();
+        // The largest value the measured capacity holds, inside the bracket.
+        let (mut c, mut expect) = match plan.invert(target) {
+            Some(c) => (c, true),
+            None => (space.min, false),
+        };
+        if let Some(f) = f.filter(|f| c <= *f) {
+            (c, expect) = (f + g, false);
+            // A measurement overshot above, and nothing trusted is left between: step down
+            // from the failure, doubling, rather than up from the fit.
+            if let (Some(u), Some(d)) = (u, down) {
+                if u - f > 2 * g {
+                    c = u.saturating_sub(d).max(f + g);
+                    expect = c > f + g;
+                    down = Some(d.saturating_mul(2));
+                }
+            }
+        }
+        if u.is_some_and(|u| c >= u) {
+            (c, expect) = (u.map_or(c, |u| u - g), true);
+        }
+        if p.seen.contains_key(&c) || c > space.max {
+            break;
+        }
+        next = Some((c, Some(expect)));
+    }
+    let (capacity, _, _) = plan.agreed(&p.answers, trust);
+    let (f, u) = p.bracket();
+    let agree = plan.pair_agrees(&p.answers, f, u);
+    let mut out = if p.settled() && agree && misses < MAX_MISSES {
+        let hi = p.bracket().1;
+        assemble(&p.seen, p.probes, hi)
+    } else {
+        // Strides from one granule, doubling, where the measurements put the boundary near.
+        let wide = if p.answers.iter().any(|(_, a)| a.bounds != Bounds::default()) {
+            2 * g
+        } else {
+            wide
+        };
+        let (lo, hi) = match p.bracket() {
+            (Some(f), Some(u)) => (Some(f), Some(u)),
+            (Some(f), None) => p.gallop_up(f, wide),
+            (None, Some(u)) => p.gallop_down(u, wide),
+            (None, None) => p.gallop_down(start, wide),
+        };
+        let mut out = p.finish(lo, hi, wide);
+        out.fell_back = true;
+        out
+    };
+    out.capacity = capacity;
+    out
 }
 
 /// The result from every first answer in `seen`: the boundary is the largest value that fit
@@ -267,6 +701,8 @@ fn assemble(
         probes,
         flaky,
         inconclusive,
+        capacity: Bounds::default(),
+        fell_back: false,
     }
 }
 
@@ -320,6 +756,8 @@ where
         probes,
         flaky: false,
         inconclusive: Vec::new(),
+        capacity: Bounds::default(),
+        fell_back: false,
     }
 }
 
@@ -565,5 +1003,293 @@ mod tests {
             assert_eq!(r.max_fit, Some(1013), "{o:?}: {r:?}");
             assert!(!r.flaky);
         }
+    }
+
+    /// A device of `cap` bytes running a plan of `base + per·x` bytes allocated in `parts`
+    /// equal tensors, each rounded up to `page` bytes on the device; a fitting probe measures
+    /// its room with filler of `page`-rounded pieces resolved to the asked step.
+    struct Device {
+        cap: u64,
+        base: u64,
+        per: u64,
+        parts: u64,
+        page: u64,
+    }
+
+    impl Device {
+        fn bytes(&self, x: u64) -> u64 {
+            self.base + self.per * x
+        }
+        fn rounded(&self, b: u64) -> u64 {
+            b.div_ceil(self.page) * self.page
+        }
+        fn answer(&self, ask: Ask) -> Answer {
+            let total = self.bytes(ask.value);
+            let part = total / self.parts;
+            let mut used = 0;
+            for i in 0..self.parts {
+                let need = self.rounded(part);
+                if used + need > self.cap {
+                    // Refused: the plan held i parts and asked for one more.
+                    return Answer {
+                        outcome: Outcome::OutOfMemory,
+                        bounds: Bounds {
+                            at_least: Some(i * part),
+                            below: Some((i + 1) * part),
+                        },
+                    };
+                }
+                used += need;
+            }
+            let mut bounds = Bounds::default();
+            if let Some(r) = ask.room {
+                // Filler: whole steps (page-rounded) until refused or the limit.
+                // (The probe asks for whole pages, as room::measure does on a GPU.)
+                let piece = self.rounded(r.step);
+                let n = ((self.cap - used) / piece).min(r.limit / piece);
+                let room = n * piece;
+                bounds.at_least = Some(total + room);
+                if room + piece <= r.limit {
+                    bounds.below = Some(total + room + piece);
+                }
+            }
+            Answer {
+                outcome: Outcome::Fit,
+                bounds,
+            }
+        }
+        /// The true boundary: the largest x whose parts all fit.
+        fn boundary(&self) -> u64 {
+            let mut x = 0;
+            while self
+                .answer(Ask {
+                    value: x + 1,
+                    room: None,
+                })
+                .outcome
+                .is_fit()
+            {
+                x += 1;
+            }
+            x
+        }
+    }
+
+    fn measured(d: &Device, start: u64) -> SearchOutcome {
+        find_boundary_measured(
+            SearchSpace::unit(1 << 20),
+            start,
+            |x| Some(d.bytes(x)),
+            |a| d.answer(a),
+        )
+    }
+
+    #[test]
+    fn a_measured_capacity_finds_the_boundary_in_a_few_probes() {
+        // 1 GiB, 10 MiB of model states, 3 MiB per value in 40 tensors.
+        let d = Device {
+            cap: 1 << 30,
+            base: 10 << 20,
+            per: 3 << 20,
+            parts: 40,
+            page: 4,
+        };
+        let b = d.boundary();
+        assert!(b > 300, "{b}");
+        for start in [
+            b,
+            b + 1,
+            b - 9,
+            b + 9,
+            b * 8 / 10,
+            b * 12 / 10,
+            b / 2,
+            2 * b,
+        ] {
+            let r = measured(&d, start);
+            assert_eq!(
+                (r.max_fit, r.first_fail),
+                (Some(b), Some(b + 1)),
+                "{start}: {r:?}"
+            );
+            assert!(!r.fell_back && !r.flaky, "{start}: {r:?}");
+            assert!(r.probes.len() <= 4, "{start}: {:?}", r.probes);
+            let at_least = r.capacity.at_least.unwrap();
+            assert!(at_least <= d.cap && d.bytes(b) <= at_least, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn page_granularity_and_an_unknown_overhead_still_give_the_exact_boundary() {
+        // 2 MiB pages; the prediction assumed 1.5 GiB, the device keeps 300 MiB of it.
+        let d = Device {
+            cap: (3 << 29) - (300 << 20),
+            base: 100 << 20,
+            per: 5 << 20,
+            parts: 64,
+            page: 2 << 20,
+        };
+        let b = d.boundary();
+        let predicted = ((3u64 << 29) - d.base) / d.per;
+        for start in [predicted, b, b / 2, 2 * b] {
+            let r = measured(&d, start);
+            assert_eq!(
+                (r.max_fit, r.first_fail),
+                (Some(b), Some(b + 1)),
+                "{start}: {r:?}"
+            );
+            // Every tensor here rounds the same way (the worst case for a measurement made at
+            // another value): the fallback's galloping and bisecting pays for it.
+            assert!(r.probes.len() <= 12, "{start}: {:?}", r.probes);
+        }
+    }
+
+    #[test]
+    fn measurements_that_lie_fall_back_and_still_find_the_boundary() {
+        let d = Device {
+            cap: 1 << 30,
+            base: 10 << 20,
+            per: 3 << 20,
+            parts: 40,
+            page: 4,
+        };
+        let b = d.boundary();
+        // Filler that finds 200 MiB too much room (memory another process frees and takes back).
+        let r = find_boundary_measured(
+            SearchSpace::unit(1 << 20),
+            b / 2,
+            |x| Some(d.bytes(x)),
+            |a| {
+                let mut ans = d.answer(a);
+                if ans.outcome.is_fit() {
+                    ans.bounds.at_least = ans.bounds.at_least.map(|c| c + (200 << 20));
+                    ans.bounds.below = ans.bounds.below.map(|c| c + (200 << 20));
+                }
+                ans
+            },
+        );
+        assert_eq!((r.max_fit, r.first_fail), (Some(b), Some(b + 1)), "{r:?}");
+        assert!(r.fell_back, "{r:?}");
+        // Nothing measured at all: the same boundary by galloping and bisecting.
+        let r = find_boundary_measured(
+            SearchSpace::unit(1 << 20),
+            b / 2,
+            |x| Some(d.bytes(x)),
+            |a| Answer::bare(d.answer(a).outcome),
+        );
+        assert_eq!((r.max_fit, r.first_fail), (Some(b), Some(b + 1)), "{r:?}");
+    }
+
+    #[test]
+    fn a_flaky_probe_is_retried_and_the_boundary_holds() {
+        let d = Device {
+            cap: 1 << 30,
+            base: 10 << 20,
+            per: 3 << 20,
+            parts: 40,
+            page: 4,
+        };
+        let b = d.boundary();
+        // The first probe, at b − 3, fails once for no reason of its own (its failure point says
+        // far less room than the fits see).
+        let mut spurious = false;
+        let r = find_boundary_measured(
+            SearchSpace::unit(1 << 20),
+            b - 3,
+            |x| Some(d.bytes(x)),
+            |a| {
+                if a.value == b - 3 && !spurious {
+                    spurious = true;
+                    return Answer {
+                        outcome: Outcome::OutOfMemory,
+                        bounds: Bounds {
+                            at_least: Some(d.bytes(b - 3) / 2),
+                            below: Some(d.bytes(b - 3) / 2 + (1 << 20)),
+                        },
+                    };
+                }
+                d.answer(a)
+            },
+        );
+        // The pair's answers disagree, so it is probed once more: b − 3 fits then. The first
+        // failure stays the lowest, so the boundary stays below it and the run is flaky, as in
+        // the plain search.
+        assert_eq!(r.max_fit, Some(b - 4), "{r:?}");
+        assert!(r.flaky && r.fell_back, "{r:?}");
+        // A crash alone is retried and costs one probe.
+        let mut crashed = false;
+        let r = find_boundary_measured(
+            SearchSpace::unit(1 << 20),
+            b - 3,
+            |x| Some(d.bytes(x)),
+            |a| {
+                if a.value == b && !crashed {
+                    crashed = true;
+                    assert!(a.room.is_some());
+                    return Answer::bare(Outcome::Crashed);
+                }
+                d.answer(a)
+            },
+        );
+        assert_eq!((r.max_fit, r.first_fail), (Some(b), Some(b + 1)), "{r:?}");
+        let at_b: Vec<_> = r.probes.iter().filter(|p| p.0 == b).collect();
+        assert_eq!(at_b.len(), 2, "{r:?}");
+    }
+
+    #[test]
+    fn the_measuring_search_keeps_the_rules_for_dead_children() {
+        let d = Device {
+            cap: 1 << 30,
+            base: 10 << 20,
+            per: 3 << 20,
+            parts: 40,
+            page: 4,
+        };
+        let b = d.boundary();
+        for o in [Outcome::Killed, Outcome::Timeout] {
+            // No answer ever at the boundary: it stays unknown, not a failure.
+            let r = find_boundary_measured(
+                SearchSpace::unit(1 << 20),
+                b - 20,
+                |x| Some(d.bytes(x)),
+                |a| {
+                    if a.value == b {
+                        Answer::bare(o)
+                    } else {
+                        d.answer(a)
+                    }
+                },
+            );
+            assert_eq!(r.max_fit, Some(b - 1), "{o:?}: {r:?}");
+            assert_eq!(r.first_fail, Some(b + 1), "{o:?}: {r:?}");
+            assert_eq!(r.inconclusive, vec![b], "{o:?}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn nothing_fits_and_everything_fits_under_measurement() {
+        let d = Device {
+            cap: 5 << 20,
+            base: 10 << 20,
+            per: 3 << 20,
+            parts: 4,
+            page: 4,
+        };
+        let r = measured(&d, 64);
+        assert_eq!((r.max_fit, r.first_fail), (None, Some(1)), "{r:?}");
+        let d = Device {
+            cap: u64::MAX / 2,
+            base: 10,
+            per: 4,
+            parts: 1,
+            page: 4,
+        };
+        let r = find_boundary_measured(
+            SearchSpace::unit(4096),
+            100,
+            |x| Some(d.bytes(x)),
+            |a| d.answer(a),
+        );
+        assert_eq!((r.max_fit, r.first_fail), (Some(4096), None), "{r:?}");
     }
 }

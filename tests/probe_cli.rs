@@ -105,6 +105,78 @@ fn budget_boundary_is_exact_and_each_side_checks_out_with_at() {
 }
 
 #[test]
+fn the_measuring_search_finds_each_budget_boundary_in_a_few_probes() {
+    require_adapter();
+    for (scenario, budget) in [("batch", "40MiB"), ("seq", "24MiB"), ("params", "48MiB")] {
+        let base = [
+            "--model",
+            "tiny-gpt",
+            "--scenario",
+            scenario,
+            "--budget",
+            budget,
+        ];
+        let report = probe_json(&base);
+        let run = only_run(&report);
+        let probes = run["probes"].as_array().unwrap();
+        assert!(
+            probes.len() <= 6,
+            "{scenario}: {} probes: {run}",
+            probes.len()
+        );
+        let max = run["max_fit"].as_u64().expect("something fits");
+        let first_fail = run["first_fail"].as_u64().expect("a failure");
+        let step = if scenario == "params" { 1 << 16 } else { 1 };
+        assert_eq!(first_fail, max + step, "{scenario}: {run}");
+        assert_eq!(run["fail_reason"], "budget", "{scenario}: {run}");
+        // The measured capacity lies within the budget and above what fit; the device's own
+        // overhead is the budget minus it (oomprobe's verify buffers count against the budget).
+        let budget_bytes = report["budget_bytes"].as_u64().unwrap();
+        let measured = run["measured_capacity_bytes"].as_u64().expect("measured");
+        assert!(measured <= budget_bytes, "{scenario}: {run}");
+        assert!(
+            measured >= run["bytes_at_max_fit"].as_u64().unwrap(),
+            "{run}"
+        );
+        assert_eq!(
+            run["device_overhead_bytes"].as_i64(),
+            Some(budget_bytes as i64 - measured as i64),
+            "{run}"
+        );
+        // The fit next to the boundary measured its room with filler at its peak.
+        let room = probes
+            .iter()
+            .filter(|p| p["outcome"] == "fit")
+            .find_map(|p| p.get("room"))
+            .unwrap_or_else(|| panic!("{scenario}: a fit measured its room: {run}"));
+        assert!(
+            room["live_bytes"].as_u64().unwrap() + room["room_bytes"].as_u64().unwrap()
+                <= budget_bytes
+        );
+        // The plain search agrees on the boundary, and each side checks out with --at.
+        let mut gallop = base.to_vec();
+        gallop.extend(["--search", "gallop"]);
+        let plain = probe_json(&gallop);
+        assert_eq!(
+            only_run(&plain)["max_fit"].as_u64(),
+            Some(max),
+            "{scenario}: {plain}"
+        );
+        for (x, want) in [(max, "fit"), (first_fail, "budget")] {
+            let mut args = base.to_vec();
+            let x = x.to_string();
+            args.extend(["--at", x.as_str()]);
+            let at = probe_json(&args);
+            assert_eq!(
+                only_run(&at)["probes"][0]["outcome"],
+                want,
+                "{scenario} at {x}: {at}"
+            );
+        }
+    }
+}
+
+#[test]
 fn a_real_oom_under_an_address_space_limit_is_a_result() {
     require_adapter();
     if std::process::Command::new("prlimit")
@@ -156,7 +228,11 @@ fn a_real_oom_under_an_address_space_limit_is_a_result() {
         .iter()
         .position(|p| p["outcome"] == "out_of_memory")
         .expect("the driver refused an allocation at least once");
-    assert!(oom + 1 < probes.len(), "probes go on after an OOM");
+    // An OOM does not end the search: probes go on after it, or it is the boundary's failure.
+    assert!(
+        oom + 1 < probes.len() || probes[oom]["value"].as_u64() == Some(max + 1),
+        "probes go on after an OOM: {run}"
+    );
     assert!(probes.iter().any(|p| p["outcome"] == "fit"));
 }
 

@@ -285,6 +285,7 @@ fn probe(value: u64, fit: bool, step: Option<f64>) -> ProbeRecord {
         detail: None,
         failed_at: None,
         spill: None,
+        room: None,
     }
 }
 

@@ -1,9 +1,10 @@
 //! `oomprobe probe`: search each scenario's empirical OOM boundary on a device and report it
 //! beside the prediction; results are written to `--out` as they arrive.
 
-use crate::cli::{ComputeMode, OutputFormat, ProbeArgs};
+use crate::cli::{ComputeMode, OutputFormat, ProbeArgs, SearchArg};
 use crate::error::{CliError, CliResult};
 use crate::probe::child::ProbeTimeout;
+use crate::probe::runner::SearchMode;
 use crate::probe::session::{self, Session, SessionOptions, Sink};
 use crate::probe::sinks::OutFile;
 use crate::probe::Compute;
@@ -64,6 +65,10 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         }),
         scenarios: args.scenario.clone(),
         workload: user_workload(args)?,
+        search: match args.search {
+            SearchArg::Measure => SearchMode::Measure,
+            SearchArg::Gallop => SearchMode::Gallop,
+        },
     })?;
     for w in session.warnings() {
         eprintln!("oomprobe: warning: {w}");

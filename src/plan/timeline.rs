@@ -200,6 +200,18 @@ impl Plan {
         before
     }
 
+    /// The most bytes live at once before event `i` (what the device held before a refusal
+    /// at `i`).
+    pub fn max_live_before(&self, i: usize) -> u64 {
+        let mut max = 0;
+        self.walk(|j, _, live| {
+            if j < i {
+                max = max.max(live.total());
+            }
+        });
+        max
+    }
+
     /// Tensors live at the end of the events (never freed): the model states.
     pub fn live_at_end(&self) -> Vec<TensorIx> {
         self.live_after(self.events.len())

@@ -213,6 +213,7 @@ pub fn measure_probe_cost(
             device: device.clone(),
             budget: None,
             snapshot: None,
+            room: None,
         };
         let started = Instant::now();
         let rec = match isolation {

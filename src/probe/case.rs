@@ -14,7 +14,7 @@ use crate::workload::Arch;
 
 use super::capacity::{self, Capacity};
 use super::child::ProbeTimeout;
-use super::runner::RunContext;
+use super::runner::{RunContext, SearchMode};
 use super::session::{isolation, select_device};
 use super::suite::RunSpec;
 use super::Compute;
@@ -89,6 +89,8 @@ pub fn replay(case: &CaseFile, memory: u64, opts: &CaseOptions) -> CliResult<Rep
         },
         compute,
         isolation: isolation(opts.isolate, opts.timeout.clone())?,
+        // One probe per expectation: no search.
+        search: SearchMode::default(),
     };
     let mut report = ReplayReport {
         schema_version: SCHEMA_VERSION,

@@ -48,6 +48,9 @@ pub struct ChildRequest {
     /// Replay a PyTorch memory snapshot instead of the workload's plan (`probe --snapshot`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<crate::snapshot::Source>,
+    /// Additive: measure the room left at the plan's peak with filler (see `probe::room`).
+    #[serde(default)]
+    pub room: Option<crate::search::RoomAsk>,
 }
 
 /// Run one probe in this process: open the device, apply the budget, build the plan, execute.
@@ -70,7 +73,8 @@ pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
         Some(cap) => Box::new(crate::backend::budget::BudgetBackend::new(backend, cap)),
         None => backend,
     };
-    let mut record = super::exec::execute_plan(backend.as_mut(), &plan, req.compute);
+    let mut record =
+        super::exec::execute_plan_measuring(backend.as_mut(), &plan, req.compute, req.room);
     record.seconds = started.elapsed().as_secs_f64();
     record
 }
@@ -95,6 +99,7 @@ pub(crate) fn failed_record(
         detail: Some(detail),
         failed_at: None,
         spill: None,
+        room: None,
     }
 }
 
@@ -582,6 +587,7 @@ mod tests {
             detail: None,
             failed_at: None,
             spill: None,
+            room: None,
         };
         t.observe(&fit(1 << 20, 50.0)); // too small to say anything
         assert_eq!(t.for_bytes(16 << 30), Duration::from_secs(1024));

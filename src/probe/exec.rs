@@ -10,7 +10,8 @@ use crate::backend::{AllocError, Backend, BackendError};
 use crate::ops;
 use crate::ops::words::Scratch;
 use crate::plan::{EventKind, Plan};
-use crate::report::{FailurePoint, Outcome, ProbeRecord};
+use crate::report::{FailurePoint, Outcome, ProbeRecord, RoomMeasurement};
+use crate::search::RoomAsk;
 use crate::tensor::{self, DeviceTensor};
 
 use super::Compute;
@@ -73,6 +74,9 @@ struct Replay<'a> {
     scratch: Scratch,
     /// The spill check, at the step's peak (see `spill`).
     spill: Option<SpillAt>,
+    /// The room to measure at the plan's peak event (see `room`), and what it measured.
+    room_ask: Option<(usize, u64, RoomAsk)>,
+    room: Option<RoomMeasurement>,
 }
 
 /// Where the spill check runs and what it found.
@@ -90,6 +94,7 @@ impl Replay<'_> {
             match e.kind {
                 EventKind::Alloc(t) => {
                     let spec = &plan.tensors[t];
+                    self.measure_room(i, t);
                     let dt =
                         tensor::allocate_tensor(self.backend, spec).map_err(|err| Failure {
                             outcome: outcome_of_alloc(&err),
@@ -137,6 +142,21 @@ impl Replay<'_> {
         self.backend
             .synchronize()
             .map_err(|err| Failure::at(end, (outcome_of_backend(&err), err.to_string())))
+    }
+
+    /// Before the allocation that reaches the plan's peak, measure the room left with filler
+    /// of that tensor's chunk size (its bytes added to the limit: the room includes them).
+    fn measure_room(&mut self, i: usize, t: usize) {
+        let Some((event, live, ask)) = self.room_ask.filter(|r| r.0 == i) else {
+            return;
+        };
+        let spec = &self.plan.tensors[t];
+        let chunk = spec.bytes.min(self.backend.info().max_chunk_bytes());
+        let ask = RoomAsk {
+            limit: ask.limit.saturating_add(spec.bytes),
+            ..ask
+        };
+        self.room = Some(super::room::measure(self.backend, event, live, chunk, ask));
     }
 
     /// Read a live tensor back: verify its pattern, or fold its checksum once a kernel wrote it.
@@ -197,6 +217,16 @@ impl Replay<'_> {
 
 /// Run one probe of `plan` on `backend`. Always frees what it allocated before returning.
 pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) -> ProbeRecord {
+    execute_plan_measuring(backend, plan, compute, None)
+}
+
+/// [`execute_plan`], measuring the room left at the plan's peak with filler when `room` asks.
+pub fn execute_plan_measuring(
+    backend: &mut dyn Backend,
+    plan: &Plan,
+    compute: Compute,
+    room: Option<RoomAsk>,
+) -> ProbeRecord {
     let started = Instant::now();
     let bytes = plan.peak_bytes();
     // Compile every kernel before memory fills up (a compiler out of memory crashes), and
@@ -244,6 +274,11 @@ pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) ->
         peak_allocated: 0,
         scratch,
         spill,
+        room_ask: room.map(|a| {
+            let e = plan.peak().event;
+            (e, plan.live_before(e), a)
+        }),
+        room: None,
     };
     let result = r.run();
     let mut record = ProbeRecord {
@@ -258,6 +293,7 @@ pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) ->
         detail: None,
         failed_at: None,
         spill: None,
+        room: r.room,
     };
     match result {
         Ok(()) => {
@@ -279,6 +315,7 @@ pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) ->
                     .map_or(crate::plan::Phase::Setup, |e| e.phase),
                 live_bytes: plan.live_before(f.event),
                 requested_bytes: f.requested,
+                max_live_bytes: Some(plan.max_live_before(f.event)),
             });
         }
     }

@@ -7,6 +7,7 @@ pub mod child;
 pub mod exec;
 pub mod fleet;
 pub mod readback;
+pub mod room;
 pub mod runner;
 pub mod session;
 pub mod sinks;

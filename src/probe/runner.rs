@@ -7,7 +7,7 @@ use crate::backend::DeviceInfo;
 use crate::plan::{Plan, Role};
 use crate::report::{ProbeRecord, RunResult};
 use crate::scenario::Scenario;
-use crate::search::{self, SearchSpace};
+use crate::search::{self, Answer, RoomAsk, SearchOutcome, SearchSpace};
 
 use super::capacity::Capacity;
 use super::child::{probe_in_process, ChildRequest, ChildRunner};
@@ -35,6 +35,17 @@ pub enum Isolation {
     InProcess,
 }
 
+/// Which boundary search a run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SearchMode {
+    /// Measure the capacity (live bytes at a refusal, the room at a fit's peak) and invert the
+    /// plan's bytes to the boundary (`search::find_boundary_measured`).
+    #[default]
+    Measure,
+    /// Only fit or fail: gallop from the prediction and bisect (`search::find_boundary`).
+    Gallop,
+}
+
 /// Everything shared by the runs of one invocation.
 #[derive(Debug, Clone)]
 pub struct RunContext {
@@ -43,6 +54,7 @@ pub struct RunContext {
     pub capacity: Capacity,
     pub compute: Compute,
     pub isolation: Isolation,
+    pub search: SearchMode,
 }
 
 /// The values a scenario may take.
@@ -61,7 +73,18 @@ pub fn search_space(scenario: Scenario) -> SearchSpace {
 impl RunContext {
     /// Run one probe of `spec` at `value`.
     pub fn probe(&self, spec: &RunSpec, value: u64) -> ProbeRecord {
+        self.probe_measuring(spec, value, None)
+    }
+
+    /// Run one probe of `spec` at `value`, measuring the room at its peak when `room` asks.
+    pub fn probe_measuring(
+        &self,
+        spec: &RunSpec,
+        value: u64,
+        room: Option<RoomAsk>,
+    ) -> ProbeRecord {
         let req = ChildRequest {
+            room,
             workload: spec.workload.clone(),
             scenario: spec.scenario,
             value,
@@ -101,14 +124,7 @@ impl RunContext {
             _ => 8,
         });
         let mut records: Vec<ProbeRecord> = Vec::new();
-        let found = search::find_boundary(space, start, |x| {
-            on_event(ProbeEvent::Started(x));
-            let rec = self.probe(spec, x);
-            on_event(ProbeEvent::Finished(&rec));
-            let outcome = rec.outcome;
-            records.push(rec);
-            outcome
-        });
+        let found = self.find(spec, space, start, &mut records, on_event);
         let plan_at = |x: u64| Plan::for_value(&spec.workload, spec.scenario, x).ok();
         let max_plan = found.max_fit.and_then(plan_at);
         let bytes_at_max_fit = max_plan.as_ref().map(|p| p.peak_bytes());
@@ -137,6 +153,13 @@ impl RunContext {
                 at.join(", ")
             ));
         }
+        if found.fell_back && self.search == SearchMode::Measure {
+            notes.push(
+                "the measured capacity and the probes disagreed (fragmentation, or memory \
+                 that comes and goes): the boundary was found by galloping and bisecting"
+                    .into(),
+            );
+        }
         if found.max_fit.is_some() && found.first_fail.is_none() {
             notes.push(format!(
                 "everything up to the search maximum {} fit",
@@ -158,10 +181,49 @@ impl RunContext {
             activation_share,
             at: None,
             flaky: found.flaky,
+            measured_capacity_bytes: found.capacity.at_least,
+            measured_capacity_below: found.capacity.below,
+            device_overhead_bytes: found.capacity.at_least.and_then(|m| {
+                let assumed = self.capacity.predict_against?;
+                Some(i64::try_from(assumed).ok()? - i64::try_from(m).ok()?)
+            }),
             notes,
             probes: records,
             seconds: started.elapsed().as_secs_f64(),
             in_progress: false,
+        }
+    }
+
+    /// Run the search of this context's mode, each probe through `on_event` into `records`.
+    fn find(
+        &self,
+        spec: &RunSpec,
+        space: SearchSpace,
+        start: u64,
+        records: &mut Vec<ProbeRecord>,
+        on_event: &mut dyn FnMut(ProbeEvent<'_>),
+    ) -> SearchOutcome {
+        let mut run = |x: u64, room: Option<RoomAsk>| {
+            on_event(ProbeEvent::Started(x));
+            let rec = self.probe_measuring(spec, x, room);
+            on_event(ProbeEvent::Finished(&rec));
+            let answer = Answer {
+                outcome: rec.outcome,
+                bounds: super::room::bounds_of(&rec),
+            };
+            records.push(rec);
+            answer
+        };
+        match self.search {
+            SearchMode::Gallop => search::find_boundary(space, start, |x| run(x, None).outcome),
+            SearchMode::Measure => {
+                let bytes = |x: u64| {
+                    Plan::for_value(&spec.workload, spec.scenario, x)
+                        .ok()
+                        .map(|p| p.peak_bytes())
+                };
+                search::find_boundary_measured(space, start, bytes, |a| run(a.value, a.room))
+            }
         }
     }
 
@@ -194,6 +256,9 @@ impl RunContext {
             activation_share: None,
             at: Some(value),
             flaky: false,
+            measured_capacity_bytes: None,
+            measured_capacity_below: None,
+            device_overhead_bytes: None,
             notes: spec.notes.clone(),
             probes,
             seconds: started.elapsed().as_secs_f64(),

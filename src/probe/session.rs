@@ -11,7 +11,7 @@ use crate::workload::Workload;
 
 use super::capacity::{self, Capacity};
 use super::child::{ChildRunner, ProbeTimeout};
-use super::runner::{search_space, Isolation, ProbeEvent, RunContext};
+use super::runner::{search_space, Isolation, ProbeEvent, RunContext, SearchMode};
 use super::suite::{self, RunSpec};
 use super::{Compute, DeviceChoice};
 
@@ -35,6 +35,8 @@ pub struct SessionOptions {
     pub scenarios: Vec<Scenario>,
     /// The user's workload; None runs the default suite.
     pub workload: Option<Workload>,
+    /// `--search`: measure the capacity (default) or only gallop and bisect.
+    pub search: SearchMode,
 }
 
 /// What a session tells its sinks.
@@ -151,6 +153,7 @@ impl Session {
                 capacity: cap,
                 compute,
                 isolation,
+                search: opts.search,
             },
             runs,
             at: opts.at,
@@ -289,6 +292,9 @@ fn partial_run(spec: &RunSpec, probes: &[ProbeRecord]) -> RunResult {
         activation_share: None,
         at: None,
         flaky: false,
+        measured_capacity_bytes: None,
+        measured_capacity_below: None,
+        device_overhead_bytes: None,
         notes: vec![report::IN_PROGRESS_NOTE.into()],
         probes: probes.to_vec(),
         seconds: probes.iter().map(|p| p.seconds).sum(),
@@ -430,6 +436,7 @@ mod tests {
             compute: Some(Compute::Touch),
             scenarios: vec![Scenario::Batch],
             workload: Some(crate::workload::presets::get("tiny-gpt").expect("preset")),
+            search: SearchMode::default(),
         };
         Session::prepare(&opts).expect("a mock session")
     }
@@ -486,6 +493,7 @@ mod tests {
                 compute: None,
                 scenarios: vec![Scenario::Batch],
                 workload: Some(crate::workload::presets::get("tiny-gpt").expect("preset")),
+                search: SearchMode::default(),
             }
         };
         let err = Session::prepare(&opts).err().expect("usage error");

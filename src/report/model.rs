@@ -107,6 +107,28 @@ pub struct ProbeRecord {
     /// `probe::spill`); a spill makes the outcome `spilled`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spill: Option<crate::probe::spill::SpillReport>,
+    /// Additive: the room a fitting probe measured with filler at its peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub room: Option<RoomMeasurement>,
+}
+
+/// The room left at a probe's peak, measured with filler (see `probe::room`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoomMeasurement {
+    /// Index into the plan's events: the allocation that reaches the peak (measured just
+    /// before it).
+    pub event: usize,
+    /// Bytes the plan held live then.
+    pub live_bytes: u64,
+    /// Filler bytes the device accepted on top.
+    pub room_bytes: u64,
+    /// The least further filler the device refused on top of `room_bytes` (null: the limit
+    /// came first).
+    pub refused_bytes: Option<u64>,
+    /// The filler's chunk size (the plan's chunk at its peak).
+    pub chunk_bytes: u64,
+    /// The most filler the search asked for.
+    pub limit_bytes: u64,
 }
 
 /// The point of the timeline where a probe failed.
@@ -119,6 +141,10 @@ pub struct FailurePoint {
     pub live_bytes: u64,
     /// Bytes the failing allocation asked for (0 when a kernel or a read-back failed).
     pub requested_bytes: u64,
+    /// Additive: the most bytes the plan held at once before the failing event (the device
+    /// held all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_live_bytes: Option<u64>,
 }
 
 /// One scenario's search.
@@ -150,6 +176,17 @@ pub struct RunResult {
     /// True when a fit was seen above a failure (non-monotone device behaviour).
     #[serde(default)]
     pub flaky: bool,
+    /// Additive: the capacity the probes measured (plan bytes: at least this much fit at once),
+    /// where their measurements agree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_capacity_bytes: Option<u64>,
+    /// Additive: the measured capacity's upper bound (less than this fits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_capacity_below: Option<u64>,
+    /// Additive: what the device kept for itself beyond what the prediction assumed:
+    /// `capacity_bytes` minus `measured_capacity_bytes` (negative when more fit than assumed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_overhead_bytes: Option<i64>,
     #[serde(default)]
     pub notes: Vec<String>,
     pub probes: Vec<ProbeRecord>,

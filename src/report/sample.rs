@@ -77,6 +77,7 @@ pub fn simulate(spec: &SimSpec<'_>, capacity: u64) -> RunResult {
             detail: (!ok).then(|| "budget: allocation would pass the budget".to_string()),
             failed_at: None,
             spill: None,
+            room: None,
         });
         ok
     };
@@ -138,6 +139,9 @@ pub fn simulate(spec: &SimSpec<'_>, capacity: u64) -> RunResult {
         activation_share: lo.map(|l| (spec.activation_share)(l)),
         at: None,
         flaky: false,
+        measured_capacity_bytes: None,
+        measured_capacity_below: None,
+        device_overhead_bytes: None,
         notes: Vec::new(),
         seconds: probes.iter().map(|p| p.seconds).sum(),
         probes,

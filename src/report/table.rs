@@ -95,6 +95,19 @@ pub fn notes(report: &ProbeReport) -> Vec<String> {
                 "{label}: a fit was seen above a failure (non-monotone device behaviour)"
             ));
         }
+        if let Some(m) = run.measured_capacity_bytes {
+            let kept = match run.device_overhead_bytes {
+                Some(k) if k >= 0 => {
+                    format!(", {} less than predicted against", fmt_bytes(k as u64))
+                }
+                Some(k) => format!(
+                    ", {} more than predicted against",
+                    fmt_bytes(k.unsigned_abs())
+                ),
+                None => String::new(),
+            };
+            out.push(format!("{label}: measured capacity {}{kept}", fmt_bytes(m)));
+        }
         for n in run.notes.iter().filter(|n| *n != IN_PROGRESS_NOTE) {
             out.push(format!("{label}: {n}"));
         }

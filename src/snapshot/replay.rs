@@ -38,6 +38,7 @@ impl Replayer {
             device: self.device.clone(),
             budget: self.budget,
             snapshot: Some(source.clone()),
+            room: None,
         };
         match &self.runner {
             Some(r) => r.run(&req),

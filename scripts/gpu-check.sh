@@ -55,4 +55,7 @@ if "$exe" devices --json 2>/dev/null | grep -q '"backend": *"cuda"'; then
   run suite-cuda 100 "$exe" probe --backend cuda --json --out "$out/suite-cuda.json" --quiet
   run compare 10 "$exe" compare "$out/suite-vulkan.json" "$out/suite-cuda.json" --format markdown --out "$out/compare.md"
 fi
+# The spill check forced on a fit near the boundary (it runs by itself only when a step's peak
+# is at least half the card): the first and last buffers timed, VK_EXT_memory_budget read.
+OOMPROBE_SPILL_CHECK=always run spill-vulkan 40 "$exe" probe --backend vulkan --scenario params --json --out "$out/spill-vulkan.json" --quiet
 echo "logs in $out"

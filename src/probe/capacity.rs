@@ -148,10 +148,11 @@ pub fn decide(device: &DeviceInfo, user_budget: Option<u64>) -> Capacity {
 /// How long a CPU adapter's default run (no `--budget`) should take, in seconds.
 pub const CPU_TARGET_SECONDS: f64 = 60.0;
 
-/// Probes a boundary search makes when the prediction is right (start, next, and the pair
-/// confirmed once more). Each is costed as writing and verifying every byte its plan allocates
-/// at the predicted boundary: failing probes near the edge allocate about as much as fits.
-pub const PROBES_PER_RUN: usize = 4;
+/// Probes a run makes under the CPU cap: the cap is a budget oomprobe enforces, so the
+/// prediction is exact and the measuring search probes the boundary and its neighbour (the
+/// default suite on lavapipe: 2 probes in each of its 6 runs). Each is costed as writing and
+/// verifying every byte its plan allocates at the predicted boundary.
+pub const PROBES_PER_RUN: usize = 2;
 
 /// The smallest cap a time-sized run gets: every default scenario keeps a boundary above one
 /// at this size (design.md), however slow the adapter.

@@ -1017,6 +1017,15 @@ mod tests {
     }
 
     impl Device {
+        /// 1 GiB, 10 MiB of model states, 3 MiB per value in 40 tensors, 4-byte pages.
+        const GIB: Device = Device {
+            cap: 1 << 30,
+            base: 10 << 20,
+            per: 3 << 20,
+            parts: 40,
+            page: 4,
+        };
+
         fn bytes(&self, x: u64) -> u64 {
             self.base + self.per * x
         }
@@ -1086,14 +1095,7 @@ mod tests {
 
     #[test]
     fn a_measured_capacity_finds_the_boundary_in_a_few_probes() {
-        // 1 GiB, 10 MiB of model states, 3 MiB per value in 40 tensors.
-        let d = Device {
-            cap: 1 << 30,
-            base: 10 << 20,
-            per: 3 << 20,
-            parts: 40,
-            page: 4,
-        };
+        let d = Device::GIB;
         let b = d.boundary();
         assert!(b > 300, "{b}");
         for start in [
@@ -1146,13 +1148,7 @@ mod tests {
 
     #[test]
     fn measurements_that_lie_fall_back_and_still_find_the_boundary() {
-        let d = Device {
-            cap: 1 << 30,
-            base: 10 << 20,
-            per: 3 << 20,
-            parts: 40,
-            page: 4,
-        };
+        let d = Device::GIB;
         let b = d.boundary();
         // Filler that finds 200 MiB too much room (memory another process frees and takes back).
         let r = find_boundary_measured(
@@ -1182,13 +1178,7 @@ mod tests {
 
     #[test]
     fn a_flaky_probe_is_retried_and_the_boundary_holds() {
-        let d = Device {
-            cap: 1 << 30,
-            base: 10 << 20,
-            per: 3 << 20,
-            parts: 40,
-            page: 4,
-        };
+        let d = Device::GIB;
         let b = d.boundary();
         // The first probe, at b − 3, fails once for no reason of its own (its failure point says
         // far less room than the fits see).
@@ -1238,13 +1228,7 @@ mod tests {
 
     #[test]
     fn the_measuring_search_keeps_the_rules_for_dead_children() {
-        let d = Device {
-            cap: 1 << 30,
-            base: 10 << 20,
-            per: 3 << 20,
-            parts: 40,
-            page: 4,
-        };
+        let d = Device::GIB;
         let b = d.boundary();
         for o in [Outcome::Killed, Outcome::Timeout] {
             // No answer ever at the boundary: it stays unknown, not a failure.

@@ -150,8 +150,8 @@ pub const CPU_TARGET_SECONDS: f64 = 60.0;
 
 /// Probes a run makes under the CPU cap: the cap is a budget oomprobe enforces, so the
 /// prediction is exact and the measuring search probes the boundary and its neighbour (the
-/// default suite on lavapipe: 2 probes in each of its 6 runs). Each is costed as writing and
-/// verifying every byte its plan allocates at the predicted boundary.
+/// default suite on lavapipe: 2 probes in 5 of its 6 runs, 3 for params). Each is costed as
+/// writing and verifying every byte its plan allocates at the predicted boundary.
 pub const PROBES_PER_RUN: usize = 2;
 
 /// The smallest cap a time-sized run gets: every default scenario keeps a boundary above one

@@ -2,27 +2,11 @@
 //! under --budget checked with --at, a real OOM under an address-space limit, a killed child,
 //! results written as they arrive, and bad input.
 
-use assert_cmd::Command;
 use serde_json::Value;
 
-const INSTALL_HINT: &str =
-    "no GPU adapter: install a driver or lavapipe (apt-get install -y mesa-vulkan-drivers libvulkan1)";
-
-fn oomprobe() -> Command {
-    Command::cargo_bin("oomprobe").expect("oomprobe binary")
-}
-
-fn require_adapter() {
-    let out = oomprobe()
-        .args(["devices", "--json"])
-        .output()
-        .expect("run devices");
-    let list: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert!(
-        list.as_array().is_some_and(|a| !a.is_empty()),
-        "{INSTALL_HINT}"
-    );
-}
+#[path = "common/adapter.rs"]
+mod adapter;
+use adapter::{oomprobe, require_adapter};
 
 fn probe_json(args: &[&str]) -> Value {
     let out = oomprobe()

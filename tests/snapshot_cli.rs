@@ -5,15 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
 use serde_json::Value;
 
-const INSTALL_HINT: &str =
-    "no GPU adapter: install a driver or lavapipe (apt-get install -y mesa-vulkan-drivers libvulkan1)";
-
-fn oomprobe() -> Command {
-    Command::cargo_bin("oomprobe").expect("oomprobe binary")
-}
+#[path = "common/adapter.rs"]
+mod adapter;
+use adapter::{oomprobe, require_adapter};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -29,18 +25,6 @@ fn peak_of(file: &str, key: &str) -> u64 {
     let text = std::fs::read_to_string(fixture("peaks.json")).unwrap();
     let v: Value = serde_json::from_str(&text).unwrap();
     v["files"][file][key].as_u64().unwrap()
-}
-
-fn require_adapter() {
-    let out = oomprobe()
-        .args(["devices", "--json"])
-        .output()
-        .expect("run devices");
-    let list: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert!(
-        list.as_array().is_some_and(|a| !a.is_empty()),
-        "{INSTALL_HINT}"
-    );
 }
 
 fn run_json(args: &[&str]) -> Value {

@@ -129,6 +129,33 @@ impl Builder {
             self.free(ix);
         }
     }
+    /// The loss's log-softmax over `logits` ([rows, cols]): an fp32 copy of the logits first
+    /// when `fp32_copy` (freed once the log-probabilities exist), then the log-probabilities in
+    /// `dtype`, which the loss's backward keeps. Returns the log-probabilities.
+    pub fn loss_log_softmax(
+        &mut self,
+        logits: TensorIx,
+        rows: u64,
+        cols: u64,
+        fp32_copy: bool,
+        dtype: DType,
+    ) -> Result<TensorIx, PlanError> {
+        let shape = [rows, cols];
+        let copy = if fp32_copy {
+            Some(self.push("loss.logits_f32", Role::Workspace, DType::F32, &shape, cols)?)
+        } else {
+            None
+        };
+        let logprobs = self.push("logprobs", Role::Activations, dtype, &shape, cols)?;
+        self.step(Step::Softmax {
+            x: copy.unwrap_or(logits),
+            y: logprobs,
+            rows,
+            cols,
+        });
+        self.free_all(copy);
+        Ok(logprobs)
+    }
     pub fn tensor(&self, ix: TensorIx) -> &TensorSpec {
         &self.tensors[ix]
     }

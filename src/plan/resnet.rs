@@ -450,26 +450,13 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     let half_to_float = ac.is_some_and(|a| a.device == Device::Cuda && c == DType::F16);
     let lp_dtype = if ac.is_some() { DType::F32 } else { c };
     let shape = [bsz, classes];
-    let copy = if ac.is_some() && !half_to_float {
-        Some(r.b.push(
-            "loss.logits_f32",
-            Role::Workspace,
-            DType::F32,
-            &shape,
-            classes,
-        )?)
-    } else {
-        None
-    };
-    let logprobs =
-        r.b.push("logprobs", Role::Activations, lp_dtype, &shape, classes)?;
-    r.b.step(Step::Softmax {
-        x: copy.unwrap_or(logits),
-        y: logprobs,
-        rows: bsz,
-        cols: classes,
-    });
-    r.b.free_all(copy);
+    let logprobs = r.b.loss_log_softmax(
+        logits,
+        bsz,
+        classes,
+        ac.is_some() && !half_to_float,
+        lp_dtype,
+    )?;
     r.states.autocast_exit(r.b, |_| false);
     r.b.phase(Phase::Backward);
     let g_lp =

@@ -1042,28 +1042,8 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
             Some(_) => (DType::F32, true, false),
         }
     };
-    let loss_in = if copy {
-        Some(t.b.push(
-            "loss.logits_f32",
-            Role::Workspace,
-            DType::F32,
-            &logit_shape,
-            v,
-        )?)
-    } else {
-        None
-    };
     let logprobs =
-        t.b.push("logprobs", Role::Activations, lp_dtype, &logit_shape, v)?;
-    t.b.step(Step::Softmax {
-        x: loss_in.unwrap_or(logits),
-        y: logprobs,
-        rows: logit_rows,
-        cols: v,
-    });
-    if let Some(x) = loss_in {
-        t.b.free(x);
-    }
+        t.b.loss_log_softmax(logits, logit_rows, v, copy, lp_dtype)?;
     // The autocast region ends with the loss: the cache is cleared (bias copies go; weight
     // copies stay saved by the matmuls, except those of checkpointed layers, run under no_grad).
     let ckpt_layers = seg.is_some();

@@ -196,20 +196,7 @@ impl Case {
         };
         let mut dev = Device::new(self.capacity, self.overhead, transient);
         let peak = plan.peak();
-        let mut rec = ProbeRecord {
-            value: ask.value,
-            outcome: Outcome::Fit,
-            bytes: peak.bytes,
-            bytes_allocated: 0,
-            failed_tensor: None,
-            seconds: 0.0,
-            step_seconds: None,
-            checksum: None,
-            detail: None,
-            failed_at: None,
-            spill: None,
-            room: None,
-        };
+        let mut rec = ProbeRecord::new(ask.value, Outcome::Fit, peak.bytes);
         let mut live: Vec<Option<oomprobe::tensor::DeviceTensor>> = vec![None; plan.tensors.len()];
         for (i, e) in plan.events.iter().enumerate() {
             match e.kind {

@@ -269,23 +269,15 @@ fn table_shows_device_and_a_row_per_run() {
 }
 
 fn probe(value: u64, fit: bool, step: Option<f64>) -> ProbeRecord {
+    let outcome = if fit {
+        Outcome::Fit
+    } else {
+        Outcome::OutOfMemory
+    };
     ProbeRecord {
-        value,
-        outcome: if fit {
-            Outcome::Fit
-        } else {
-            Outcome::OutOfMemory
-        },
-        bytes: value * MIB,
-        bytes_allocated: 0,
-        failed_tensor: None,
         seconds: 1.0,
         step_seconds: step,
-        checksum: None,
-        detail: None,
-        failed_at: None,
-        spill: None,
-        room: None,
+        ..ProbeRecord::new(value, outcome, value * MIB)
     }
 }
 

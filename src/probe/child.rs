@@ -88,18 +88,9 @@ pub(crate) fn failed_record(
     started: Instant,
 ) -> ProbeRecord {
     ProbeRecord {
-        value,
-        outcome,
-        bytes,
-        bytes_allocated: 0,
-        failed_tensor: None,
         seconds: started.elapsed().as_secs_f64(),
-        step_seconds: None,
-        checksum: None,
         detail: Some(detail),
-        failed_at: None,
-        spill: None,
-        room: None,
+        ..ProbeRecord::new(value, outcome, bytes)
     }
 }
 
@@ -576,18 +567,9 @@ mod tests {
         assert_eq!(auto_timeout(100 << 30, Some(r)), Duration::from_secs(400));
         let t = ProbeTimeout::auto();
         let fit = |bytes, seconds| ProbeRecord {
-            value: 1,
-            outcome: Outcome::Fit,
-            bytes,
             bytes_allocated: bytes,
-            failed_tensor: None,
             seconds,
-            step_seconds: None,
-            checksum: None,
-            detail: None,
-            failed_at: None,
-            spill: None,
-            room: None,
+            ..ProbeRecord::new(1, Outcome::Fit, bytes)
         };
         t.observe(&fit(1 << 20, 50.0)); // too small to say anything
         assert_eq!(t.for_bytes(16 << 30), Duration::from_secs(1024));

@@ -282,18 +282,9 @@ pub fn execute_plan_measuring(
     };
     let result = r.run();
     let mut record = ProbeRecord {
-        value: plan.value,
-        outcome: Outcome::Fit,
-        bytes,
         bytes_allocated: r.peak_allocated,
-        failed_tensor: None,
-        seconds: 0.0,
-        step_seconds: None,
-        checksum: None,
-        detail: None,
-        failed_at: None,
-        spill: None,
         room: r.room,
+        ..ProbeRecord::new(plan.value, Outcome::Fit, bytes)
     };
     match result {
         Ok(()) => {

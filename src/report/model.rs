@@ -112,6 +112,27 @@ pub struct ProbeRecord {
     pub room: Option<RoomMeasurement>,
 }
 
+impl ProbeRecord {
+    /// A probe at `value` holding `bytes` with `outcome`, nothing else known yet: no bytes
+    /// allocated, no time, no detail, no measurement.
+    pub fn new(value: u64, outcome: Outcome, bytes: u64) -> Self {
+        ProbeRecord {
+            value,
+            outcome,
+            bytes,
+            bytes_allocated: 0,
+            failed_tensor: None,
+            seconds: 0.0,
+            step_seconds: None,
+            checksum: None,
+            detail: None,
+            failed_at: None,
+            spill: None,
+            room: None,
+        }
+    }
+}
+
 /// The room left at a probe's peak, measured with filler (see `probe::room`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoomMeasurement {

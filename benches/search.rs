@@ -22,7 +22,8 @@ use oomprobe::backend::{
 };
 use oomprobe::kernels::KernelId;
 use oomprobe::plan::{EventKind, Plan};
-use oomprobe::probe::room;
+use oomprobe::probe::charge::Charge;
+use oomprobe::probe::room::{self, RoomProbe};
 use oomprobe::probe::runner::search_space;
 use oomprobe::probe::suite::default_runs;
 use oomprobe::report::{FailurePoint, Outcome, ProbeRecord};
@@ -195,23 +196,19 @@ impl Case {
             return Answer::bare(Outcome::Error);
         };
         let mut dev = Device::new(self.capacity, self.overhead, transient);
-        let peak = plan.peak();
-        let mut rec = ProbeRecord::new(ask.value, Outcome::Fit, peak.bytes);
+        let charge = Charge::of(&dev.info, None);
+        let mut rec = ProbeRecord::new(ask.value, Outcome::Fit, plan.peak_bytes());
+        let mut room = ask.room.map(|a| RoomProbe::new(&plan, a, charge));
         let mut live: Vec<Option<oomprobe::tensor::DeviceTensor>> = vec![None; plan.tensors.len()];
         for (i, e) in plan.events.iter().enumerate() {
             match e.kind {
                 EventKind::Alloc(t) => {
-                    let spec = &plan.tensors[t];
-                    if let (true, Some(a)) = (i == peak.event, ask.room) {
-                        // As exec does: just before the peak's allocation, its bytes included.
-                        let chunk = spec.bytes.min(dev.info.max_chunk_bytes());
-                        let a = RoomAsk {
-                            limit: a.limit + spec.bytes,
-                            ..a
-                        };
-                        rec.room = Some(room::measure(&mut dev, i, plan.live_before(i), chunk, a));
-                    }
-                    match oomprobe::tensor::allocate_tensor(&mut dev, spec) {
+                    // As exec does.
+                    let r = match room.as_mut() {
+                        Some(room) => room.allocate(&mut dev, &plan, i),
+                        None => oomprobe::tensor::allocate_tensor(&mut dev, &plan.tensors[t]),
+                    };
+                    match r {
                         Ok(dt) => live[t] = Some(dt),
                         Err(_) => {
                             rec.outcome = Outcome::OutOfMemory;
@@ -234,9 +231,10 @@ impl Case {
                 EventKind::Kernel(_) => {}
             }
         }
+        rec.room = room.and_then(|r| r.found);
         Answer {
             outcome: rec.outcome,
-            bounds: room::bounds_of(&rec),
+            bounds: room::bounds_of(&rec, &plan, &charge),
         }
     }
 
@@ -423,7 +421,19 @@ fn main() {
     for case in cases() {
         let space = search_space(case.scenario);
         let truth = case.truth(space);
-        let bytes = |x: u64| case.plan(x).map(|p| p.peak_bytes());
+        let charge = Charge::of(&Device::new(case.capacity, 0, 0).info, None);
+        let bytes = |x: u64| case.plan(x).map(|p| charge.peak(&p));
+        if std::env::var("SEARCH_SCAN").is_ok_and(|t| case.label.contains(&t)) {
+            let g = space.granularity;
+            for k in [-400i64, -100, -30, -10, -3, -2, -1, 0, 1, 2, 3, 10] {
+                let x = (truth as i64 + k * g as i64) as u64;
+                let b = bytes(x).unwrap();
+                let a = case.probe(Ask { value: x, room: Some(RoomAsk { limit: 1 << 40, step: 64 << 10 }) }, 0);
+                let p = case.plan(x).unwrap();
+                let pk = p.peak();
+                println!("  x={x} k={k} peak={b} ev={} nev={} {:?} {:?} slack={:?}", pk.event, p.events.len(), a.outcome, a.bounds, a.bounds.at_least.map(|l| l as i64 - b as i64));
+            }
+        }
         for (flaky, list) in [(None, &errors[..]), (Some(7u64), &errors[2..4])] {
             for (label, k) in list {
                 let start = space.snap(((truth as f64) * k).round() as u64);

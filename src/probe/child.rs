@@ -73,8 +73,10 @@ pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
         Some(cap) => Box::new(crate::backend::budget::BudgetBackend::new(backend, cap)),
         None => backend,
     };
+    let charge = super::charge::Charge::of(backend.info(), req.budget);
+    let room = req.room.map(|ask| (ask, charge));
     let mut record =
-        super::exec::execute_plan_measuring(backend.as_mut(), &plan, req.compute, req.room);
+        super::exec::execute_plan_measuring(backend.as_mut(), &plan, req.compute, room);
     record.seconds = started.elapsed().as_secs_f64();
     record
 }

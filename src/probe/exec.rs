@@ -10,10 +10,12 @@ use crate::backend::{AllocError, Backend, BackendError};
 use crate::ops;
 use crate::ops::words::Scratch;
 use crate::plan::{EventKind, Plan};
-use crate::report::{FailurePoint, Outcome, ProbeRecord, RoomMeasurement};
+use crate::report::{FailurePoint, Outcome, ProbeRecord};
 use crate::search::RoomAsk;
 use crate::tensor::{self, DeviceTensor};
 
+use super::charge::Charge;
+use super::room::RoomProbe;
 use super::Compute;
 
 /// The outcome a failed allocation stands for.
@@ -74,9 +76,8 @@ struct Replay<'a> {
     scratch: Scratch,
     /// The spill check, at the step's peak (see `spill`).
     spill: Option<SpillAt>,
-    /// The room to measure at the plan's peak event (see `room`), and what it measured.
-    room_ask: Option<(usize, u64, RoomAsk)>,
-    room: Option<RoomMeasurement>,
+    /// The room to measure at the plan's peak and at a refusal (see `room`).
+    room: Option<RoomProbe>,
 }
 
 /// Where the spill check runs and what it found.
@@ -94,9 +95,11 @@ impl Replay<'_> {
             match e.kind {
                 EventKind::Alloc(t) => {
                     let spec = &plan.tensors[t];
-                    self.measure_room(i, t);
-                    let dt =
-                        tensor::allocate_tensor(self.backend, spec).map_err(|err| Failure {
+                    let dt = match self.room.as_mut() {
+                        Some(room) => room.allocate(self.backend, plan, i),
+                        None => tensor::allocate_tensor(self.backend, spec),
+                    };
+                    let dt = dt.map_err(|err| Failure {
                             outcome: outcome_of_alloc(&err),
                             detail: err.to_string(),
                             event: i,
@@ -142,21 +145,6 @@ impl Replay<'_> {
         self.backend
             .synchronize()
             .map_err(|err| Failure::at(end, (outcome_of_backend(&err), err.to_string())))
-    }
-
-    /// Before the allocation that reaches the plan's peak, measure the room left with filler
-    /// of that tensor's chunk size (its bytes added to the limit: the room includes them).
-    fn measure_room(&mut self, i: usize, t: usize) {
-        let Some((event, live, ask)) = self.room_ask.filter(|r| r.0 == i) else {
-            return;
-        };
-        let spec = &self.plan.tensors[t];
-        let chunk = spec.bytes.min(self.backend.info().max_chunk_bytes());
-        let ask = RoomAsk {
-            limit: ask.limit.saturating_add(spec.bytes),
-            ..ask
-        };
-        self.room = Some(super::room::measure(self.backend, event, live, chunk, ask));
     }
 
     /// Read a live tensor back: verify its pattern, or fold its checksum once a kernel wrote it.
@@ -220,12 +208,13 @@ pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) ->
     execute_plan_measuring(backend, plan, compute, None)
 }
 
-/// [`execute_plan`], measuring the room left at the plan's peak with filler when `room` asks.
+/// [`execute_plan`], measuring the room left at the plan's peak (and at a refusal) with filler
+/// when `room` asks, in whole pages of `charge`.
 pub fn execute_plan_measuring(
     backend: &mut dyn Backend,
     plan: &Plan,
     compute: Compute,
-    room: Option<RoomAsk>,
+    room: Option<(RoomAsk, Charge)>,
 ) -> ProbeRecord {
     let started = Instant::now();
     let bytes = plan.peak_bytes();
@@ -274,16 +263,12 @@ pub fn execute_plan_measuring(
         peak_allocated: 0,
         scratch,
         spill,
-        room_ask: room.map(|a| {
-            let e = plan.peak().event;
-            (e, plan.live_before(e), a)
-        }),
-        room: None,
+        room: room.map(|(ask, charge)| RoomProbe::new(plan, ask, charge)),
     };
     let result = r.run();
     let mut record = ProbeRecord {
         bytes_allocated: r.peak_allocated,
-        room: r.room,
+        room: r.room.take().and_then(|r| r.found),
         ..ProbeRecord::new(plan.value, Outcome::Fit, bytes)
     };
     match result {

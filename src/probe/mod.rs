@@ -3,6 +3,7 @@
 
 pub mod capacity;
 pub mod case;
+pub mod charge;
 pub mod child;
 pub mod exec;
 pub mod fleet;

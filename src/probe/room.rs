@@ -13,44 +13,43 @@
 //! memory only when it is written shows more room than it has, which the search notices when
 //! the next probe disagrees.
 
-use crate::backend::{AllocError, Backend, BufferId, DeviceType};
+use crate::backend::{AllocError, Backend, BufferId};
+use crate::plan::{EventKind, Plan};
 use crate::report::{Outcome, ProbeRecord, RoomMeasurement};
 use crate::search::{Bounds, RoomAsk};
-use crate::tensor::WORD_BYTES;
+use crate::tensor::{self, DeviceTensor};
 
-/// The finest filler resolution on a GPU: drivers map device memory in 2 MiB pages. (CPU
-/// adapters map 4 KiB pages.)
-pub const GPU_PAGE: u64 = 2 << 20;
+use super::charge::Charge;
 
 /// Most filler buffers one measurement holds (a device that refuses nothing stops here, the
 /// room counted so far a lower bound).
 const MAX_FILLER_BUFFERS: usize = 4096;
 
+fn is_memory(e: &AllocError) -> bool {
+    matches!(
+        e,
+        AllocError::OutOfMemory { .. } | AllocError::Budget { .. }
+    )
+}
+
 /// Measure the room on `backend` before timeline event `event`, with `live_bytes` of the plan
-/// live and the plan's chunks there `chunk_bytes` large. Everything allocated is freed before
-/// returning.
+/// live and the plan's chunks there `chunk_bytes` large, in whole pages of `page` bytes (so
+/// the room is what the device charged for it). Everything allocated is freed before returning.
 pub fn measure(
     backend: &mut dyn Backend,
     event: usize,
     live_bytes: u64,
     chunk_bytes: u64,
     ask: RoomAsk,
+    page: u64,
 ) -> RoomMeasurement {
-    let words = |b: u64| b.div_ceil(WORD_BYTES).max(1) * WORD_BYTES;
-    let max = (backend.info().max_chunk_bytes() / WORD_BYTES * WORD_BYTES).max(WORD_BYTES);
-    let page = match backend.info().device_type {
-        DeviceType::Cpu => WORD_BYTES,
-        _ => GPU_PAGE,
-    };
-    let step = words(ask.step).max(page).min(max);
+    let page = page.max(1);
+    let down = |b: u64| b / page * page;
+    let up = |b: u64| b.div_ceil(page).max(1) * page;
+    let max = down(backend.info().max_chunk_bytes()).max(page);
+    let step = up(ask.step).min(max);
     // At most half a buffer, so the last one can grow to one piece more.
-    let piece = words(chunk_bytes).min(max / 2).clamp(step, max);
-    let is_memory = |e: &AllocError| {
-        matches!(
-            e,
-            AllocError::OutOfMemory { .. } | AllocError::Budget { .. }
-        )
-    };
+    let piece = up(chunk_bytes).min(down(max / 2)).clamp(step, max);
     let mut held: Vec<BufferId> = Vec::new();
     let mut room = 0u64;
     let mut other_error = false;
@@ -75,7 +74,7 @@ pub fn measure(
         room -= piece;
         good = piece;
     }
-    let mut bad = (good + piece).min(max).min(ask.limit - room);
+    let mut bad = (good + piece).min(max).min(down(ask.limit - room));
     let mut refused = None;
     if !other_error && bad > good {
         let mut fits = |size: u64| match backend.alloc_buffer(size) {
@@ -90,7 +89,7 @@ pub fn measure(
             Some(true) => good = bad,
             Some(false) => {
                 while bad - good > step {
-                    let mid = words(good + (bad - good) / 2);
+                    let mid = (good + down((bad - good) / 2)).max(good + page);
                     match fits(mid) {
                         Some(true) => good = mid,
                         Some(false) => bad = mid,
@@ -115,23 +114,96 @@ pub fn measure(
     }
 }
 
-/// What a probe's record says about the capacity, in the plan's bytes: a fit with its room
-/// measured holds at least the peak plus the room (and less than that plus the refused
-/// filler); a refused allocation held everything before it and not that plus its request.
-pub fn bounds_of(rec: &ProbeRecord) -> Bounds {
-    match rec.outcome {
-        Outcome::Fit => rec.room.map_or_else(Bounds::default, |r| {
-            let held = r.live_bytes.saturating_add(r.room_bytes);
-            Bounds {
-                at_least: Some(held),
-                below: r.refused_bytes.map(|b| held.saturating_add(b)),
+/// The room a replay measures: just before the allocation that reaches the plan's peak (the
+/// room then includes the peak tensor's share, so the search's limit is raised by its bytes),
+/// and, where an allocation is refused, right after the refusal (how much of the request the
+/// device could still give). The latter replaces the former.
+#[derive(Debug, Clone)]
+pub struct RoomProbe {
+    peak_event: usize,
+    ask: RoomAsk,
+    charge: Charge,
+    /// What was measured, if anything yet.
+    pub found: Option<RoomMeasurement>,
+}
+
+impl RoomProbe {
+    pub fn new(plan: &Plan, ask: RoomAsk, charge: Charge) -> Self {
+        RoomProbe {
+            peak_event: plan.peak().event,
+            ask,
+            charge,
+            found: None,
+        }
+    }
+
+    fn measure_at(&mut self, backend: &mut dyn Backend, plan: &Plan, i: usize, limit: u64) {
+        let EventKind::Alloc(t) = plan.events[i].kind else {
+            return;
+        };
+        let chunk = plan.tensors[t].bytes.min(backend.info().max_chunk_bytes());
+        let ask = RoomAsk { limit, ..self.ask };
+        let live = plan.live_before(i);
+        self.found = Some(measure(backend, i, live, chunk, ask, self.charge.page));
+    }
+
+    /// Allocate the tensor of allocation event `i`, measuring the room as described.
+    pub fn allocate(
+        &mut self,
+        backend: &mut dyn Backend,
+        plan: &Plan,
+        i: usize,
+    ) -> Result<DeviceTensor, AllocError> {
+        let EventKind::Alloc(t) = plan.events[i].kind else {
+            return Err(AllocError::Other(format!("event {i} is not an allocation")));
+        };
+        let spec = &plan.tensors[t];
+        let cost = self.charge.tensor(spec);
+        if i == self.peak_event {
+            self.measure_at(backend, plan, i, self.ask.limit.saturating_add(cost));
+        }
+        let r = tensor::allocate_tensor(backend, spec);
+        if let Err(e) = &r {
+            if is_memory(e) {
+                self.measure_at(backend, plan, i, cost);
             }
-        }),
+        }
+        r
+    }
+}
+
+/// What a probe's record says about the capacity, in bytes `charge` charges for `plan` (the
+/// plan the probe ran): a fit with its room measured held at least its live bytes plus the
+/// room (and less than that plus the refused filler); a refused allocation held everything
+/// before it, not that plus its request, and, measured there, at least that plus the room.
+pub fn bounds_of(rec: &ProbeRecord, plan: &Plan, charge: &Charge) -> Bounds {
+    let held = |r: &RoomMeasurement| {
+        let (live, _) = charge.before(plan, r.event);
+        let held = live.saturating_add(r.room_bytes);
+        Bounds {
+            at_least: Some(held),
+            below: r.refused_bytes.map(|b| held.saturating_add(b)),
+        }
+    };
+    match rec.outcome {
+        Outcome::Fit => rec.room.as_ref().map_or_else(Bounds::default, held),
         Outcome::OutOfMemory | Outcome::Budget => {
-            rec.failed_at.map_or_else(Bounds::default, |f| Bounds {
-                at_least: f.max_live_bytes,
-                below: (f.requested_bytes > 0)
-                    .then(|| f.live_bytes.saturating_add(f.requested_bytes)),
+            rec.failed_at.map_or_else(Bounds::default, |f| {
+                let (live, max) = charge.before(plan, f.event);
+                let request = match plan.events.get(f.event).map(|e| e.kind) {
+                    Some(EventKind::Alloc(t)) if f.requested_bytes > 0 => {
+                        Some(charge.tensor(&plan.tensors[t]))
+                    }
+                    _ => None,
+                };
+                let own = Bounds {
+                    at_least: Some(max),
+                    below: request.map(|r| live.saturating_add(r)),
+                };
+                match rec.room.as_ref().filter(|r| r.event == f.event) {
+                    Some(r) => own.meet(held(r)),
+                    None => own,
+                }
             })
         }
         _ => Bounds::default(),
@@ -143,25 +215,32 @@ mod tests {
     use super::*;
     use crate::backend::budget::BudgetBackend;
     use crate::backend::mock::MockBackend;
+    use crate::probe::charge::GPU_PAGE;
+    use crate::scenario::Scenario;
+    use crate::tensor::WORD_BYTES;
+    use crate::workload::presets;
 
     const MIB: u64 = 1 << 20;
 
+    fn capped(budget: u64) -> BudgetBackend {
+        BudgetBackend::new(Box::new(MockBackend::new(1 << 30)), budget)
+    }
+
     #[test]
-    fn filler_finds_the_room_to_the_step_and_frees_it() {
-        let mut b: BudgetBackend =
-            BudgetBackend::new(Box::new(MockBackend::new(1 << 30)), 100 * MIB);
+    fn filler_finds_the_room_to_the_step_in_whole_pages_and_frees_it() {
+        let mut b = capped(100 * MIB);
         let held = b.alloc_buffer(37 * MIB + 12).unwrap();
         let ask = RoomAsk {
             limit: 1 << 30,
             step: 64 << 10,
         };
-        let r = measure(&mut b, 7, 37 * MIB, 16 * MIB, ask);
+        let r = measure(&mut b, 7, 37 * MIB, 16 * MIB, ask, GPU_PAGE);
         let left = 100 * MIB - (37 * MIB + 12);
-        // The mock is a GPU-like device: pieces of at least a 2 MiB page.
         assert!(
             r.room_bytes <= left && left - r.room_bytes < GPU_PAGE,
             "{r:?}"
         );
+        assert_eq!(r.room_bytes % GPU_PAGE, 0, "{r:?}");
         let refused = r.refused_bytes.expect("the device refused");
         assert!(r.room_bytes + refused > left, "{r:?}");
         assert_eq!(
@@ -174,61 +253,84 @@ mod tests {
 
     #[test]
     fn filler_never_passes_its_limit() {
-        let mut b: BudgetBackend =
-            BudgetBackend::new(Box::new(MockBackend::new(1 << 30)), 100 * MIB);
+        let mut b = capped(100 * MIB);
         let ask = RoomAsk {
             limit: 10 * MIB + 6,
             step: 64 << 10,
         };
-        let r = measure(&mut b, 0, 0, 4 * MIB, ask);
-        assert_eq!(r.room_bytes, 10 * MIB + 6, "{r:?}");
+        let r = measure(&mut b, 0, 0, 4 * MIB, ask, WORD_BYTES);
+        assert_eq!(r.room_bytes, 10 * MIB + 4, "{r:?}");
         assert_eq!(r.refused_bytes, None);
         assert_eq!(b.used(), 0);
-        assert!(b.peak() <= 10 * MIB + 8);
+        assert!(b.peak() <= 10 * MIB + 6);
+    }
+
+    /// Replay `plan` on `b` through a RoomProbe as exec does; the record.
+    fn replay(b: &mut BudgetBackend, plan: &Plan, charge: Charge) -> ProbeRecord {
+        let ask = RoomAsk {
+            limit: 1 << 30,
+            step: 64 << 10,
+        };
+        let mut room = RoomProbe::new(plan, ask, charge);
+        let mut rec = ProbeRecord::new(plan.value, Outcome::Fit, plan.peak_bytes());
+        let mut live: Vec<Option<DeviceTensor>> = vec![None; plan.tensors.len()];
+        for (i, e) in plan.events.iter().enumerate() {
+            match e.kind {
+                EventKind::Alloc(t) => match room.allocate(b, plan, i) {
+                    Ok(d) => live[t] = Some(d),
+                    Err(_) => {
+                        rec.outcome = Outcome::Budget;
+                        rec.failed_at = Some(crate::report::FailurePoint {
+                            event: i,
+                            phase: e.phase,
+                            live_bytes: plan.live_before(i),
+                            requested_bytes: plan.tensors[t].bytes,
+                            max_live_bytes: Some(plan.max_live_before(i)),
+                        });
+                        break;
+                    }
+                },
+                EventKind::Free(t) => {
+                    if let Some(d) = live[t].take() {
+                        tensor::free_tensor(b, d);
+                    }
+                }
+                EventKind::Kernel(_) => {}
+            }
+        }
+        for d in live.into_iter().flatten() {
+            tensor::free_tensor(b, d);
+        }
+        rec.room = room.found;
+        rec
     }
 
     #[test]
-    fn a_record_gives_capacity_bounds() {
-        let mut rec = crate::probe::child::failed_record(
-            5,
-            100,
-            Outcome::Fit,
-            String::new(),
-            std::time::Instant::now(),
-        );
-        assert_eq!(bounds_of(&rec), Bounds::default());
-        rec.room = Some(RoomMeasurement {
-            event: 3,
-            live_bytes: 100,
-            room_bytes: 40,
-            refused_bytes: Some(8),
-            chunk_bytes: 16,
-            limit_bytes: 1000,
-        });
-        assert_eq!(
-            bounds_of(&rec),
-            Bounds {
-                at_least: Some(140),
-                below: Some(148)
-            }
-        );
-        rec.outcome = Outcome::Budget;
-        rec.room = None;
-        rec.failed_at = Some(crate::report::FailurePoint {
-            event: 9,
-            phase: crate::plan::Phase::Backward,
-            live_bytes: 90,
-            requested_bytes: 30,
-            max_live_bytes: Some(95),
-        });
-        assert_eq!(
-            bounds_of(&rec),
-            Bounds {
-                at_least: Some(95),
-                below: Some(120)
-            }
-        );
+    fn a_fit_and_a_refusal_both_bound_the_capacity_they_ran_under() {
+        let w = presets::get("tiny-gpt").unwrap();
+        let plan = Plan::for_value(&w, Scenario::Batch, 4).unwrap();
+        let words = Charge {
+            page: WORD_BYTES,
+            max_chunk: MockBackend::new(1).info().max_chunk_bytes(),
+        };
+        assert_eq!(words.peak(&plan), plan.peak_bytes());
+        // Room at the peak of a fit; room after the refusal of a failure (its limit the
+        // request). Either way the budget lies in the bounds, to the 64 KiB step.
+        for budget in [plan.peak_bytes() + 3 * MIB + 100, plan.peak_bytes() - MIB] {
+            let mut b = capped(budget);
+            let rec = replay(&mut b, &plan, words);
+            assert_eq!(rec.outcome.is_fit(), budget > plan.peak_bytes(), "{rec:?}");
+            let r = rec.room.expect("measured");
+            let bounds = bounds_of(&rec, &plan, &words);
+            let (lo, hi) = (bounds.at_least.unwrap(), bounds.below.unwrap());
+            assert!(lo <= budget && budget < hi, "{budget}: {bounds:?} {r:?}");
+            assert!(hi - lo <= 64 << 10, "{bounds:?}");
+            assert_eq!(b.used(), 0, "everything freed");
+        }
+        // A record that measured nothing says only what its outcome says.
+        let mut rec = ProbeRecord::new(4, Outcome::Fit, plan.peak_bytes());
+        assert_eq!(bounds_of(&rec, &plan, &words), Bounds::default());
         rec.outcome = Outcome::Crashed;
-        assert_eq!(bounds_of(&rec), Bounds::default());
+        assert_eq!(bounds_of(&rec, &plan, &words), Bounds::default());
     }
 }

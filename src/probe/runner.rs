@@ -7,9 +7,10 @@ use crate::backend::DeviceInfo;
 use crate::plan::{Plan, Role};
 use crate::report::{ProbeRecord, RunResult};
 use crate::scenario::Scenario;
-use crate::search::{self, Answer, RoomAsk, SearchOutcome, SearchSpace};
+use crate::search::{self, Answer, Bounds, RoomAsk, SearchOutcome, SearchSpace};
 
 use super::capacity::Capacity;
+use super::charge::Charge;
 use super::child::{probe_in_process, ChildRequest, ChildRunner};
 use super::suite::RunSpec;
 use super::{Compute, DeviceChoice};
@@ -203,13 +204,17 @@ impl RunContext {
         records: &mut Vec<ProbeRecord>,
         on_event: &mut dyn FnMut(ProbeEvent<'_>),
     ) -> SearchOutcome {
+        let charge = Charge::of(&self.info, self.capacity.budget);
+        let plan_at = |x: u64| Plan::for_value(&spec.workload, spec.scenario, x).ok();
         let mut run = |x: u64, room: Option<RoomAsk>| {
             on_event(ProbeEvent::Started(x));
             let rec = self.probe_measuring(spec, x, room);
             on_event(ProbeEvent::Finished(&rec));
             let answer = Answer {
                 outcome: rec.outcome,
-                bounds: super::room::bounds_of(&rec),
+                bounds: plan_at(x).map_or_else(Bounds::default, |p| {
+                    super::room::bounds_of(&rec, &p, &charge)
+                }),
             };
             records.push(rec);
             answer
@@ -217,11 +222,8 @@ impl RunContext {
         match self.search {
             SearchMode::Gallop => search::find_boundary(space, start, |x| run(x, None).outcome),
             SearchMode::Measure => {
-                let bytes = |x: u64| {
-                    Plan::for_value(&spec.workload, spec.scenario, x)
-                        .ok()
-                        .map(|p| p.peak_bytes())
-                };
+                // The search's bytes are what the device charges (chunks in whole pages).
+                let bytes = |x: u64| plan_at(x).map(|p| charge.peak(&p));
                 search::find_boundary_measured(space, start, bytes, |a| run(a.value, a.room))
             }
         }

@@ -197,8 +197,8 @@ pub struct RunResult {
     /// True when a fit was seen above a failure (non-monotone device behaviour).
     #[serde(default)]
     pub flaky: bool,
-    /// Additive: the capacity the probes measured (plan bytes: at least this much fit at once),
-    /// where their measurements agree.
+    /// Additive: the capacity the probes measured (bytes as the device charges them, every
+    /// chunk in whole pages: at least this much fit at once), where their measurements agree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_capacity_bytes: Option<u64>,
     /// Additive: the measured capacity's upper bound (less than this fits).

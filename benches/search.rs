@@ -29,7 +29,7 @@ use oomprobe::probe::suite::default_runs;
 use oomprobe::report::{FailurePoint, Outcome, ProbeRecord};
 use oomprobe::scenario::Scenario;
 use oomprobe::search::{
-    find_boundary, find_boundary_measured, lightning_style, Answer, Ask, RoomAsk, SearchOutcome,
+    find_boundary, find_boundary_charged, lightning_style, Answer, Ask, RoomAsk, SearchOutcome,
     SearchSpace,
 };
 use oomprobe::workload::{presets, Checkpoint, Precision, Workload};
@@ -423,6 +423,16 @@ fn main() {
         let truth = case.truth(space);
         let charge = Charge::of(&Device::new(case.capacity, 0, 0).info, None);
         let bytes = |x: u64| case.plan(x).map(|p| charge.peak(&p));
+        let cost = |x: u64| case.plan(x).map(|p| charge.cost(&p));
+        if let Some(w) = std::env::var("SEARCH_CP").ok().filter(|t| case.label.contains(t.as_str())) {
+            let _ = w;
+            let g = space.granularity;
+            let sig = |x: u64| { let p = case.plan(x).unwrap(); p.tensors.iter().map(|t| charge.tensor(t)).collect::<Vec<_>>() };
+            let lo = truth - 500 * g; let mut prev = sig(lo); let mut n = 0; let mut pts = vec![];
+            let mut x = lo + g;
+            while x <= truth + 500 * g { let s2 = sig(x); if s2 != prev { n += 1; pts.push(x as i64 - truth as i64); } prev = s2; x += g; }
+            println!("  change points in +-500: {n}: {pts:?}");
+        }
         if std::env::var("SEARCH_SCAN").is_ok_and(|t| case.label.contains(&t)) {
             let g = space.granularity;
             for k in [-400i64, -100, -30, -10, -3, -2, -1, 0, 1, 2, 3, 10] {
@@ -438,7 +448,7 @@ fn main() {
             for (label, k) in list {
                 let start = space.snap(((truth as f64) * k).round() as u64);
                 let seed = flaky.map(|s| s ^ truth ^ start);
-                let ours = find_boundary_measured(space, start, bytes, oracle(&case, seed));
+                let ours = find_boundary_charged(space, start, cost, oracle(&case, seed));
                 let mut plain = oracle(&case, seed);
                 let gallop = find_boundary(space, start, |x| {
                     plain(Ask {

@@ -398,21 +398,52 @@ impl Trust {
     }
 }
 
-/// The plan's bytes per value (its peak), memoised, and their inverse.
+/// Most values the search scans for where the device's charge changes.
+const MAX_SCAN: u64 = 1024;
+
+/// The plan's bytes per value (its peak) and charge signature, memoised, and their inverse.
 struct PlanBytes<B> {
     bytes: B,
-    memo: BTreeMap<u64, Option<u64>>,
+    memo: BTreeMap<u64, Option<(u64, u64)>>,
     space: SearchSpace,
 }
 
-impl<B: FnMut(u64) -> Option<u64>> PlanBytes<B> {
-    fn at(&mut self, x: u64) -> Option<u64> {
+impl<B: FnMut(u64) -> Option<(u64, u64)>> PlanBytes<B> {
+    fn cost(&mut self, x: u64) -> Option<(u64, u64)> {
         if let Some(b) = self.memo.get(&x) {
             return *b;
         }
         let b = (self.bytes)(x);
         self.memo.insert(x, b);
         b
+    }
+
+    fn at(&mut self, x: u64) -> Option<u64> {
+        self.cost(x).map(|c| c.0)
+    }
+
+    /// Where to split a bracket (`lo` fit, `hi` failed): a device that charges in pages
+    /// charges two values of one signature alike, so the first failure is a value whose
+    /// signature differs from the one below. The middle of those values inside the bracket;
+    /// the value below `hi` when there are none (it is then the boundary); the plain middle
+    /// when the bracket is too wide to scan.
+    fn split(&mut self, lo: u64, hi: u64) -> u64 {
+        let s = self.space;
+        let g = s.granularity.max(1);
+        let n = (hi - lo) / g;
+        if n > MAX_SCAN {
+            let mid = s.snap(lo + (hi - lo) / 2);
+            return if mid <= lo { lo + g } else { mid };
+        }
+        let sig = |me: &mut Self, x: u64| me.cost(x).map(|c| c.1);
+        let changes: Vec<u64> = (1..n)
+            .map(|k| lo + k * g)
+            .filter(|&x| sig(self, x) != sig(self, x - g))
+            .collect();
+        match changes.len() {
+            0 => hi - g,
+            k => changes[k / 2],
+        }
     }
 
     /// The largest value of the space whose bytes are at most `c` (None: not even the
@@ -538,17 +569,33 @@ impl<B: FnMut(u64) -> Option<u64>> PlanBytes<B> {
 pub fn find_boundary_measured<B, F>(
     space: SearchSpace,
     start: u64,
-    bytes: B,
+    mut bytes: B,
     oracle: F,
 ) -> SearchOutcome
 where
     B: FnMut(u64) -> Option<u64>,
     F: FnMut(Ask) -> Answer,
 {
+    find_boundary_charged(space, start, |x| bytes(x).map(|b| (b, b)), oracle)
+}
+
+/// [`find_boundary_measured`] where `cost(x)` gives the plan's peak bytes at `x` and a
+/// signature of what the device is charged (every tensor's pages): values of one signature
+/// are charged alike, so bisection skips the values between the signature's changes.
+pub fn find_boundary_charged<C, F>(
+    space: SearchSpace,
+    start: u64,
+    cost: C,
+    oracle: F,
+) -> SearchOutcome
+where
+    C: FnMut(u64) -> Option<(u64, u64)>,
+    F: FnMut(Ask) -> Answer,
+{
     let g = space.granularity.max(1);
     let mut p = Prober::new(space, oracle);
     let mut plan = PlanBytes {
-        bytes,
+        bytes: cost,
         memo: BTreeMap::new(),
         space,
     };
@@ -560,9 +607,6 @@ where
     // rounding the device charged less) is aimed under by 1/2^shift, twice as far per miss.
     let mut shift = 5;
     let mut trust = Trust::default();
-    // After a probe the measurements said would fit failed: how far below that failure to
-    // step next when they put the boundary no higher than the largest fit (doubling).
-    let mut down: Option<u64> = None;
     for _ in 0..MAX_GUIDED {
         let Some((x, expect)) = next.take() else {
             break;
@@ -581,7 +625,6 @@ where
                 trust.below_from = before;
             } else {
                 trust.at_least_from = before;
-                down = down.or(Some(g));
             }
             misses += 1;
             shift = (shift - 1).max(1);
@@ -609,16 +652,14 @@ where
             Some(c) => (c, true),
             None => (space.min, false),
         };
+        let mut guess = None;
         if let Some(f) = f.filter(|f| c <= *f) {
             (c, expect) = (f + g, false);
-            // A measurement overshot above, and nothing trusted is left between: step down
-            // from the failure, doubling, rather than up from the fit.
-            if let (Some(u), Some(d)) = (u, down) {
-                if u - f > 2 * g {
-                    c = u.saturating_sub(d).max(f + g);
-                    expect = c > f + g;
-                    down = Some(d.saturating_mul(2));
-                }
+            // A measurement overshot above, and nothing trusted is left between: split the
+            // bracket where the charge changes, expecting nothing.
+            if let Some(u) = u.filter(|u| u - f > 2 * g && misses > 0) {
+                c = plan.split(f, u);
+                guess = Some(());
             }
         }
         if u.is_some_and(|u| c >= u) {
@@ -627,7 +668,7 @@ where
         if p.seen.contains_key(&c) || c > space.max {
             break;
         }
-        next = Some((c, Some(expect)));
+        next = Some((c, guess.is_none().then_some(expect)));
     }
     let (capacity, _, _) = plan.agreed(&p.answers, trust);
     let (f, u) = p.bracket();
@@ -648,7 +689,29 @@ where
             (None, Some(u)) => p.gallop_down(u, wide),
             (None, None) => p.gallop_down(start, wide),
         };
-        let mut out = p.finish(lo, hi, wide);
+        // Narrow the bracket where the charge changes, measuring the room at each probe: a
+        // pair whose own measurements agree needs no confirmation.
+        if let (Some(mut l), Some(mut h)) = (lo, hi) {
+            while h - l > g {
+                let x = plan.split(l, h);
+                if x <= l || x >= h {
+                    break;
+                }
+                let (cap, _, _) = plan.agreed(&p.answers, trust);
+                let room = plan.room_ask(x, cap);
+                if p.ask(Ask { value: x, room }) {
+                    l = x;
+                } else {
+                    h = x;
+                }
+            }
+        }
+        let (f, u) = p.bracket();
+        let mut out = if p.settled() && f.is_some() && plan.pair_agrees(&p.answers, f, u) {
+            assemble(&p.seen, p.probes, u)
+        } else {
+            p.finish(f.or(lo), u.or(hi), wide)
+        };
         out.fell_back = true;
         out
     };

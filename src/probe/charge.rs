@@ -82,6 +82,17 @@ impl Charge {
         self.curve(plan).into_iter().max().unwrap_or(0)
     }
 
+    /// The peak and a signature of every tensor's charge: two plans of one signature are
+    /// charged alike (the search bisects between the values where it changes).
+    pub fn cost(&self, plan: &Plan) -> (u64, u64) {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for t in &plan.tensors {
+            self.tensor(t).hash(&mut h);
+        }
+        (self.peak(plan), h.finish())
+    }
+
     /// Charged bytes live just before event `i`, and the most live at any point before it.
     pub fn before(&self, plan: &Plan, i: usize) -> (u64, u64) {
         let curve = self.curve(plan);

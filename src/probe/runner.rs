@@ -223,8 +223,8 @@ impl RunContext {
             SearchMode::Gallop => search::find_boundary(space, start, |x| run(x, None).outcome),
             SearchMode::Measure => {
                 // The search's bytes are what the device charges (chunks in whole pages).
-                let bytes = |x: u64| plan_at(x).map(|p| charge.peak(&p));
-                search::find_boundary_measured(space, start, bytes, |a| run(a.value, a.room))
+                let cost = |x: u64| plan_at(x).map(|p| charge.cost(&p));
+                search::find_boundary_charged(space, start, cost, |a| run(a.value, a.room))
             }
         }
     }

@@ -448,7 +448,19 @@ fn main() {
             for (label, k) in list {
                 let start = space.snap(((truth as f64) * k).round() as u64);
                 let seed = flaky.map(|s| s ^ truth ^ start);
-                let ours = find_boundary_charged(space, start, cost, oracle(&case, seed));
+                let tracing = std::env::var("SEARCH_TRACE")
+                    .is_ok_and(|t| format!("{} {label}", case.label).contains(&t));
+                let mut inner = oracle(&case, seed);
+                let traced = |a: Ask| {
+                    let r = inner(a);
+                    if tracing {
+                        let b = bytes(a.value).unwrap_or(0);
+                        let d = |v: Option<u64>| v.map(|v| (v as i64 - b as i64) >> 20);
+                        println!("    {} {:?} room {:?}: at_least {:?} below {:?} (MiB from its bytes)", a.value, r.outcome, a.room.map(|r| r.limit >> 20), d(r.bounds.at_least), d(r.bounds.below));
+                    }
+                    r
+                };
+                let ours = find_boundary_charged(space, start, cost, traced);
                 let mut plain = oracle(&case, seed);
                 let gallop = find_boundary(space, start, |x| {
                     plain(Ask {

@@ -548,7 +548,8 @@ impl<B: FnMut(u64) -> Option<(u64, u64)>> PlanBytes<B> {
         if let Some(below) = cap.below {
             limit = limit.min(below.saturating_sub(b));
         }
-        (limit > 0).then_some(RoomAsk {
+        // Even a value the bounds say fails measures a step: a refusal is measured too.
+        Some(RoomAsk {
             limit: limit.max(step),
             step,
         })
@@ -607,6 +608,12 @@ where
     // rounding the device charged less) is aimed under by 1/2^shift, twice as far per miss.
     let mut shift = 5;
     let mut trust = Trust::default();
+    // A value the pinned capacity put at the boundary: the value above it is probed next
+    // whatever its own room says (a device that packs small buffers into blocks can need a
+    // new block one value up, which no room measured below shows).
+    let mut edge = None;
+    // The last probe the measurements got wrong was expected to fit and failed.
+    let mut overshot = false;
     for _ in 0..MAX_GUIDED {
         let Some((x, expect)) = next.take() else {
             break;
@@ -626,6 +633,7 @@ where
             } else {
                 trust.at_least_from = before;
             }
+            overshot = !fit;
             misses += 1;
             shift = (shift - 1).max(1);
             if misses >= MAX_MISSES {
@@ -635,11 +643,29 @@ where
         if p.settled() {
             break;
         }
+        if fit && edge.take() == Some(x) && !p.seen.contains_key(&(x + g)) && x + g <= space.max
+        {
+            next = Some((x + g, Some(false)));
+            continue;
+        }
         let (cap, by_fit, _) = plan.agreed(&p.answers, trust);
         let Some(at_least) = cap.at_least else {
             break;
         };
-        let target = if by_fit >= Some(at_least) {
+        // Bounds that pin the boundary to a value or the one above (a refusal whose room was
+        // measured there) are aimed at; a looser lower bound set by a refusal is aimed under.
+        // The newest probe must pin it by itself: bounds met across probes whose devices
+        // fragmented differently pin nothing.
+        let pins = |plan: &mut PlanBytes<C>, b: Bounds| match (b.at_least, b.below) {
+            (Some(a), Some(b)) if a < b => match plan.invert(a) {
+                Some(c) => plan.invert(b - 1) <= Some(c + g),
+                None => false,
+            },
+            _ => false,
+        };
+        let newest = p.answers.last().map(|(x, a)| plan.bounds_of(*x, a));
+        let pinned = pins(&mut plan, cap) && newest.is_some_and(|b| pins(&mut plan, b));
+        let target = if by_fit >= Some(at_least) || pinned {
             at_least
         } else {
             by_fit
@@ -657,7 +683,7 @@ where
             (c, expect) = (f + g, false);
             // A measurement overshot above, and nothing trusted is left between: split the
             // bracket where the charge changes, expecting nothing.
-            if let Some(u) = u.filter(|u| u - f > 2 * g && misses > 0) {
+            if let Some(u) = u.filter(|u| u - f > 2 * g && (overshot || (misses > 0 && !pinned))) {
                 c = plan.split(f, u);
                 guess = Some(());
             }
@@ -667,6 +693,9 @@ where
         }
         if p.seen.contains_key(&c) || c > space.max {
             break;
+        }
+        if pinned && expect && guess.is_none() {
+            edge = Some(c);
         }
         next = Some((c, guess.is_none().then_some(expect)));
     }

@@ -212,6 +212,9 @@ impl Case {
                         Ok(dt) => live[t] = Some(dt),
                         Err(_) => {
                             rec.outcome = Outcome::OutOfMemory;
+                            if std::env::var("SEARCH_EV").is_ok() {
+                                println!("      fail x={} at event {i} (peak {}) of {}", ask.value, plan.peak().event, plan.events.len());
+                            }
                             rec.failed_at = Some(FailurePoint {
                                 event: i,
                                 phase: e.phase,
@@ -418,7 +421,9 @@ fn main() {
     let mut flaky_totals = [0usize; 3];
     let mut worst = 0;
     let mut missed = Vec::new();
-    for case in cases() {
+    let scale: f64 = std::env::var("SEARCH_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1.0);
+    for mut case in cases() {
+        case.capacity = (case.capacity as f64 * scale) as u64;
         let space = search_space(case.scenario);
         let truth = case.truth(space);
         let charge = Charge::of(&Device::new(case.capacity, 0, 0).info, None);

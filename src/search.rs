@@ -423,10 +423,9 @@ impl<B: FnMut(u64) -> Option<(u64, u64)>> PlanBytes<B> {
     }
 
     /// Where to split a bracket (`lo` fit, `hi` failed): a device that charges in pages
-    /// charges two values of one signature alike, so the first failure is a value whose
-    /// signature differs from the one below. The middle of those values inside the bracket;
-    /// the value below `hi` when there are none (it is then the boundary); the plain middle
-    /// when the bracket is too wide to scan.
+    /// charges two values of one signature alike, so the first failure is `hi` or a value
+    /// whose signature differs from the one below. The middle of those candidates; the plain
+    /// middle when the bracket is too wide to scan.
     fn split(&mut self, lo: u64, hi: u64) -> u64 {
         let s = self.space;
         let g = s.granularity.max(1);
@@ -436,13 +435,17 @@ impl<B: FnMut(u64) -> Option<(u64, u64)>> PlanBytes<B> {
             return if mid <= lo { lo + g } else { mid };
         }
         let sig = |me: &mut Self, x: u64| me.cost(x).map(|c| c.1);
-        let changes: Vec<u64> = (1..n)
+        // Where the first failure may be: `hi`, or a change below it.
+        let mut firsts: Vec<u64> = (1..n)
             .map(|k| lo + k * g)
             .filter(|&x| sig(self, x) != sig(self, x - g))
             .collect();
-        match changes.len() {
-            0 => hi - g,
-            k => changes[k / 2],
+        firsts.push(hi);
+        // Probing a candidate halves them (a fit rules out it and those below); the one below
+        // `hi` when only `hi` is left.
+        match firsts[(firsts.len() - 1) / 2] {
+            x if x == hi => hi - g,
+            x => x,
         }
     }
 
@@ -614,6 +617,8 @@ where
     let mut edge = None;
     // The last probe the measurements got wrong was expected to fit and failed.
     let mut overshot = false;
+    // The value below a failure was probed after an overshoot (once a search).
+    let mut stepped_below = false;
     for _ in 0..MAX_GUIDED {
         let Some((x, expect)) = next.take() else {
             break;
@@ -678,26 +683,42 @@ where
             Some(c) => (c, true),
             None => (space.min, false),
         };
-        let mut guess = None;
+        // Placed without an expectation (the measurements no longer place it).
+        let mut guess = false;
         if let Some(f) = f.filter(|f| c <= *f) {
             (c, expect) = (f + g, false);
-            // A measurement overshot above, and nothing trusted is left between: split the
-            // bracket where the charge changes, expecting nothing.
-            if let Some(u) = u.filter(|u| u - f > 2 * g && (overshot || (misses > 0 && !pinned))) {
-                c = plan.split(f, u);
-                guess = Some(());
+            if let Some(u) = u.filter(|u| u - f > 2 * g) {
+                if overshot && !stepped_below {
+                    // A measurement overshot: first the value below the failure (a device
+                    // that charges a little more than modelled overshoots by one).
+                    c = u - g;
+                    stepped_below = true;
+                    guess = true;
+                } else if overshot || (misses > 0 && !pinned) {
+                    // Nothing trusted is left between: split where the charge changes.
+                    c = plan.split(f, u);
+                    guess = true;
+                }
             }
         }
         if u.is_some_and(|u| c >= u) {
             (c, expect) = (u.map_or(c, |u| u - g), true);
         }
+        // Measurements that were wrong place nothing more inside a bracket of a few values:
+        // bisecting it costs as much as trusting them.
+        if let (Some(f), Some(u), true) = (f, u, misses > 0) {
+            if u - f > g && u - f <= 8 * g && !guess {
+                c = plan.split(f, u);
+                guess = true;
+            }
+        }
         if p.seen.contains_key(&c) || c > space.max {
             break;
         }
-        if pinned && expect && guess.is_none() {
+        if pinned && expect && !guess {
             edge = Some(c);
         }
-        next = Some((c, guess.is_none().then_some(expect)));
+        next = Some((c, (!guess).then_some(expect)));
     }
     let (capacity, _, _) = plan.agreed(&p.answers, trust);
     let (f, u) = p.bracket();
@@ -706,12 +727,10 @@ where
         let hi = p.bracket().1;
         assemble(&p.seen, p.probes, hi)
     } else {
-        // Strides from one granule, doubling, where the measurements put the boundary near.
-        let wide = if p.answers.iter().any(|(_, a)| a.bounds != Bounds::default()) {
-            2 * g
-        } else {
-            wide
-        };
+        // Strides from one granule, doubling, where a fit and the measurements put the
+        // boundary near; from a few percent of the start otherwise.
+        let near = p.bracket().0.is_some() && p.answers.iter().any(|(_, a)| a.bounds != Bounds::default());
+        let wide = if near { 2 * g } else { wide };
         let (lo, hi) = match p.bracket() {
             (Some(f), Some(u)) => (Some(f), Some(u)),
             (Some(f), None) => p.gallop_up(f, wide),

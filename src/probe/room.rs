@@ -174,8 +174,9 @@ impl RoomProbe {
 
 /// What a probe's record says about the capacity, in bytes `charge` charges for `plan` (the
 /// plan the probe ran): a fit with its room measured held at least its live bytes plus the
-/// room (and less than that plus the refused filler); a refused allocation held everything
-/// before it, not that plus its request, and, measured there, at least that plus the room.
+/// room (and less than that plus the refused filler); a refused allocation could not add its
+/// request to what was live, and held at least what was live plus the room measured there
+/// (without that measurement, the most the step held before it).
 pub fn bounds_of(rec: &ProbeRecord, plan: &Plan, charge: &Charge) -> Bounds {
     let held = |r: &RoomMeasurement| {
         let (live, _) = charge.before(plan, r.event);
@@ -196,13 +197,18 @@ pub fn bounds_of(rec: &ProbeRecord, plan: &Plan, charge: &Charge) -> Bounds {
                     }
                     _ => None,
                 };
-                let own = Bounds {
-                    at_least: Some(max),
-                    below: request.map(|r| live.saturating_add(r)),
-                };
+                let below = request.map(|r| live.saturating_add(r));
                 match rec.room.as_ref().filter(|r| r.event == f.event) {
-                    Some(r) => own.meet(held(r)),
-                    None => own,
+                    // Measured where it was refused: the device's state then (the most held
+                    // earlier in the step is another state, fragmented differently).
+                    Some(r) => held(r).meet(Bounds {
+                        at_least: None,
+                        below,
+                    }),
+                    None => Bounds {
+                        at_least: Some(max),
+                        below,
+                    },
                 }
             })
         }

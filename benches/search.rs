@@ -12,8 +12,10 @@
 //! byte function, the failure points and the filler are the real ones. Flaky devices add, by a
 //! fixed pseudo-random draw per probe, a child that crashes before answering (retried) or
 //! 48 MiB that another process holds during the probe. Prediction errors: the search starts at
-//! the true boundary times 1.03, 0.97, 1.2, 0.8, 2 or 0.5. `SEARCH_TRACE=TEXT` prints the
-//! measuring search's probes of the rows whose name contains TEXT.
+//! the true boundary times 1.03, 0.97, 1.2, 0.8, 2 or 0.5. The same cards are then swept at
+//! 90-110 % of their bytes (other boundaries, other fragmentation), totals only.
+//! `SEARCH_TRACE=TEXT` prints the measuring search's probes, and the bounds each measured, for
+//! the rows whose name and prediction contain TEXT.
 
 use std::collections::HashMap;
 
@@ -29,8 +31,7 @@ use oomprobe::probe::suite::default_runs;
 use oomprobe::report::{FailurePoint, Outcome, ProbeRecord};
 use oomprobe::scenario::Scenario;
 use oomprobe::search::{
-    find_boundary, find_boundary_charged, lightning_style, Answer, Ask, RoomAsk, SearchOutcome,
-    SearchSpace,
+    find_boundary, find_boundary_charged, lightning_style, Answer, Ask, SearchOutcome, SearchSpace,
 };
 use oomprobe::workload::{presets, Checkpoint, Precision, Workload};
 
@@ -212,9 +213,6 @@ impl Case {
                         Ok(dt) => live[t] = Some(dt),
                         Err(_) => {
                             rec.outcome = Outcome::OutOfMemory;
-                            if std::env::var("SEARCH_EV").is_ok() {
-                                println!("      fail x={} at event {i} (peak {}) of {}", ask.value, plan.peak().event, plan.events.len());
-                            }
                             rec.failed_at = Some(FailurePoint {
                                 event: i,
                                 phase: e.phase,
@@ -403,25 +401,32 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-fn main() {
-    // Prediction quality: the prediction as a fraction of the true boundary.
-    let errors = [
-        ("+3%", 1.03),
-        ("-3%", 0.97),
-        ("+20%", 1.2),
-        ("-20%", 0.8),
-        ("2x", 2.0),
-        ("0.5x", 0.5),
-    ];
-    println!(
-        "{:<30} {:>6} {:>12} {:>8} {:>8} {:>9}  fell back",
-        "case", "pred", "boundary", "measure", "gallop", "lightning"
-    );
-    let mut totals = [0usize; 3];
-    let mut flaky_totals = [0usize; 3];
-    let mut worst = 0;
-    let mut missed = Vec::new();
-    let scale: f64 = std::env::var("SEARCH_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1.0);
+/// Prediction quality: the prediction as a fraction of the true boundary.
+const ERRORS: [(&str, f64); 6] = [
+    ("+3%", 1.03),
+    ("-3%", 0.97),
+    ("+20%", 1.2),
+    ("-20%", 0.8),
+    ("2x", 2.0),
+    ("0.5x", 0.5),
+];
+
+/// Probe counts of one sweep over the cases: [measure, gallop, lightning].
+#[derive(Default)]
+struct Totals {
+    deterministic: [usize; 3],
+    flaky: [usize; 3],
+    /// Most probes the measuring search made in one deterministic run.
+    worst: usize,
+    /// Deterministic runs whose boundary a search missed.
+    missed: Vec<String>,
+}
+
+/// Run every case on its card with `scale` times the card's bytes; print each run's row when
+/// `rows`.
+fn sweep(scale: f64, rows: bool) -> Totals {
+    let mut t = Totals::default();
+    let trace = std::env::var("SEARCH_TRACE").ok();
     for mut case in cases() {
         case.capacity = (case.capacity as f64 * scale) as u64;
         let space = search_space(case.scenario);
@@ -429,39 +434,32 @@ fn main() {
         let charge = Charge::of(&Device::new(case.capacity, 0, 0).info, None);
         let bytes = |x: u64| case.plan(x).map(|p| charge.peak(&p));
         let cost = |x: u64| case.plan(x).map(|p| charge.cost(&p));
-        if let Some(w) = std::env::var("SEARCH_CP").ok().filter(|t| case.label.contains(t.as_str())) {
-            let _ = w;
-            let g = space.granularity;
-            let sig = |x: u64| { let p = case.plan(x).unwrap(); p.tensors.iter().map(|t| charge.tensor(t)).collect::<Vec<_>>() };
-            let lo = truth - 500 * g; let mut prev = sig(lo); let mut n = 0; let mut pts = vec![];
-            let mut x = lo + g;
-            while x <= truth + 500 * g { let s2 = sig(x); if s2 != prev { n += 1; pts.push(x as i64 - truth as i64); } prev = s2; x += g; }
-            println!("  change points in +-500: {n}: {pts:?}");
-        }
-        if std::env::var("SEARCH_SCAN").is_ok_and(|t| case.label.contains(&t)) {
-            let g = space.granularity;
-            for k in [-400i64, -100, -30, -10, -3, -2, -1, 0, 1, 2, 3, 10] {
-                let x = (truth as i64 + k * g as i64) as u64;
-                let b = bytes(x).unwrap();
-                let a = case.probe(Ask { value: x, room: Some(RoomAsk { limit: 1 << 40, step: 64 << 10 }) }, 0);
-                let p = case.plan(x).unwrap();
-                let pk = p.peak();
-                println!("  x={x} k={k} peak={b} ev={} nev={} {:?} {:?} slack={:?}", pk.event, p.events.len(), a.outcome, a.bounds, a.bounds.at_least.map(|l| l as i64 - b as i64));
-            }
-        }
-        for (flaky, list) in [(None, &errors[..]), (Some(7u64), &errors[2..4])] {
+        for (flaky, list) in [(None, &ERRORS[..]), (Some(7u64), &ERRORS[2..4])] {
             for (label, k) in list {
                 let start = space.snap(((truth as f64) * k).round() as u64);
                 let seed = flaky.map(|s| s ^ truth ^ start);
-                let tracing = std::env::var("SEARCH_TRACE")
-                    .is_ok_and(|t| format!("{} {label}", case.label).contains(&t));
+                let name = if flaky.is_some() {
+                    format!("{} (flaky)", case.label)
+                } else {
+                    case.label.to_string()
+                };
+                let tracing = rows
+                    && trace
+                        .as_ref()
+                        .is_some_and(|t| format!("{name} {label}").contains(t.as_str()));
                 let mut inner = oracle(&case, seed);
                 let traced = |a: Ask| {
                     let r = inner(a);
                     if tracing {
-                        let b = bytes(a.value).unwrap_or(0);
-                        let d = |v: Option<u64>| v.map(|v| (v as i64 - b as i64) >> 20);
-                        println!("    {} {:?} room {:?}: at_least {:?} below {:?} (MiB from its bytes)", a.value, r.outcome, a.room.map(|r| r.limit >> 20), d(r.bounds.at_least), d(r.bounds.below));
+                        let b = bytes(a.value).unwrap_or(0) as i64;
+                        let d = |v: Option<u64>| v.map(|v| (v as i64 - b) >> 20);
+                        println!(
+                            "    {} {:?}: at least {:?}, below {:?} MiB from its bytes",
+                            a.value,
+                            r.outcome,
+                            d(r.bounds.at_least),
+                            d(r.bounds.below)
+                        );
                     }
                     r
                 };
@@ -476,50 +474,48 @@ fn main() {
                 });
                 let theirs = lightning(&case, space, seed);
                 let counts = [ours.probes.len(), gallop.probes.len(), theirs.probes.len()];
-                let name = if flaky.is_some() {
-                    format!("{} (flaky)", case.label)
-                } else {
-                    case.label.to_string()
-                };
                 let mark = |r: &SearchOutcome| if r.max_fit == Some(truth) { "" } else { "*" };
-                println!(
-                    "{name:<30} {label:>6} {truth:>12} {:>7}{} {:>7}{} {:>8}{}  {}",
-                    counts[0],
-                    mark(&ours),
-                    counts[1],
-                    mark(&gallop),
-                    counts[2],
-                    mark(&theirs),
-                    if ours.fell_back { "yes" } else { "" }
-                );
-                if std::env::var("SEARCH_TRACE")
-                    .is_ok_and(|t| format!("{name} {label}").contains(&t))
-                {
-                    println!("    measure: {:?}", ours.probes);
+                if rows {
                     println!(
-                        "    capacity {:?}, device {}",
-                        ours.capacity,
-                        case.capacity - case.overhead
+                        "{name:<30} {label:>6} {truth:>12} {:>7}{} {:>7}{} {:>8}{}  {}",
+                        counts[0],
+                        mark(&ours),
+                        counts[1],
+                        mark(&gallop),
+                        counts[2],
+                        mark(&theirs),
+                        if ours.fell_back { "yes" } else { "" }
                     );
                 }
                 let sums = if flaky.is_some() {
-                    &mut flaky_totals
+                    &mut t.flaky
                 } else {
-                    &mut totals
+                    &mut t.deterministic
                 };
                 for (s, c) in sums.iter_mut().zip(counts) {
                     *s += c;
                 }
                 if flaky.is_none() {
-                    worst = worst.max(counts[0]);
+                    t.worst = t.worst.max(counts[0]);
                     if ours.max_fit != Some(truth) || theirs.max_fit != Some(truth) {
-                        missed.push(format!("{name} {label}"));
+                        t.missed.push(format!("{name} {label} at {scale}"));
                     }
                 }
             }
         }
     }
+    t
+}
+
+fn main() {
+    println!(
+        "{:<30} {:>6} {:>12} {:>8} {:>8} {:>9}  fell back",
+        "case", "pred", "boundary", "measure", "gallop", "lightning"
+    );
+    let t = sweep(1.0, true);
     let ratio = |t: [usize; 3]| t[0] as f64 / t[2] as f64;
+    let totals = t.deterministic;
+    let worst = t.worst;
     println!(
         "{:<30} {:>6} {:>12} {:>8} {:>8} {:>9}  measure/lightning {:.2}, most probes in a run {worst}",
         "total (deterministic)", "", "", totals[0], totals[1], totals[2], ratio(totals)
@@ -529,14 +525,29 @@ fn main() {
         "total (flaky)",
         "",
         "",
-        flaky_totals[0],
-        flaky_totals[1],
-        flaky_totals[2],
-        ratio(flaky_totals)
+        t.flaky[0],
+        t.flaky[1],
+        t.flaky[2],
+        ratio(t.flaky)
     );
     println!(
         "counts include every retry and confirmation; * marks a boundary other than the true one"
     );
+    // The same cards with a little more or less memory: other boundaries, other fragmentation.
+    let mut missed = t.missed;
+    for scale in [0.9, 0.95, 1.05, 1.1] {
+        let s = sweep(scale, false);
+        println!(
+            "same cards at {:>3.0}% of their bytes: deterministic {} / {} / {} probes, measure/lightning {:.2}, most {}",
+            scale * 100.0,
+            s.deterministic[0],
+            s.deterministic[1],
+            s.deterministic[2],
+            ratio(s.deterministic),
+            s.worst
+        );
+        missed.extend(s.missed);
+    }
     assert!(
         missed.is_empty(),
         "boundaries missed on deterministic devices: {missed:?}"

@@ -648,8 +648,7 @@ where
         if p.settled() {
             break;
         }
-        if fit && edge.take() == Some(x) && !p.seen.contains_key(&(x + g)) && x + g <= space.max
-        {
+        if fit && edge.take() == Some(x) && !p.seen.contains_key(&(x + g)) && x + g <= space.max {
             next = Some((x + g, Some(false)));
             continue;
         }
@@ -729,7 +728,8 @@ where
     } else {
         // Strides from one granule, doubling, where a fit and the measurements put the
         // boundary near; from a few percent of the start otherwise.
-        let near = p.bracket().0.is_some() && p.answers.iter().any(|(_, a)| a.bounds != Bounds::default());
+        let near =
+            p.bracket().0.is_some() && p.answers.iter().any(|(_, a)| a.bounds != Bounds::default());
         let wide = if near { 2 * g } else { wide };
         let (lo, hi) = match p.bracket() {
             (Some(f), Some(u)) => (Some(f), Some(u)),

@@ -82,6 +82,14 @@ impl Charge {
         self.curve(plan).into_iter().max().unwrap_or(0)
     }
 
+    /// The allocation that first reaches the charged peak (the plan's own peak may be another:
+    /// small tensors each rounded up to a page weigh more here).
+    pub fn peak_event(&self, plan: &Plan) -> usize {
+        let curve = self.curve(plan);
+        let max = curve.iter().copied().max().unwrap_or(0);
+        curve.iter().position(|&c| c == max).unwrap_or(0)
+    }
+
     /// The peak and a signature of every tensor's charge: two plans of one signature are
     /// charged alike (the search bisects between the values where it changes).
     pub fn cost(&self, plan: &Plan) -> (u64, u64) {
@@ -158,7 +166,9 @@ mod tests {
     #[test]
     fn a_budget_counts_words_and_a_cpu_small_pages() {
         use crate::backend::Backend;
-        let mut info = crate::backend::mock::MockBackend::new(1 << 30).info().clone();
+        let mut info = crate::backend::mock::MockBackend::new(1 << 30)
+            .info()
+            .clone();
         info.device_type = DeviceType::Cpu;
         assert_eq!(Charge::of(&info, None).page, CPU_PAGE);
         assert_eq!(Charge::of(&info, Some(1 << 20)).page, WORD_BYTES);

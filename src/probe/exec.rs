@@ -100,12 +100,12 @@ impl Replay<'_> {
                         None => tensor::allocate_tensor(self.backend, spec),
                     };
                     let dt = dt.map_err(|err| Failure {
-                            outcome: outcome_of_alloc(&err),
-                            detail: err.to_string(),
-                            event: i,
-                            requested: spec.bytes,
-                            tensor: Some(spec.name.clone()),
-                        })?;
+                        outcome: outcome_of_alloc(&err),
+                        detail: err.to_string(),
+                        event: i,
+                        requested: spec.bytes,
+                        tensor: Some(spec.name.clone()),
+                    })?;
                     self.peak_allocated = self.peak_allocated.max(self.backend.allocated_bytes());
                     let r = ops::words::fill_tensor(self.backend, &dt, seed_of(t));
                     self.live[t] = Some(dt);

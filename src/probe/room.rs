@@ -114,7 +114,7 @@ pub fn measure(
     }
 }
 
-/// The room a replay measures: just before the allocation that reaches the plan's peak (the
+/// The room a replay measures: just before the allocation that reaches the charged peak (the
 /// room then includes the peak tensor's share, so the search's limit is raised by its bytes),
 /// and, where an allocation is refused, right after the refusal (how much of the request the
 /// device could still give). The latter replaces the former.
@@ -130,7 +130,7 @@ pub struct RoomProbe {
 impl RoomProbe {
     pub fn new(plan: &Plan, ask: RoomAsk, charge: Charge) -> Self {
         RoomProbe {
-            peak_event: plan.peak().event,
+            peak_event: charge.peak_event(plan),
             ask,
             charge,
             found: None,

@@ -1,11 +1,12 @@
 //! Boundary search over an oracle. Pure logic, tested with mock oracles.
 //!
-//! Two searches share the probing rules below. [`find_boundary_measured`] (the default) reads
-//! what each probe measured about the device's capacity (live bytes at a refusal, the room a
-//! fitting probe found with filler), inverts the plan's exact bytes per value to the boundary,
-//! probes that value and its neighbour, and falls back to galloping and bisecting only when
-//! the measurements and the probes disagree. [`find_boundary`] only sees fit or fail: it starts
-//! at the prediction, gallops to bracket the boundary, bisects, then confirms the pair once more.
+//! Two searches share the probing rules below. [`find_boundary_charged`] (the default, and
+//! [`find_boundary_measured`] without the page signature) reads what each probe measured about
+//! the device's capacity (the room filler found at a fit's peak or right after a refusal),
+//! inverts the plan's bytes per value to the boundary, probes that value and its neighbour, and
+//! when the measurements and the probes disagree bisects over the values where the device's
+//! charge changes. [`find_boundary`] only sees fit or fail: it starts at the prediction,
+//! gallops to bracket the boundary, bisects, then confirms the pair once more.
 //!
 //! A child that died before answering (`crashed`, `killed`, `timeout`) is probed once more at
 //! the same value. Any outcome other than `Fit` steers the search like a failure, and the first
@@ -534,9 +535,9 @@ impl<B: FnMut(u64) -> Option<(u64, u64)>> PlanBytes<B> {
         b.is_some()
     }
 
-    /// The room worth measuring at `x`: up to the bytes of twice `x` (or of the capacity's
-    /// upper bound, if lower), resolved to a quarter of the plan's next step.
-    fn room_ask(&mut self, x: u64, cap: Bounds) -> Option<RoomAsk> {
+    /// The room worth measuring at `x`: up to the bytes of twice `x`, resolved to a quarter of
+    /// the plan's next step.
+    fn room_ask(&mut self, x: u64) -> Option<RoomAsk> {
         let s = self.space;
         let b = self.at(x)?;
         let step = self
@@ -547,10 +548,10 @@ impl<B: FnMut(u64) -> Option<(u64, u64)>> PlanBytes<B> {
         let reach = self
             .at(s.snap(x.saturating_mul(2)))
             .unwrap_or(b.saturating_mul(2));
-        let mut limit = reach.saturating_sub(b);
-        if let Some(below) = cap.below {
-            limit = limit.min(below.saturating_sub(b));
-        }
+        // Not clipped by the upper bound met so far: a probe whose filler reaches its limit
+        // proves only a lower bound, and capacity measured at another value drifts
+        // (fragmentation, a CPU adapter's address space); filler never written costs little.
+        let limit = reach.saturating_sub(b);
         // Even a value the bounds say fails measures a step: a refusal is measured too.
         Some(RoomAsk {
             limit: limit.max(step),
@@ -611,9 +612,9 @@ where
     // rounding the device charged less) is aimed under by 1/2^shift, twice as far per miss.
     let mut shift = 5;
     let mut trust = Trust::default();
-    // A value the pinned capacity put at the boundary: the value above it is probed next
-    // whatever its own room says (a device that packs small buffers into blocks can need a
-    // new block one value up, which no room measured below shows).
+    // A value a refusal's measurement pinned as the boundary: the value above it is probed
+    // next whatever its own room says (a device that packs small buffers into blocks can need
+    // a new block one value up, which no room measured below shows).
     let mut edge = None;
     // The last probe the measurements got wrong was expected to fit and failed.
     let mut overshot = false;
@@ -623,8 +624,7 @@ where
         let Some((x, expect)) = next.take() else {
             break;
         };
-        let (cap, _, _) = plan.agreed(&p.answers, trust);
-        let room = plan.room_ask(x, cap);
+        let room = plan.room_ask(x);
         let before = p.answers.len();
         let fit = p.ask(Ask { value: x, room });
         if p.inconclusive_at(Some(x)) {
@@ -714,7 +714,8 @@ where
         if p.seen.contains_key(&c) || c > space.max {
             break;
         }
-        if pinned && expect && !guess {
+        // Pinned by a refusal: the value above is where that refusal's state fails.
+        if pinned && expect && !guess && !fit {
             edge = Some(c);
         }
         next = Some((c, (!guess).then_some(expect)));
@@ -745,8 +746,7 @@ where
                 if x <= l || x >= h {
                     break;
                 }
-                let (cap, _, _) = plan.agreed(&p.answers, trust);
-                let room = plan.room_ask(x, cap);
+                let room = plan.room_ask(x);
                 if p.ask(Ask { value: x, room }) {
                     l = x;
                 } else {
@@ -1358,6 +1358,36 @@ mod tests {
             assert_eq!(r.max_fit, Some(b - 1), "{o:?}: {r:?}");
             assert_eq!(r.first_fail, Some(b + 1), "{o:?}: {r:?}");
             assert_eq!(r.inconclusive, vec![b], "{o:?}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn bisection_skips_values_the_device_charges_alike() {
+        // A device that charges whole pages of 50 values: 351..=400 cost what 400 costs, so
+        // x fits up to 350. Nothing is measured: the search gallops and bisects, and with the
+        // page signature it bisects only over the values where the page count changes.
+        let pages = |x: u64| x.div_ceil(50);
+        let device = |a: Ask| {
+            Answer::bare(if pages(a.value) * 50 * 1000 <= 360_000 {
+                Outcome::Fit
+            } else {
+                Outcome::OutOfMemory
+            })
+        };
+        for start in [200, 340, 349, 350, 351, 700] {
+            let space = SearchSpace::unit(1 << 20);
+            let charged =
+                find_boundary_charged(space, start, |x| Some((1000 * x, pages(x))), device);
+            let plain = find_boundary_measured(space, start, |x| Some(1000 * x), device);
+            for r in [&charged, &plain] {
+                assert_eq!((r.max_fit, r.first_fail), (Some(350), Some(351)), "{r:?}");
+            }
+            assert!(
+                charged.probes.len() <= plain.probes.len(),
+                "{start}: {:?} vs {:?}",
+                charged.probes,
+                plain.probes
+            );
         }
     }
 

@@ -1,17 +1,18 @@
-//! The room left on the device at a probe's peak, measured with filler (buffers of the plan's
-//! chunk size while they fit, then one buffer sized by bisection to what the device takes,
-//! never more than the search's limit, all freed at once), and the capacity bounds a probe's
-//! record gives the search.
+//! The room left on the device, measured with filler (buffers of the plan's chunk size while
+//! they fit, then one buffer sized by bisection to what the device takes, in whole pages, never
+//! more than the search's limit, all freed at once), and the capacity bounds a probe's record
+//! gives the search.
 //!
-//! The room is measured right before the allocation that reaches the plan's peak, when the plan
-//! holds the most it holds with that tensor still to come: the capacity is then at least the
-//! live bytes plus the room, in the device's own state at that moment (fragmentation included),
-//! and the room includes the peak tensor's share, so the filler is made of buffers as large as
-//! the plan's own (a device charges small buffers differently: suballocation blocks, pages).
-//! Near the boundary what is left over is small. Measuring at the end of the step instead would
-//! fill everything the step freed. The filler is allocated, not written: a driver that commits
-//! memory only when it is written shows more room than it has, which the search notices when
-//! the next probe disagrees.
+//! A fitting probe measures right before the allocation that reaches the charged peak, when the
+//! plan holds the most it holds with that tensor still to come: the capacity is then at least
+//! the live bytes plus the room, in the device's own state at that moment (fragmentation
+//! included), and the room includes the peak tensor's share, so the filler is made of buffers
+//! as large as the plan's own (a device charges small buffers differently: suballocation
+//! blocks, pages). A refused probe measures right after the refusal: how much of the request
+//! the device could still give. Measuring at the end of the step instead would fill everything
+//! the step freed. The filler is allocated, not written: a driver that commits memory only when
+//! it is written shows more room than it has, which the search notices when the next probe
+//! disagrees.
 
 use crate::backend::{AllocError, Backend, BufferId};
 use crate::plan::{EventKind, Plan};

@@ -39,8 +39,8 @@ pub enum Isolation {
 /// Which boundary search a run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SearchMode {
-    /// Measure the capacity (live bytes at a refusal, the room at a fit's peak) and invert the
-    /// plan's bytes to the boundary (`search::find_boundary_measured`).
+    /// Measure the capacity (the room at a fit's peak or right after a refusal) and invert the
+    /// plan's charged bytes to the boundary (`search::find_boundary_charged`).
     #[default]
     Measure,
     /// Only fit or fail: gallop from the prediction and bisect (`search::find_boundary`).

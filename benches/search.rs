@@ -23,12 +23,13 @@ use oomprobe::backend::{
     AllocError, Backend, BackendError, BackendKind, BufferId, DeviceInfo, DeviceType, MemoryInfo,
 };
 use oomprobe::kernels::KernelId;
-use oomprobe::plan::{EventKind, Plan};
+use oomprobe::plan::Plan;
 use oomprobe::probe::charge::Charge;
-use oomprobe::probe::room::{self, RoomProbe};
+use oomprobe::probe::exec;
+use oomprobe::probe::room;
 use oomprobe::probe::runner::search_space;
 use oomprobe::probe::suite::default_runs;
-use oomprobe::report::{FailurePoint, Outcome, ProbeRecord};
+use oomprobe::report::Outcome;
 use oomprobe::scenario::Scenario;
 use oomprobe::search::{
     find_boundary, find_boundary_charged, lightning_style, Answer, Ask, SearchOutcome, SearchSpace,
@@ -198,41 +199,7 @@ impl Case {
         };
         let mut dev = Device::new(self.capacity, self.overhead, transient);
         let charge = Charge::of(&dev.info, None);
-        let mut rec = ProbeRecord::new(ask.value, Outcome::Fit, plan.peak_bytes());
-        let mut room = ask.room.map(|a| RoomProbe::new(&plan, a, charge));
-        let mut live: Vec<Option<oomprobe::tensor::DeviceTensor>> = vec![None; plan.tensors.len()];
-        for (i, e) in plan.events.iter().enumerate() {
-            match e.kind {
-                EventKind::Alloc(t) => {
-                    // As exec does.
-                    let r = match room.as_mut() {
-                        Some(room) => room.allocate(&mut dev, &plan, i),
-                        None => oomprobe::tensor::allocate_tensor(&mut dev, &plan.tensors[t]),
-                    };
-                    match r {
-                        Ok(dt) => live[t] = Some(dt),
-                        Err(_) => {
-                            rec.outcome = Outcome::OutOfMemory;
-                            rec.failed_at = Some(FailurePoint {
-                                event: i,
-                                phase: e.phase,
-                                live_bytes: plan.live_before(i),
-                                requested_bytes: plan.tensors[t].bytes,
-                                max_live_bytes: Some(plan.max_live_before(i)),
-                            });
-                            break;
-                        }
-                    }
-                }
-                EventKind::Free(t) => {
-                    if let Some(dt) = live[t].take() {
-                        oomprobe::tensor::free_tensor(&mut dev, dt);
-                    }
-                }
-                EventKind::Kernel(_) => {}
-            }
-        }
-        rec.room = room.and_then(|r| r.found);
+        let rec = exec::replay_allocations(&mut dev, &plan, ask.room.map(|a| (a, charge)));
         Answer {
             outcome: rec.outcome,
             bounds: room::bounds_of(&rec, &plan, &charge),
@@ -512,7 +479,13 @@ fn main() {
         "{:<30} {:>6} {:>12} {:>8} {:>8} {:>9}  fell back",
         "case", "pred", "boundary", "measure", "gallop", "lightning"
     );
-    let t = sweep(1.0, true);
+    let t = sweep(
+        std::env::var("SEARCH_SCALE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1.0),
+        true,
+    );
     let ratio = |t: [usize; 3]| t[0] as f64 / t[2] as f64;
     let totals = t.deterministic;
     let worst = t.worst;

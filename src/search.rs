@@ -523,6 +523,28 @@ impl<B: FnMut(u64) -> Option<(u64, u64)>> PlanBytes<B> {
         (b, by_fit, all)
     }
 
+    /// Where the newest two fits put the boundary when the capacity they measured grew with the
+    /// value (a CPU adapter's address space, a driver's pools): the
+    /// bytes where a line through their (bytes, capacity) meets the bytes themselves. None
+    /// unless it grew, by less than the bytes did (a line that never meets them). Measurements
+    /// it explains are used even where a miss made them untrusted.
+    fn drift(&mut self, answers: &[(u64, Answer)]) -> Option<u64> {
+        // Fits only: a refusal's room is taken in another state (where the step failed).
+        let mut measured = answers
+            .iter()
+            .rev()
+            .filter(|(_, a)| a.outcome.is_fit())
+            .filter_map(|(x, a)| Some((self.at(*x)?, a.bounds.at_least?)));
+        let (b2, c2) = measured.next()?;
+        let (b1, c1) = measured.find(|(b, _)| *b < b2)?;
+        let s = (c2 as f64 - c1 as f64) / (b2 as f64 - b1 as f64);
+        if !(s > 0.0 && s < 0.9) {
+            return None;
+        }
+        let b = (c2 as f64 - s * b2 as f64) / (1.0 - s);
+        (b > 0.0).then_some(b as u64)
+    }
+
     /// Whether every answer at the values `f` and `u` agrees on one capacity.
     fn pair_agrees(&mut self, answers: &[(u64, Answer)], f: Option<u64>, u: Option<u64>) -> bool {
         let mut b = Some(Bounds::default());
@@ -675,6 +697,11 @@ where
             by_fit
                 .max(Some(at_least - (at_least >> shift)))
                 .unwrap_or(at_least)
+        };
+        // A fit that measured more capacity than a smaller fit: follow the drift.
+        let target = match fit {
+            true => plan.drift(&p.answers).unwrap_or(target),
+            false => target,
         };
         let (f, u) = p.bracket();
         // The largest value the measured capacity holds, inside the bracket.
@@ -1358,6 +1385,44 @@ mod tests {
             assert_eq!(r.max_fit, Some(b - 1), "{o:?}: {r:?}");
             assert_eq!(r.first_fail, Some(b + 1), "{o:?}: {r:?}");
             assert_eq!(r.inconclusive, vec![b], "{o:?}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn a_capacity_that_grows_with_the_value_is_followed_not_crawled() {
+        // Measured capacity grows by 0.4 MiB per value while the plan grows by 1 MiB (what a
+        // CPU adapter's address space did under prlimit): each room alone undershoots.
+        let mib = 1u64 << 20;
+        let cap = |x: u64| 900 * mib + 2 * x * mib / 5;
+        let bytes = |x: u64| 100 * mib + x * mib;
+        let b = (0..)
+            .take_while(|&x| bytes(x + 1) <= cap(x + 1))
+            .last()
+            .unwrap()
+            + 1;
+        for start in [b / 2, b * 8 / 10, b - 20] {
+            let r = find_boundary_measured(
+                SearchSpace::unit(1 << 20),
+                start,
+                |x| Some(bytes(x)),
+                |a: Ask| {
+                    // Fit or refused, the room is measured: the capacity at this value.
+                    let c = cap(a.value);
+                    Answer {
+                        outcome: if bytes(a.value) <= c {
+                            Outcome::Fit
+                        } else {
+                            Outcome::OutOfMemory
+                        },
+                        bounds: Bounds {
+                            at_least: Some(c),
+                            below: Some(c + 1),
+                        },
+                    }
+                },
+            );
+            assert_eq!((r.max_fit, r.first_fail), (Some(b), Some(b + 1)), "{r:?}");
+            assert!(r.probes.len() <= 6, "{start}: {:?}", r.probes);
         }
     }
 

@@ -237,8 +237,9 @@ pub fn die_with_parent(cmd: &mut Command) {
 pub enum ProbeTimeout {
     /// `--timeout SECONDS`.
     Fixed(Duration),
-    /// Sized from the probe's bytes and the slowest rate (seconds per byte) seen on a fitting
-    /// probe so far; see [`auto_timeout`].
+    /// Sized from the bytes the probe's step allocates (what it writes and reads back) and the
+    /// slowest rate (seconds per such byte) seen on a fitting probe so far; see
+    /// [`auto_timeout`].
     Auto(Arc<Mutex<Option<f64>>>),
 }
 
@@ -246,19 +247,21 @@ impl ProbeTimeout {
     pub fn auto() -> Self {
         ProbeTimeout::Auto(Arc::new(Mutex::new(None)))
     }
-    /// The limit for a probe of `bytes`.
+    /// The limit for a probe whose step allocates `bytes` in all.
     pub fn for_bytes(&self, bytes: u64) -> Duration {
         match self {
             ProbeTimeout::Fixed(d) => *d,
             ProbeTimeout::Auto(rate) => auto_timeout(bytes, rate.lock().ok().and_then(|r| *r)),
         }
     }
-    /// Learn from a finished probe (only fits of at least `RATE_MIN_BYTES` say how fast the
-    /// device fills memory; small ones are all start-up).
-    fn observe(&self, rec: &ProbeRecord) {
+    /// Learn from a finished probe whose step allocated `bytes` in all (only fits of at least
+    /// `RATE_MIN_BYTES` say how fast the device fills memory; small ones are all start-up). A
+    /// step that allocates far more than its peak (checkpointing recomputes, many short-lived
+    /// activations) takes time for all of it, not for its peak.
+    fn observe(&self, rec: &ProbeRecord, bytes: u64) {
         if let ProbeTimeout::Auto(rate) = self {
-            if rec.outcome.is_fit() && rec.bytes >= RATE_MIN_BYTES {
-                let r = rec.seconds / rec.bytes as f64;
+            if rec.outcome.is_fit() && bytes >= RATE_MIN_BYTES {
+                let r = rec.seconds / bytes as f64;
                 if let Ok(mut g) = rate.lock() {
                     *g = Some(g.map_or(r, |old| old.max(r)));
                 }
@@ -308,23 +311,24 @@ impl ChildRunner {
 
     /// Run one probe in a child and classify how it ended.
     pub fn run(&self, req: &ChildRequest) -> ProbeRecord {
-        let rec = self.run_once(req);
-        self.timeout.observe(&rec);
+        let plan = Plan::for_value(&req.workload, req.scenario, req.value).ok();
+        let bytes = plan.as_ref().map_or(0, Plan::peak_bytes);
+        let work = plan.as_ref().map_or(0, Plan::allocated_bytes);
+        let rec = self.run_once(req, bytes, work);
+        self.timeout.observe(&rec, work);
         rec
     }
 
-    fn run_once(&self, req: &ChildRequest) -> ProbeRecord {
+    /// One probe of a plan that peaks at `bytes` and allocates `work` bytes in all.
+    fn run_once(&self, req: &ChildRequest, bytes: u64, work: u64) -> ProbeRecord {
         let started = Instant::now();
-        let bytes = Plan::for_value(&req.workload, req.scenario, req.value)
-            .map(|p| p.peak_bytes())
-            .unwrap_or(0);
         let fail =
             |outcome, detail: String| failed_record(req.value, bytes, outcome, detail, started);
         let json = match serde_json::to_string(req) {
             Ok(j) => j,
             Err(e) => return fail(Outcome::Error, format!("cannot encode request: {e}")),
         };
-        let limit = self.timeout.for_bytes(bytes);
+        let limit = self.timeout.for_bytes(work);
         let mut cmd = Command::new(&self.exe);
         cmd.arg("probe-child")
             .arg("--request")
@@ -573,9 +577,9 @@ mod tests {
             seconds,
             ..ProbeRecord::new(1, Outcome::Fit, bytes)
         };
-        t.observe(&fit(1 << 20, 50.0)); // too small to say anything
+        t.observe(&fit(1 << 20, 50.0), 1 << 20); // too small to say anything
         assert_eq!(t.for_bytes(16 << 30), Duration::from_secs(1024));
-        t.observe(&fit(1 << 30, 2.0));
+        t.observe(&fit(1 << 30, 2.0), 1 << 30);
         assert_eq!(t.for_bytes(100 << 30), Duration::from_secs(800));
     }
 }

@@ -203,6 +203,63 @@ impl Replay<'_> {
     }
 }
 
+/// Where in `plan` a failure at `event` that asked for `requested` bytes happened.
+fn failure_point(plan: &Plan, event: usize, requested: u64) -> FailurePoint {
+    FailurePoint {
+        event,
+        phase: plan
+            .events
+            .get(event.min(plan.events.len().saturating_sub(1)))
+            .map_or(crate::plan::Phase::Setup, |e| e.phase),
+        live_bytes: plan.live_before(event),
+        requested_bytes: requested,
+        max_live_bytes: Some(plan.max_live_before(event)),
+    }
+}
+
+/// Replay only the allocations and frees of `plan` (nothing written, no kernels), measuring
+/// the room when `room` asks: a probe on a modelled device (the search bench) or in a test.
+/// Frees everything before returning.
+pub fn replay_allocations(
+    backend: &mut dyn Backend,
+    plan: &Plan,
+    room: Option<(RoomAsk, Charge)>,
+) -> ProbeRecord {
+    let mut rec = ProbeRecord::new(plan.value, Outcome::Fit, plan.peak_bytes());
+    let mut room = room.map(|(ask, charge)| RoomProbe::new(plan, ask, charge));
+    let mut live: Vec<Option<DeviceTensor>> = vec![None; plan.tensors.len()];
+    for (i, e) in plan.events.iter().enumerate() {
+        match e.kind {
+            EventKind::Alloc(t) => {
+                let r = match room.as_mut() {
+                    Some(room) => room.allocate(backend, plan, i),
+                    None => tensor::allocate_tensor(backend, &plan.tensors[t]),
+                };
+                match r {
+                    Ok(d) => live[t] = Some(d),
+                    Err(err) => {
+                        rec.outcome = outcome_of_alloc(&err);
+                        rec.detail = Some(err.to_string());
+                        rec.failed_at = Some(failure_point(plan, i, plan.tensors[t].bytes));
+                        break;
+                    }
+                }
+            }
+            EventKind::Free(t) => {
+                if let Some(d) = live[t].take() {
+                    tensor::free_tensor(backend, d);
+                }
+            }
+            EventKind::Kernel(_) => {}
+        }
+    }
+    for d in live.into_iter().flatten() {
+        tensor::free_tensor(backend, d);
+    }
+    rec.room = room.and_then(|r| r.found);
+    rec
+}
+
 /// Run one probe of `plan` on `backend`. Always frees what it allocated before returning.
 pub fn execute_plan(backend: &mut dyn Backend, plan: &Plan, compute: Compute) -> ProbeRecord {
     execute_plan_measuring(backend, plan, compute, None)
@@ -283,16 +340,7 @@ pub fn execute_plan_measuring(
             record.outcome = f.outcome;
             record.detail = Some(f.detail);
             record.failed_tensor = f.tensor;
-            record.failed_at = Some(FailurePoint {
-                event: f.event,
-                phase: plan
-                    .events
-                    .get(f.event.min(plan.events.len().saturating_sub(1)))
-                    .map_or(crate::plan::Phase::Setup, |e| e.phase),
-                live_bytes: plan.live_before(f.event),
-                requested_bytes: f.requested,
-                max_live_bytes: Some(plan.max_live_before(f.event)),
-            });
+            record.failed_at = Some(failure_point(plan, f.event, f.requested));
         }
     }
     for dt in r.live.iter_mut().filter_map(Option::take) {

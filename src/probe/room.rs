@@ -272,46 +272,6 @@ mod tests {
         assert!(b.peak() <= 10 * MIB + 6);
     }
 
-    /// Replay `plan` on `b` through a RoomProbe as exec does; the record.
-    fn replay(b: &mut BudgetBackend, plan: &Plan, charge: Charge) -> ProbeRecord {
-        let ask = RoomAsk {
-            limit: 1 << 30,
-            step: 64 << 10,
-        };
-        let mut room = RoomProbe::new(plan, ask, charge);
-        let mut rec = ProbeRecord::new(plan.value, Outcome::Fit, plan.peak_bytes());
-        let mut live: Vec<Option<DeviceTensor>> = vec![None; plan.tensors.len()];
-        for (i, e) in plan.events.iter().enumerate() {
-            match e.kind {
-                EventKind::Alloc(t) => match room.allocate(b, plan, i) {
-                    Ok(d) => live[t] = Some(d),
-                    Err(_) => {
-                        rec.outcome = Outcome::Budget;
-                        rec.failed_at = Some(crate::report::FailurePoint {
-                            event: i,
-                            phase: e.phase,
-                            live_bytes: plan.live_before(i),
-                            requested_bytes: plan.tensors[t].bytes,
-                            max_live_bytes: Some(plan.max_live_before(i)),
-                        });
-                        break;
-                    }
-                },
-                EventKind::Free(t) => {
-                    if let Some(d) = live[t].take() {
-                        tensor::free_tensor(b, d);
-                    }
-                }
-                EventKind::Kernel(_) => {}
-            }
-        }
-        for d in live.into_iter().flatten() {
-            tensor::free_tensor(b, d);
-        }
-        rec.room = room.found;
-        rec
-    }
-
     #[test]
     fn a_fit_and_a_refusal_both_bound_the_capacity_they_ran_under() {
         let w = presets::get("tiny-gpt").unwrap();
@@ -325,7 +285,11 @@ mod tests {
         // request). Either way the budget lies in the bounds, to the 64 KiB step.
         for budget in [plan.peak_bytes() + 3 * MIB + 100, plan.peak_bytes() - MIB] {
             let mut b = capped(budget);
-            let rec = replay(&mut b, &plan, words);
+            let ask = RoomAsk {
+                limit: 1 << 30,
+                step: 64 << 10,
+            };
+            let rec = crate::probe::exec::replay_allocations(&mut b, &plan, Some((ask, words)));
             assert_eq!(rec.outcome.is_fit(), budget > plan.peak_bytes(), "{rec:?}");
             let r = rec.room.expect("measured");
             let bounds = bounds_of(&rec, &plan, &words);

@@ -96,7 +96,20 @@ pub fn notes(report: &ProbeReport) -> Vec<String> {
             ));
         }
         if let Some(m) = run.measured_capacity_bytes {
+            // The bounds as measured: a range where the filler resolved no finer.
+            let below = run
+                .measured_capacity_below
+                .filter(|b| b.saturating_sub(m) > 1);
+            let range = match below {
+                Some(b) => format!("{}-{}", fmt_bytes(m), fmt_bytes(b)),
+                None => fmt_bytes(m),
+            };
+            let within = run
+                .capacity_bytes
+                .zip(below)
+                .is_some_and(|(c, b)| m <= c && c < b);
             let kept = match run.device_overhead_bytes {
+                _ if within => ", the memory predicted against lies within it".to_string(),
                 Some(k) if k >= 0 => {
                     format!(", {} less than predicted against", fmt_bytes(k as u64))
                 }
@@ -106,7 +119,7 @@ pub fn notes(report: &ProbeReport) -> Vec<String> {
                 ),
                 None => String::new(),
             };
-            out.push(format!("{label}: measured capacity {}{kept}", fmt_bytes(m)));
+            out.push(format!("{label}: measured capacity {range}{kept}"));
         }
         for n in run.notes.iter().filter(|n| *n != IN_PROGRESS_NOTE) {
             out.push(format!("{label}: {n}"));
@@ -172,5 +185,29 @@ mod tests {
         assert!(!plain.contains('\u{1b}'), "{plain}");
         assert!(colored.contains('\u{1b}'), "{colored}");
         assert_eq!(plain, render(&report));
+    }
+
+    #[test]
+    fn the_measured_capacity_note_shows_its_range_and_the_prediction_inside_it() {
+        let mut report = crate::report::sample::sample_report(512 << 20);
+        let run = &mut report.runs[0];
+        run.capacity_bytes = Some(512 << 20);
+        run.measured_capacity_bytes = Some(506 << 20);
+        run.measured_capacity_below = Some(514 << 20);
+        run.device_overhead_bytes = Some(6 << 20);
+        let n = notes(&report).join("\n");
+        assert!(
+            n.contains(
+                "measured capacity 506 MiB-514 MiB, the memory predicted against lies within it"
+            ),
+            "{n}"
+        );
+        let run = &mut report.runs[0];
+        run.measured_capacity_below = Some(510 << 20);
+        let n = notes(&report).join("\n");
+        assert!(
+            n.contains("506 MiB-510 MiB, 6.00 MiB less than predicted"),
+            "{n}"
+        );
     }
 }

@@ -7,8 +7,9 @@
 //!
 //! A device here is a model, not a measurement: a card of some bytes, a driver overhead the
 //! prediction does not know, 2 MiB pages, buffers under 64 MiB suballocated from 64 MiB blocks
-//! (first fit, a block returned when empty), bigger ones dedicated. A probe replays the real
-//! plan of a preset (every allocation and free of the step, chunked as on a GPU) on it, so the
+//! (first fit, a block returned when empty), bigger ones dedicated (as wgpu's own allocator
+//! does: gpu-allocator under `MemoryHints::MemoryUsage` suballocates from 8-64 MiB device
+//! blocks). A probe replays the real plan of a preset (every allocation and free of the step, chunked as on a GPU) on it, so the
 //! byte function, the failure points and the filler are the real ones. Flaky devices add, by a
 //! fixed pseudo-random draw per probe, a child that crashes before answering (retried) or
 //! 48 MiB that another process holds during the probe. Prediction errors: the search starts at

@@ -11,9 +11,8 @@
 //! does: gpu-allocator under `MemoryHints::MemoryUsage` suballocates from 8-64 MiB device
 //! blocks). A probe replays the real plan of a preset (every allocation and free of the step,
 //! chunked as on a GPU) on it, so the byte function, the failure points and the filler are the
-//! real ones. Flaky devices add, by a
-//! fixed pseudo-random draw per probe, a child that crashes before answering (retried) or
-//! 48 MiB that another process holds during the probe. Prediction errors: the search starts at
+//! real ones. Flaky devices add, by a fixed pseudo-random draw per probe, a child that crashes
+//! before answering (retried) or 48 MiB that another process holds during the probe. Prediction errors: the search starts at
 //! the true boundary times 1.03, 0.97, 1.2, 0.8, 2 or 0.5. The same cards are then swept at
 //! 90-110 % of their bytes (other boundaries, other fragmentation), totals only.
 //! `SEARCH_TRACE=TEXT` prints the measuring search's probes, and the bounds each measured, for

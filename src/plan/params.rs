@@ -459,29 +459,8 @@ impl States {
             .filter(|(p, _)| *p == i)
             .map(|&(_, t)| t)
             .collect();
-        if !parts.is_empty() && self.low.is_some() {
-            // Under autocast the earlier part is `ToCopyBackward0`'s fresh fp32 output:
-            // autograd's input buffer adds the new contribution into it in place (measured:
-            // two [V, h] at GPT-2's embedding backward, not three). It becomes `.grad`, or is
-            // added into the kept one.
-            self.pending.retain(|(p, _)| *p != i);
-            let buffer = StateKind {
-                role: Role::Workspace,
-                ..kind.clone()
-            };
-            let new = Piece::new(format!("{}.new", piece.name), piece.elems);
-            let new = self.alloc_kind(b, &buffer, &new, w)?;
-            b.free(new);
-            for (j, part) in parts.into_iter().enumerate() {
-                if j == 0 && self.pieces[i].grad.is_none() {
-                    self.pieces[i].grad = Some(part);
-                } else {
-                    b.free(part);
-                }
-            }
-            return Ok(());
-        }
         if !parts.is_empty() {
+            // The new contribution arrives in a workspace buffer beside the earlier parts.
             self.pending.retain(|(p, _)| *p != i);
             let buffer = StateKind {
                 role: Role::Workspace,
@@ -489,6 +468,21 @@ impl States {
             };
             let new = Piece::new(format!("{}.new", piece.name), piece.elems);
             let new = self.alloc_kind(b, &buffer, &new, w)?;
+            if self.low.is_some() {
+                // Under autocast the earlier part is `ToCopyBackward0`'s fresh fp32 output:
+                // autograd's input buffer adds the new contribution into it in place
+                // (measured: two [V, h] at GPT-2's embedding backward, not three). It becomes
+                // `.grad`, or is added into the kept one.
+                b.free(new);
+                for (j, part) in parts.into_iter().enumerate() {
+                    if j == 0 && self.pieces[i].grad.is_none() {
+                        self.pieces[i].grad = Some(part);
+                    } else {
+                        b.free(part);
+                    }
+                }
+                return Ok(());
+            }
             let sum = Piece::new(format!("{}.sum", piece.name), piece.elems);
             let sum = self.alloc_kind(b, kind, &sum, w)?;
             b.free_all(parts);

@@ -62,19 +62,12 @@ impl Charge {
 
     /// The charged bytes live after each event of `plan`.
     pub fn curve(&self, plan: &Plan) -> Vec<u64> {
-        let cost: Vec<u64> = plan.tensors.iter().map(|t| self.tensor(t)).collect();
-        let mut live = 0u64;
-        plan.events
-            .iter()
-            .map(|e| {
-                match e.kind {
-                    EventKind::Alloc(t) => live = live.saturating_add(cost[t]),
-                    EventKind::Free(t) => live = live.saturating_sub(cost[t]),
-                    EventKind::Kernel(_) => {}
-                }
-                live
-            })
-            .collect()
+        curve_of(plan, &self.tensors(plan))
+    }
+
+    /// Every tensor's charge, in the plan's order.
+    fn tensors(&self, plan: &Plan) -> Vec<u64> {
+        plan.tensors.iter().map(|t| self.tensor(t)).collect()
     }
 
     /// The most charged bytes live at once.
@@ -94,11 +87,11 @@ impl Charge {
     /// charged alike (the search bisects between the values where it changes).
     pub fn cost(&self, plan: &Plan) -> (u64, u64) {
         use std::hash::{Hash, Hasher};
+        let costs = self.tensors(plan);
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        for t in &plan.tensors {
-            self.tensor(t).hash(&mut h);
-        }
-        (self.peak(plan), h.finish())
+        costs.hash(&mut h);
+        let peak = curve_of(plan, &costs).into_iter().max().unwrap_or(0);
+        (peak, h.finish())
     }
 
     /// Charged bytes live just before event `i`, and the most live at any point before it.
@@ -110,6 +103,22 @@ impl Charge {
             before.iter().copied().max().unwrap_or(0),
         )
     }
+}
+
+/// The bytes live after each event of `plan`, tensor `t` costing `cost[t]`.
+fn curve_of(plan: &Plan, cost: &[u64]) -> Vec<u64> {
+    let mut live = 0u64;
+    plan.events
+        .iter()
+        .map(|e| {
+            match e.kind {
+                EventKind::Alloc(t) => live = live.saturating_add(cost[t]),
+                EventKind::Free(t) => live = live.saturating_sub(cost[t]),
+                EventKind::Kernel(_) => {}
+            }
+            live
+        })
+        .collect()
 }
 
 #[cfg(test)]

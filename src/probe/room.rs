@@ -179,8 +179,8 @@ impl RoomProbe {
 /// request to what was live, and held at least what was live plus the room measured there
 /// (without that measurement, the most the step held before it).
 pub fn bounds_of(rec: &ProbeRecord, plan: &Plan, charge: &Charge) -> Bounds {
-    let held = |r: &RoomMeasurement| {
-        let (live, _) = charge.before(plan, r.event);
+    // Held at once: the bytes live before the measurement plus the room.
+    let held = |live: u64, r: &RoomMeasurement| {
         let held = live.saturating_add(r.room_bytes);
         Bounds {
             at_least: Some(held),
@@ -188,7 +188,10 @@ pub fn bounds_of(rec: &ProbeRecord, plan: &Plan, charge: &Charge) -> Bounds {
         }
     };
     match rec.outcome {
-        Outcome::Fit => rec.room.as_ref().map_or_else(Bounds::default, held),
+        Outcome::Fit => rec
+            .room
+            .as_ref()
+            .map_or_else(Bounds::default, |r| held(charge.before(plan, r.event).0, r)),
         Outcome::OutOfMemory | Outcome::Budget => {
             rec.failed_at.map_or_else(Bounds::default, |f| {
                 let (live, max) = charge.before(plan, f.event);
@@ -202,7 +205,7 @@ pub fn bounds_of(rec: &ProbeRecord, plan: &Plan, charge: &Charge) -> Bounds {
                 match rec.room.as_ref().filter(|r| r.event == f.event) {
                     // Measured where it was refused: the device's state then (the most held
                     // earlier in the step is another state, fragmented differently).
-                    Some(r) => held(r).meet(Bounds {
+                    Some(r) => held(live, r).meet(Bounds {
                         at_least: None,
                         below,
                     }),

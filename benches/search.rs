@@ -422,8 +422,10 @@ fn sweep(scale: f64, rows: bool) -> Totals {
                         let b = bytes(a.value).unwrap_or(0) as i64;
                         let d = |v: Option<u64>| v.map(|v| (v as i64 - b) >> 20);
                         println!(
-                            "    {} {:?}: at least {:?}, below {:?} MiB from its bytes",
+                            "    {} [{} MiB, sig {:x}] {:?}: at least {:?}, below {:?} MiB from its bytes",
                             a.value,
+                            b >> 20,
+                            cost(a.value).map(|c| c.1 & 0xffff).unwrap_or(0),
                             r.outcome,
                             d(r.bounds.at_least),
                             d(r.bounds.below)

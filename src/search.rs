@@ -698,9 +698,11 @@ where
                 .max(Some(at_least - (at_least >> shift)))
                 .unwrap_or(at_least)
         };
-        // A fit that measured more capacity than a smaller fit: follow the drift.
+        // A fit that measured more capacity than a smaller fit: follow the drift. Never below
+        // the target: a line through a fit that measured no room at all meets the bytes at that
+        // fit (or, rounded, just under it, which aimed one value up from it again and again).
         let target = match fit {
-            true => plan.drift(&p.answers).unwrap_or(target),
+            true => plan.drift(&p.answers).map_or(target, |d| d.max(target)),
             false => target,
         };
         let (f, u) = p.bracket();
@@ -713,14 +715,16 @@ where
         let mut guess = false;
         if let Some(f) = f.filter(|f| c <= *f) {
             (c, expect) = (f + g, false);
-            if let Some(u) = u.filter(|u| u - f > 2 * g) {
+            // Unless the newest probe's own measurement pins the boundary at `f`: then the
+            // value above it is the one to probe.
+            if let Some(u) = u.filter(|u| u - f > 2 * g && !pinned) {
                 if overshot && !stepped_below {
                     // A measurement overshot: first the value below the failure (a device
                     // that charges a little more than modelled overshoots by one).
                     c = u - g;
                     stepped_below = true;
                     guess = true;
-                } else if overshot || (misses > 0 && !pinned) {
+                } else if overshot || misses > 0 {
                     // Nothing trusted is left between: split where the charge changes.
                     c = plan.split(f, u);
                     guess = true;
@@ -1424,6 +1428,86 @@ mod tests {
             assert_eq!((r.max_fit, r.first_fail), (Some(b), Some(b + 1)), "{r:?}");
             assert!(r.probes.len() <= 6, "{start}: {:?}", r.probes);
         }
+    }
+
+    #[test]
+    fn a_fit_that_measured_no_room_aims_past_the_values_charged_alike() {
+        // 992..=1150 all cost 1000 MiB (one page signature) on a device that holds 1001 MiB
+        // and measures room in 4 MiB pieces. The fit at 991 measures less than 992 costs; 992
+        // fits with no room: every value charged alike fits too, so the next probe is the
+        // first one charged more. (Aiming by the line through the two fits, which meets the
+        // bytes at 992, and with the odd 364 KiB here rounds to a byte under them, stepped up
+        // one value at a time.)
+        let mib = 1u64 << 20;
+        let bytes = |x: u64| match x {
+            ..=991 => x * mib + 372_736,
+            992..=1150 => 1000 * mib,
+            _ => (1010 + x - 1151) * mib,
+        };
+        let sig = |x: u64| bytes(x) + u64::from(x > 1100);
+        let cap = 1001 * mib;
+        let device = |a: Ask| {
+            let b = bytes(a.value);
+            let room = cap.saturating_sub(b) / (4 * mib) * (4 * mib);
+            let held = if b <= cap {
+                b + room
+            } else {
+                cap / (4 * mib) * (4 * mib)
+            };
+            Answer {
+                outcome: if b <= cap {
+                    Outcome::Fit
+                } else {
+                    Outcome::OutOfMemory
+                },
+                bounds: Bounds {
+                    at_least: Some(held),
+                    below: Some(held + 4 * mib),
+                },
+            }
+        };
+        for start in [991, 900] {
+            let space = SearchSpace::unit(1 << 20);
+            let r = find_boundary_charged(space, start, |x| Some((bytes(x), sig(x))), device);
+            assert_eq!((r.max_fit, r.first_fail), (Some(1150), Some(1151)), "{r:?}");
+            assert!(!r.fell_back, "{start}: {:?}", r.probes);
+            assert!(r.probes.len() <= 5, "{start}: {:?}", r.probes);
+        }
+    }
+
+    #[test]
+    fn after_an_overshoot_a_fit_that_pins_the_boundary_is_believed() {
+        // 2 MiB a value on a device of 1001 MiB: 500 fits, 501 does not. The first refusal
+        // measures 100 MiB too much (its state held more), so the search overshoots; refusals
+        // measure to 10 MiB, fits to 2 MiB. Once a fit's own room pins the boundary, the next
+        // probe is the value above that fit, not the value below the overshoot.
+        let mib = 1u64 << 20;
+        let cap = 1001 * mib;
+        let mut refusals = 0;
+        let device = |a: Ask| {
+            let b = 2 * a.value * mib;
+            let (held, step) = if b <= cap {
+                (b + cap.saturating_sub(b) / (2 * mib) * (2 * mib), 2 * mib)
+            } else {
+                refusals += 1;
+                (1000 * mib + u64::from(refusals == 1) * 100 * mib, 10 * mib)
+            };
+            Answer {
+                outcome: if b <= cap {
+                    Outcome::Fit
+                } else {
+                    Outcome::OutOfMemory
+                },
+                bounds: Bounds {
+                    at_least: Some(held),
+                    below: Some(held + step),
+                },
+            }
+        };
+        let space = SearchSpace::unit(1 << 20);
+        let r = find_boundary_measured(space, 800, |x| Some(2 * x * mib), device);
+        assert_eq!((r.max_fit, r.first_fail), (Some(500), Some(501)), "{r:?}");
+        assert!(r.probes.len() <= 5, "{:?}", r.probes);
     }
 
     #[test]

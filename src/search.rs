@@ -1412,21 +1412,26 @@ mod tests {
                 |a: Ask| {
                     // Fit or refused, the room is measured: the capacity at this value.
                     let c = cap(a.value);
-                    Answer {
-                        outcome: if bytes(a.value) <= c {
-                            Outcome::Fit
-                        } else {
-                            Outcome::OutOfMemory
-                        },
-                        bounds: Bounds {
-                            at_least: Some(c),
-                            below: Some(c + 1),
-                        },
-                    }
+                    held_between(bytes(a.value) <= c, c, c + 1)
                 },
             );
             assert_eq!((r.max_fit, r.first_fail), (Some(b), Some(b + 1)), "{r:?}");
             assert!(r.probes.len() <= 6, "{start}: {:?}", r.probes);
+        }
+    }
+
+    /// A probe that fit (or was refused) and measured the capacity in `[at_least, below)`.
+    fn held_between(fit: bool, at_least: u64, below: u64) -> Answer {
+        Answer {
+            outcome: if fit {
+                Outcome::Fit
+            } else {
+                Outcome::OutOfMemory
+            },
+            bounds: Bounds {
+                at_least: Some(at_least),
+                below: Some(below),
+            },
         }
     }
 
@@ -1454,17 +1459,7 @@ mod tests {
             } else {
                 cap / (4 * mib) * (4 * mib)
             };
-            Answer {
-                outcome: if b <= cap {
-                    Outcome::Fit
-                } else {
-                    Outcome::OutOfMemory
-                },
-                bounds: Bounds {
-                    at_least: Some(held),
-                    below: Some(held + 4 * mib),
-                },
-            }
+            held_between(b <= cap, held, held + 4 * mib)
         };
         for start in [991, 900] {
             let space = SearchSpace::unit(1 << 20);
@@ -1492,17 +1487,7 @@ mod tests {
                 refusals += 1;
                 (1000 * mib + u64::from(refusals == 1) * 100 * mib, 10 * mib)
             };
-            Answer {
-                outcome: if b <= cap {
-                    Outcome::Fit
-                } else {
-                    Outcome::OutOfMemory
-                },
-                bounds: Bounds {
-                    at_least: Some(held),
-                    below: Some(held + step),
-                },
-            }
+            held_between(b <= cap, held, held + step)
         };
         let space = SearchSpace::unit(1 << 20);
         let r = find_boundary_measured(space, 800, |x| Some(2 * x * mib), device);

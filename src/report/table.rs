@@ -101,6 +101,10 @@ pub fn notes(report: &ProbeReport) -> Vec<String> {
                 .measured_capacity_below
                 .filter(|b| b.saturating_sub(m) > 1);
             let range = match below {
+                // Ends that print alike ("256 MiB-256 MiB") print once, with the width.
+                Some(b) if fmt_bytes(m) == fmt_bytes(b) => {
+                    format!("{} (to within {})", fmt_bytes(m), fmt_bytes(b - m))
+                }
                 Some(b) => format!("{}-{}", fmt_bytes(m), fmt_bytes(b)),
                 None => fmt_bytes(m),
             };
@@ -207,6 +211,16 @@ mod tests {
         let n = notes(&report).join("\n");
         assert!(
             n.contains("506 MiB-510 MiB, 6.00 MiB less than predicted"),
+            "{n}"
+        );
+        // A budget's capacity, measured to 104 KiB: both ends print as 256 MiB.
+        let run = &mut report.runs[0];
+        run.capacity_bytes = Some(256 << 20);
+        run.measured_capacity_bytes = Some((256 << 20) - (104 << 10));
+        run.measured_capacity_below = Some(256 << 20);
+        let n = notes(&report).join("\n");
+        assert!(
+            n.contains("measured capacity 256 MiB (to within 104 KiB)"),
             "{n}"
         );
     }

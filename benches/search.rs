@@ -12,9 +12,10 @@
 //! blocks). A probe replays the real plan of a preset (every allocation and free of the step,
 //! chunked as on a GPU) on it, so the byte function, the failure points and the filler are the
 //! real ones. Flaky devices add, by a fixed pseudo-random draw per probe, a child that crashes
-//! before answering (retried) or 48 MiB that another process holds during the probe. Prediction errors: the search starts at
-//! the true boundary times 1.03, 0.97, 1.2, 0.8, 2 or 0.5. The same cards are then swept at
-//! 90-110 % of their bytes (other boundaries, other fragmentation), totals only.
+//! before answering (retried) or 48 MiB that another process holds during the probe.
+//! Prediction errors: the search starts at the true boundary times 1.03, 0.97, 1.2, 0.8, 2 or
+//! 0.5. The same cards are then swept at 90-110 % of their bytes (other boundaries, other
+//! fragmentation), totals only; `SEARCH_SCALE=0.95` prints the rows of one such sweep.
 //! `SEARCH_TRACE=TEXT` prints the measuring search's probes, and the bounds each measured, for
 //! the rows whose name and prediction contain TEXT.
 
@@ -400,7 +401,6 @@ fn sweep(scale: f64, rows: bool) -> Totals {
         let space = search_space(case.scenario);
         let truth = case.truth(space);
         let charge = Charge::of(&Device::new(case.capacity, 0, 0).info, None);
-        let bytes = |x: u64| case.plan(x).map(|p| charge.peak(&p));
         let cost = |x: u64| case.plan(x).map(|p| charge.cost(&p));
         for (flaky, list) in [(None, &ERRORS[..]), (Some(7u64), &ERRORS[2..4])] {
             for (label, k) in list {
@@ -419,13 +419,14 @@ fn sweep(scale: f64, rows: bool) -> Totals {
                 let traced = |a: Ask| {
                     let r = inner(a);
                     if tracing {
-                        let b = bytes(a.value).unwrap_or(0) as i64;
+                        let (b, sig) = cost(a.value).unwrap_or((0, 0));
+                        let b = b as i64;
                         let d = |v: Option<u64>| v.map(|v| (v as i64 - b) >> 20);
                         println!(
                             "    {} [{} MiB, sig {:x}] {:?}: at least {:?}, below {:?} MiB from its bytes",
                             a.value,
                             b >> 20,
-                            cost(a.value).map(|c| c.1 & 0xffff).unwrap_or(0),
+                            sig & 0xffff,
                             r.outcome,
                             d(r.bounds.at_least),
                             d(r.bounds.below)

@@ -701,9 +701,10 @@ where
         // A fit that measured more capacity than a smaller fit: follow the drift. Never below
         // the target: a line through a fit that measured no room at all meets the bytes at that
         // fit (or, rounded, just under it, which aimed one value up from it again and again).
-        let target = match fit {
-            true => plan.drift(&p.answers).map_or(target, |d| d.max(target)),
-            false => target,
+        let target = if fit {
+            plan.drift(&p.answers).map_or(target, |d| d.max(target))
+        } else {
+            target
         };
         let (f, u) = p.bracket();
         // The largest value the measured capacity holds, inside the bracket.
@@ -717,7 +718,7 @@ where
             (c, expect) = (f + g, false);
             // Unless the newest probe's own measurement pins the boundary at `f`: then the
             // value above it is the one to probe.
-            if let Some(u) = u.filter(|u| u - f > 2 * g && !pinned) {
+            if let Some(u) = u.filter(|u| !pinned && u - f > 2 * g) {
                 if overshot && !stepped_below {
                     // A measurement overshot: first the value below the failure (a device
                     // that charges a little more than modelled overshoots by one).

@@ -100,13 +100,12 @@ pub fn notes(report: &ProbeReport) -> Vec<String> {
             let below = run
                 .measured_capacity_below
                 .filter(|b| b.saturating_sub(m) > 1);
-            let range = match below {
+            let lo = fmt_bytes(m);
+            let range = match below.map(|b| (b, fmt_bytes(b))) {
                 // Ends that print alike ("256 MiB-256 MiB") print once, with the width.
-                Some(b) if fmt_bytes(m) == fmt_bytes(b) => {
-                    format!("{} (to within {})", fmt_bytes(m), fmt_bytes(b - m))
-                }
-                Some(b) => format!("{}-{}", fmt_bytes(m), fmt_bytes(b)),
-                None => fmt_bytes(m),
+                Some((b, hi)) if hi == lo => format!("{lo} (to within {})", fmt_bytes(b - m)),
+                Some((_, hi)) => format!("{lo}-{hi}"),
+                None => lo,
             };
             let within = run
                 .capacity_bytes

@@ -101,6 +101,7 @@ fn bench_attention(c: &mut Criterion, b: &mut WgpuBackend) {
             seq,
             head_dim: d,
             causal: false,
+            kv_group: 1,
         };
         let n = bh * seq * d;
         let (tq, tk, tv) = (

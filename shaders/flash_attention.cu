@@ -3,7 +3,8 @@
 // The CUDA twin of flash_attention.wgsl.
 //
 // For head h < heads, query i < seq (element indices relative to the bound buffers; head h of
-// Q, K, V, O starts at <t>_off + h*seq*head_dim, its stats at s_off + h*seq*2):
+// Q, O starts at <t>_off + h*seq*head_dim, of K, V at <t>_off + (h / kv_group)*seq*head_dim
+// (grouped-query attention; kv_group 0 reads as 1), its stats at s_off + h*seq*2):
 //   s_j  = scale * sum_d Q[i][d] * K[j][d]      for keys j < seq (j <= i when causal != 0)
 //   mx   = max_j s_j,  sum = sum_j exp(s_j - mx)
 //   O[i][d] = sum_j exp(s_j - mx) * V[j][d] / sum
@@ -24,7 +25,7 @@ struct Params {
     u32 s_off;
     u32 stats_fmt;
     float scale;
-    u32 _pad;
+    u32 kv_group;
 };
 
 #define HD_MAX 256u
@@ -42,8 +43,9 @@ extern "C" __global__ void flash_attention(const Params P, const u32* q, const u
     u32 row = row0 + threadIdx.x;
     bool live = row < seq;
     u32 qb = P.q_off + head * seq * hd;
-    u32 kb = P.k_off + head * seq * hd;
-    u32 vb = P.v_off + head * seq * hd;
+    u32 kvh = head / (P.kv_group > 1u ? P.kv_group : 1u);
+    u32 kb = P.k_off + kvh * seq * hd;
+    u32 vb = P.v_off + kvh * seq * hd;
     // Outside the documented range (head_dim in 1..=256) the per-thread arrays would overflow:
     // write nothing (the WGSL twin clamps array indices instead; the host never asks).
     if (hd == 0u || hd > HD_MAX) {

@@ -2,7 +2,8 @@
 // no seq x seq buffer exists. One thread per query row, WG_X rows per workgroup.
 //
 // For head h < heads, query i < seq (element indices relative to the bound buffers; head h of
-// Q, K, V, O starts at <t>_off + h*seq*head_dim, its stats at s_off + h*seq*2):
+// Q, O starts at <t>_off + h*seq*head_dim, of K, V at <t>_off + (h / kv_group)*seq*head_dim
+// (grouped-query attention; kv_group 0 reads as 1), its stats at s_off + h*seq*2):
 //   s_j  = scale * sum_d Q[i][d] * K[j][d]      for keys j < seq (j <= i when causal != 0)
 //   mx   = max_j s_j,  sum = sum_j exp(s_j - mx)
 //   O[i][d] = sum_j exp(s_j - mx) * V[j][d] / sum
@@ -23,7 +24,7 @@ struct Params {
     s_off: u32,
     stats_fmt: u32,
     scale: f32,
-    _pad: u32,
+    kv_group: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -82,8 +83,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let row = row0 + lid.x;
     let live = row < seq;
     let qb = P.q_off + head * seq * hd;
-    let kb = P.k_off + head * seq * hd;
-    let vb = P.v_off + head * seq * hd;
+    let kvh = head / max(P.kv_group, 1u);
+    let kb = P.k_off + kvh * seq * hd;
+    let vb = P.v_off + kvh * seq * hd;
     let bc = min(BC_MAX, TILE / hd);
 
     var qr: array<f32, HD_MAX>;

@@ -62,7 +62,8 @@ pub struct DevicesArgs {
 #[derive(Debug, Args, Clone, Default, PartialEq, Eq)]
 pub struct WorkloadArgs {
     /// A preset: gpt2 gpt2-medium gpt2-large gpt2-xl bert-base bert-large vit-b16 vit-l16
-    /// llama-7b llama-13b resnet50 (plus tiny-gpt, tiny-cnn for tests).
+    /// llama-7b llama-13b llama3-8b mistral-7b qwen2.5-7b qwen2.5-0.5b mixtral-8x7b gemma2-9b
+    /// phi3-mini resnet50 (plus tiny-gpt, tiny-cnn for tests).
     #[arg(long, value_name = "NAME", allow_hyphen_values = true)]
     pub model: Option<String>,
     /// A Hugging Face config.json, or an oomprobe TOML case file.
@@ -95,9 +96,17 @@ pub struct WorkloadArgs {
     /// adam | sgd | sgd-momentum | none (none = inference: weights only).
     #[arg(long, value_name = "O", allow_hyphen_values = true)]
     pub optimizer: Option<String>,
-    /// naive | flash
+    /// eager (naive) | sdpa | flash: transformers' attn_implementation (default sdpa, as
+    /// transformers picks; eager for Gemma 2).
     #[arg(long, value_name = "A", allow_hyphen_values = true)]
     pub attention: Option<String>,
+    /// Key/value heads (grouped-query attention; 1 is multi-query). Default: the model's.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub kv_heads: Option<String>,
+    /// cuda | cpu: whose autocast op lists and attention kernels the plan follows (cpu to
+    /// compare with a run on the CPU).
+    #[arg(long, value_name = "D", allow_hyphen_values = true)]
+    pub autocast_device: Option<String>,
     /// none | full | sqrt | every:K
     #[arg(long, value_name = "C", allow_hyphen_values = true)]
     pub checkpoint: Option<String>,

@@ -11,9 +11,7 @@ use crate::plan::build::{param_count, PlanError};
 use crate::plan::{CurvePoint, EventKind, Peak, Phase, Plan, Role};
 use crate::scenario::Scenario;
 use crate::units::{fmt_bytes, fmt_count};
-use crate::workload::{
-    Arch, Attention, Checkpoint, Gelu, Grads, OptimizerImpl, StepKind, Workload,
-};
+use crate::workload::{Arch, Checkpoint, Gelu, Grads, OptimizerImpl, StepKind, Workload};
 
 /// Bytes per role (JSON contract: these field names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -192,16 +190,33 @@ pub fn describe(w: &Workload) -> String {
         crate::workload::Optimizer::SgdMomentum => "sgd-momentum",
         crate::workload::Optimizer::None => "no optimizer (inference)",
     };
-    let mut s =
-        match w.arch {
-            Arch::Dense => format!("{}: {psi} params (model states only)", w.name),
-            Arch::Resnet => format!(
-                "{}: ResNet-{}, width {}, {} px, {} classes, batch {}, {psi} params",
-                w.name, w.layers, w.hidden, w.image, w.vocab, w.batch
-            ),
-            _ => {
+    let mut s = match w.arch {
+        Arch::Dense => format!("{}: {psi} params (model states only)", w.name),
+        Arch::Resnet => format!(
+            "{}: ResNet-{}, width {}, {} px, {} classes, batch {}, {psi} params",
+            w.name, w.layers, w.hidden, w.image, w.vocab, w.batch
+        ),
+        _ => {
+            let kv = match w.kv_heads {
+                Some(1) => " (multi-query: 1 key/value head)".to_string(),
+                Some(g) => format!(" ({g} key/value heads)"),
+                None => String::new(),
+            };
+            let moe = w.moe.map_or(String::new(), |m| {
                 format!(
-            "{}: {} layers, hidden {}, {} heads, ffn {}, {} {}, batch {}, seq {}, {psi} params",
+                    ", {} experts (top {}, ffn {}{})",
+                    m.experts,
+                    m.top_k,
+                    m.expert_ffn,
+                    if m.shared_ffn > 0 {
+                        format!(", shared {}", m.shared_ffn)
+                    } else {
+                        String::new()
+                    }
+                )
+            });
+            format!(
+            "{}: {} layers, hidden {}, {} heads{kv}, ffn {}{moe}, {} {}, batch {}, seq {}, {psi} params",
             w.name,
             w.layers,
             w.hidden,
@@ -212,8 +227,8 @@ pub fn describe(w: &Workload) -> String {
             w.batch,
             w.seq
         )
-            }
-        };
+        }
+    };
     s.push_str(&format!(", {prec}, {opt}"));
     if w.inference() {
         s.push_str(", inference forward");
@@ -239,10 +254,10 @@ pub fn describe(w: &Workload) -> String {
         s.push_str(", KV cache kept");
     }
     if w.is_transformer() {
-        s.push_str(match w.attention {
-            Attention::Naive => ", naive attention",
-            Attention::Flash => ", flash attention",
-        });
+        s.push_str(&format!(
+            ", {} attention",
+            crate::plan::transformer::attention_summary(w)
+        ));
         match w.checkpoint {
             Checkpoint::None => {}
             Checkpoint::Full => s.push_str(", full checkpointing"),

@@ -105,6 +105,13 @@ fn flash_equals_naive_attention() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh"]
+fn grouped_flash_matches_repeated_kv() {
+    let (mut full, mut chunked) = (device(), small_device());
+    kc::grouped_flash_matches_repeated_kv(&mut *full, &mut *chunked);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh"]
 fn conv2d_matches_reference() {
     let (mut full, mut chunked) = (device(), small_device());
     kc::conv2d_matches_reference(&mut *full, &mut *chunked);

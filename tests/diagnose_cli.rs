@@ -28,7 +28,20 @@ fn remedy<'a>(v: &'a Value, name: &str) -> &'a Value {
 
 #[test]
 fn gpt2_at_16k_tokens_on_40gib_is_sequence_too_long() {
+    // With SDPA (transformers' default) no [b, a, s, s] tensor is held: it fits.
     let v = diagnose(&["--model", "gpt2", "--seq", "16384", "--memory", "40GiB"]);
+    assert_eq!(v["cause"], "fits");
+    // The seed's story is eager attention's.
+    let v = diagnose(&[
+        "--model",
+        "gpt2",
+        "--seq",
+        "16384",
+        "--memory",
+        "40GiB",
+        "--attention",
+        "eager",
+    ]);
     assert_eq!(v["cause"], "sequence_too_long");
     assert_eq!(v["schema_version"], 1);
     for k in [
@@ -50,7 +63,7 @@ fn gpt2_at_16k_tokens_on_40gib_is_sequence_too_long() {
 
 #[test]
 fn llama_13b_mixed_adam_on_80gib_is_model_too_large() {
-    let v = diagnose(&[
+    let args = [
         "--model",
         "llama-13b",
         "--precision",
@@ -59,15 +72,24 @@ fn llama_13b_mixed_adam_on_80gib_is_model_too_large() {
         "adam",
         "--memory",
         "80GiB",
-    ]);
+    ];
+    let v = diagnose(&args);
     assert_eq!(v["cause"], "model_too_large");
-    // ZeRO-3 shards everything: 208 GB of states over N cards plus activations. ZeRO-2 needs
-    // more cards; ZeRO-1 none suffices: the unsharded fp16 weights and gradients (52 GB) plus
-    // seq 2048's naive-attention activations (HF LLaMA's softmax is fp32, with an fp16 copy)
-    // exceed 80 GiB by themselves.
+    // ZeRO-3 shards everything: 208 GB of states over N cards plus activations; ZeRO-2 needs
+    // more cards, ZeRO-1 (the unsharded fp16 weights and gradients, 52 GB) more still.
     let z3 = remedy(&v, "ZeRO-3")["value"].as_u64().unwrap();
     let z2 = remedy(&v, "ZeRO-2")["value"].as_u64().unwrap();
-    assert!(z3 >= 3 && z3 < z2, "zero3 {z3} zero2 {z2}");
+    let z1 = remedy(&v, "ZeRO-1")["value"].as_u64().unwrap();
+    assert!(
+        z3 >= 3 && z3 < z2 && z2 < z1,
+        "zero3 {z3} zero2 {z2} zero1 {z1}"
+    );
+    // With eager attention seq 2048's scores alone (40 layers × [40, 2048, 2048] in fp32 plus
+    // an fp16 copy: 37.5 GiB) and the activations leave no room on 80 GiB for any stage.
+    let mut eager = args.to_vec();
+    eager.extend(["--attention", "eager"]);
+    let v = diagnose(&eager);
+    assert_eq!(v["cause"], "model_too_large");
     assert!(remedy(&v, "ZeRO-1")["value"].is_null());
 }
 
@@ -103,7 +125,15 @@ fn text_report_is_short() {
     let out = Command::cargo_bin("oomprobe")
         .unwrap()
         .args([
-            "diagnose", "--model", "gpt2", "--seq", "16384", "--memory", "40GiB",
+            "diagnose",
+            "--model",
+            "gpt2",
+            "--seq",
+            "16384",
+            "--memory",
+            "40GiB",
+            "--attention",
+            "eager",
         ])
         .assert()
         .success()

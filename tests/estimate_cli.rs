@@ -28,6 +28,7 @@ fn u(v: &Value, path: &str) -> u64 {
 
 #[test]
 fn llama_13b_mixed_adam_is_208_gb_of_model_states() {
+    // Seed §3.1 with eager attention (the LLaMA-1 era's; SDPA moves the peak).
     let v = json(&[
         "estimate",
         "--model",
@@ -36,6 +37,8 @@ fn llama_13b_mixed_adam_is_208_gb_of_model_states() {
         "mixed",
         "--optimizer",
         "adam",
+        "--attention",
+        "eager",
     ]);
     // Every model state, once backward has made all gradients.
     let states = u(&v, "/timeline/model_states_bytes");
@@ -80,6 +83,8 @@ fn gpt2_fp16_activations_follow_korthikanti() {
         "estimate",
         "--model",
         "gpt2",
+        "--attention",
+        "eager",
         "--batch",
         "8",
         "--seq",
@@ -169,7 +174,15 @@ fn bad_input_exits_2_with_one_line() {
     );
     // Each size within its limit, their product past 64 bits.
     fails_with_one_line(
-        &["estimate", "--seq", "16777216", "--batch", "65536"],
+        &[
+            "estimate",
+            "--seq",
+            "16777216",
+            "--batch",
+            "65536",
+            "--attention",
+            "eager",
+        ],
         "overflows 64 bits",
     );
     fails_with_one_line(&["estimate", "--memory", "0GB"], "--memory");
@@ -267,7 +280,7 @@ fn config_sizes_are_capped_and_overflows_name_the_fields() {
     let p = dir.path().join("config.json");
     let gpt2_heads = |n_layer: &str, n_embd: &str, n_head: &str, n_positions: &str| {
         format!(
-            r#"{{"model_type":"gpt2","n_embd":{n_embd},"n_layer":{n_layer},"n_head":{n_head},"n_positions":{n_positions},"vocab_size":50257}}"#
+            r#"{{"model_type":"gpt2","n_embd":{n_embd},"n_layer":{n_layer},"n_head":{n_head},"n_positions":{n_positions},"vocab_size":50257,"_attn_implementation":"eager"}}"#
         )
     };
     let gpt2 = |n_layer: &str, n_embd: &str, n_positions: &str| {

@@ -87,6 +87,12 @@ fn flash_equals_naive_attention() {
 }
 
 #[test]
+fn grouped_flash_matches_repeated_kv() {
+    let (mut full, mut chunked) = (device(), small_device());
+    kc::grouped_flash_matches_repeated_kv(&mut *full, &mut *chunked);
+}
+
+#[test]
 fn conv2d_matches_reference() {
     let (mut full, mut chunked) = (device(), small_device());
     kc::conv2d_matches_reference(&mut *full, &mut *chunked);

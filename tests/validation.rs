@@ -11,7 +11,9 @@ use oomprobe::plan::autocast::Device;
 use oomprobe::plan::build::param_count;
 use oomprobe::plan::Plan;
 use oomprobe::workload::presets::{self, vit_tokens};
-use oomprobe::workload::{Gelu, Grads, Mode, OptimizerImpl, Precision, StepKind, Workload};
+use oomprobe::workload::{
+    Arch, Attention, Gelu, Grads, Mode, Moe, OptimizerImpl, Precision, StepKind, Workload,
+};
 use serde_json::Value;
 
 fn load(name: &str) -> Value {
@@ -31,6 +33,9 @@ fn u(r: &Value, k: &str) -> u64 {
 /// The workload a fixture row measured, from the preset of its architecture.
 fn workload(r: &Value) -> Workload {
     let arch = r["arch"].as_str().unwrap();
+    if let Some(w) = llm_workload(r) {
+        return w;
+    }
     let preset = match arch {
         "gpt2" => "gpt2",
         "bert" => "bert-base",
@@ -39,6 +44,8 @@ fn workload(r: &Value) -> Workload {
         other => panic!("unknown arch {other}"),
     };
     let mut w = presets::get(preset).unwrap();
+    // Measured with transformers' eager attention.
+    w.attention = Attention::Naive;
     w.batch = u(r, "batch");
     match r["precision"].as_str().unwrap() {
         "fp32" => {}
@@ -79,6 +86,50 @@ fn workload(r: &Value) -> Workload {
         }
     }
     w
+}
+
+/// A decoder LLM row of `tests/fixtures/validation_llm.json` (None for the other
+/// architectures): the family's layers at the row's shape, CPU's SDPA kernels and autocast lists.
+fn llm_workload(r: &Value) -> Option<Workload> {
+    let arch = match r["arch"].as_str()? {
+        "llama" => Arch::Llama,
+        "qwen2" => Arch::Qwen2,
+        "mixtral" => Arch::Mixtral,
+        _ => return None,
+    };
+    let mut w = presets::base(r["model"].as_str()?, arch);
+    w.batch = u(r, "batch");
+    w.seq = u(r, "seq");
+    w.layers = u(r, "layers");
+    w.hidden = u(r, "hidden");
+    w.heads = u(r, "heads");
+    w.kv_heads = Some(u(r, "kv_heads")).filter(|&k| k != w.heads);
+    w.ffn = u(r, "ffn");
+    w.vocab = u(r, "vocab");
+    w.max_positions = u(r, "max_positions");
+    w.tie_embeddings = r["tied_embeddings"].as_bool();
+    w.kv_cache = r["use_cache"].as_bool().unwrap_or(false);
+    w.dropout = r["dropout"].as_f64().unwrap() > 0.0;
+    w.autocast_device = Device::Cpu;
+    w.attention = match r["attn_implementation"].as_str()? {
+        "eager" => Attention::Naive,
+        "sdpa" => Attention::Sdpa,
+        other => panic!("unknown attention {other}"),
+    };
+    w.precision = match r["precision"].as_str()? {
+        "fp32" => Precision::Fp32,
+        "autocast-bf16" => Precision::AmpBf16,
+        other => panic!("unknown precision {other}"),
+    };
+    if arch == Arch::Mixtral {
+        w.moe = Some(Moe {
+            experts: u(r, "experts"),
+            top_k: u(r, "experts_per_token"),
+            expert_ffn: w.ffn,
+            shared_ffn: 0,
+        });
+    }
+    Some(w)
 }
 
 /// One compared quantity.
@@ -168,6 +219,7 @@ fn checks_of(fx: &Value) -> Vec<Check> {
             v.grads = grads;
             v.step = step;
             let p = Plan::for_workload(&v).unwrap();
+            p.check_timeline().unwrap();
             let peak = p.peak();
             let tol = 0.03;
             // The backward phase alone (the activation-heavy part of the step, which the
@@ -202,6 +254,7 @@ fn checks_of(fx: &Value) -> Vec<Check> {
             let mut v = w.clone();
             v.mode = Mode::Inference;
             let p = Plan::for_workload(&v).unwrap();
+            p.check_timeline().unwrap();
             // ResNet on CPU: mkldnn's convolution workspaces (up to 10 MB) set the inference
             // peak; cuDNN's differ and neither is modelled.
             let tol = if w.arch == oomprobe::workload::Arch::Resnet {
@@ -327,4 +380,24 @@ fn shapes_beyond_the_fixture_scale_as_measured() {
     let measured = u(r, "saved_bytes") + u(r, "caller_held_bytes");
     let est = Plan::for_workload(&w).unwrap().saved_bytes();
     assert!((est as f64 - measured as f64).abs() / (measured as f64) < 0.005);
+}
+
+/// Today's decoder LLMs (`tests/fixtures/validation_llm.json`: a grouped-query LLaMA in eager
+/// and SDPA attention, with and without the KV cache, a multi-head one, a Qwen2 with tied
+/// embeddings, a Mixtral; fp32 and CPU autocast bf16), every quantity within 1 %.
+#[test]
+fn llm_rows_are_reproduced() {
+    let fx = load("validation_llm.json");
+    let rows = fx["rows"].as_array().unwrap();
+    assert!(rows.len() >= 10, "{} LLM rows", rows.len());
+    let mut checks = checks_of(&fx);
+    for c in &mut checks {
+        c.tol = c.tol.min(0.01);
+    }
+    for r in rows {
+        let id = r["id"].as_str().unwrap();
+        let n = checks.iter().filter(|c| c.row == id).count();
+        assert!(n >= 10, "{id}: {n} checks");
+    }
+    assert_checks(&checks, "OOMPROBE_LLM_TABLE");
 }

@@ -124,7 +124,8 @@ pub struct Conv2dParams {
 }
 
 /// `flash_attention` (bindings 1 = Q, 2 = K, 3 = V, 4 = O, 5 = S). Head h of the dispatch:
-/// Q/K/V/O at `<t>_off + h*seq*head_dim` ([seq][head_dim]), stats S at `s_off + h*seq*2`
+/// Q/O at `<t>_off + h*seq*head_dim` ([seq][head_dim]), K/V at `<t>_off +
+/// (h / kv_group)*seq*head_dim` (grouped-query attention; `kv_group` 0 reads as 1), stats S at `s_off + h*seq*2`
 /// ([seq][2] = row max of the scaled scores, row sum of exp(score - max)), S in format
 /// `stats_fmt` (see [`fmt_code`]). `head_dim <= 256`. Grid `[ceil(seq/64), heads, 1]`.
 #[repr(C)]
@@ -141,7 +142,7 @@ pub struct FlashParams {
     pub s_off: u32,
     pub stats_fmt: u32,
     pub scale: f32,
-    pub _pad: u32,
+    pub kv_group: u32,
 }
 
 /// Largest head dimension the flash kernel takes.

@@ -525,6 +525,8 @@ pub struct AttentionDims {
     pub seq: u64,
     pub head_dim: u64,
     pub causal: bool,
+    /// Query heads per key/value head (flash only; 1 without grouped-query attention).
+    pub kv_group: u64,
 }
 
 /// Naive attention: `scores = q·kᵀ/√d` (stored, unmasked), `probs = softmax(scores)` with the
@@ -599,23 +601,29 @@ pub fn flash_attention(
     if blocks > MAX_GROUPS_PER_DIM {
         return Err(err(format!("flash attention: seq {} is too long", d.seq)));
     }
+    // A unit of the split is one key/value head and its `g` query heads (grouped-query
+    // attention), so a run's query heads and key/value heads stay contiguous together.
+    let g = d.kv_group.max(1);
+    if !d.batch_heads.is_multiple_of(g) {
+        return Err(err(format!(
+            "flash attention: {} heads are not a multiple of the key/value group {g}",
+            d.batch_heads
+        )));
+    }
     let hs = d.seq * d.head_dim;
     let ops = [
-        opnd(q, 0, hs, hs),
+        opnd(q, 0, g * hs, g * hs),
         opnd(k, 0, hs, hs),
         opnd(v, 0, hs, hs),
-        opnd(out, 0, hs, hs),
-        opnd(stats, 0, 2 * d.seq, 2 * d.seq),
+        opnd(out, 0, g * hs, g * hs),
+        opnd(stats, 0, g * 2 * d.seq, g * 2 * d.seq),
     ];
     // QKᵀ and PV of one head: 2·seq²·head_dim multiply-adds.
-    let per_head = 2 * d.seq * d.seq * d.head_dim;
-    for r in split(
-        &ops,
-        d.batch_heads,
-        MAX_GROUPS_PER_DIM.min(units_within(per_head)),
-    )? {
+    let per_unit = g * 2 * d.seq * d.seq * d.head_dim;
+    let max_units = (MAX_GROUPS_PER_DIM / g).max(1);
+    let launch = |backend: &mut dyn Backend, r: &Run, heads: u64, group: u64| {
         let p = FlashParams {
-            heads: r.units as u32,
+            heads: heads as u32,
             seq: u32_of(d.seq, "seq")?,
             head_dim: d.head_dim as u32,
             causal: d.causal as u32,
@@ -626,15 +634,44 @@ pub fn flash_attention(
             s_off: r.at[4].1,
             stats_fmt,
             scale: 1.0 / (d.head_dim as f32).sqrt(),
-            _pad: 0,
+            kv_group: group as u32,
         };
         let bufs: Vec<BufferId> = r.at.iter().map(|x| x.0).collect();
         backend.dispatch(
             kernel,
             bytes_of(&p),
             &bufs,
-            [blocks as u32, r.units as u32, 1],
-        )?;
+            [blocks as u32, heads as u32, 1],
+        )
+    };
+    match split(
+        &ops,
+        d.batch_heads / g,
+        max_units.min(units_within(per_unit)),
+    ) {
+        Ok(runs) => {
+            for r in runs {
+                launch(backend, &r, r.units * g, g)?;
+            }
+        }
+        // A key/value head's group of query heads spans chunks: one query head per launch,
+        // reading its key/value head.
+        Err(SplitError::Straddle(_)) if g > 1 => {
+            for i in 0..d.batch_heads {
+                let kv = (i / g) * hs;
+                let one = [
+                    opnd(q, i * hs, 0, hs),
+                    opnd(k, kv, 0, hs),
+                    opnd(v, kv, 0, hs),
+                    opnd(out, i * hs, 0, hs),
+                    opnd(stats, i * 2 * d.seq, 0, 2 * d.seq),
+                ];
+                for r in split(&one, 1, 1)? {
+                    launch(backend, &r, 1, 1)?;
+                }
+            }
+        }
+        Err(e) => return Err(e.into()),
     }
     Ok(())
 }
@@ -832,6 +869,7 @@ pub fn run_step_with<'a>(
                 seq,
                 head_dim,
                 causal,
+                kv_group: 1,
             };
             attention_naive(
                 backend,
@@ -854,12 +892,14 @@ pub fn run_step_with<'a>(
             seq,
             head_dim,
             causal,
+            kv_group,
         } => {
             let d = AttentionDims {
                 batch_heads,
                 seq,
                 head_dim,
                 causal,
+                kv_group,
             };
             flash_attention(backend, t(q)?, t(k)?, t(v)?, t(out)?, t(stats)?, &d)
         }
@@ -1040,6 +1080,7 @@ mod tests {
                 seq,
                 head_dim: hd,
                 causal: true,
+                kv_group: 1,
             };
             let mut l = Launches::new();
             flash_attention(&mut l, &t, &t, &t, &t, &stats, &d).unwrap();

@@ -247,11 +247,33 @@ pub fn validate(w: &Workload) -> Result<(), PlanError> {
             need(w.ffn, "ffn")?;
             need(w.vocab, "vocab")?;
             need(w.seq, "seq")?;
-            if !w.hidden.is_multiple_of(w.heads) {
+            if w.head_dim.is_none() && !w.hidden.is_multiple_of(w.heads) {
                 return Err(PlanError::Invalid(format!(
                     "heads ({}) must divide hidden ({})",
                     w.heads, w.hidden
                 )));
+            }
+            if let Some(kv) = w.kv_heads {
+                need(kv, "kv-heads")?;
+                if !w.heads.is_multiple_of(kv) {
+                    return Err(PlanError::Invalid(format!(
+                        "kv-heads ({kv}) must divide heads ({}): each key/value head serves a whole group of query heads",
+                        w.heads
+                    )));
+                }
+            }
+            if matches!(w.arch, Arch::Mixtral | Arch::Qwen2Moe | Arch::Qwen3Moe) {
+                let m = w.moe.ok_or_else(|| {
+                    PlanError::Invalid(format!("{} needs its experts (zero given)", w.name))
+                })?;
+                need(m.experts, "experts")?;
+                need(m.expert_ffn, "the experts' ffn")?;
+                if m.top_k == 0 || m.top_k > m.experts {
+                    return Err(PlanError::Invalid(format!(
+                        "experts per token ({}) must be between 1 and the {} experts",
+                        m.top_k, m.experts
+                    )));
+                }
             }
             if w.arch == Arch::Vit {
                 need(w.patch, "patch")?;
@@ -294,7 +316,7 @@ impl Plan {
             Scenario::Seq => {
                 if !w.is_text_transformer() {
                     return Err(PlanError::Unsupported(format!(
-                        "the seq scenario needs a text transformer (gpt2, bert, llama), not {}",
+                        "the seq scenario needs a text transformer (gpt2, bert, the LLaMA-style decoders), not {}",
                         w.name
                     )));
                 }

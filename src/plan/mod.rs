@@ -142,7 +142,8 @@ pub enum Step {
         causal: bool,
     },
     /// Tiled attention with online softmax: no N×N buffer; `stats` holds [bh][seq][2]
-    /// (row max, row sum) for the backward pass.
+    /// (row max, row sum) for the backward pass. Query head `i` reads key/value head
+    /// `i / kv_group`.
     FlashAttention {
         q: TensorIx,
         k: TensorIx,
@@ -153,6 +154,10 @@ pub enum Step {
         seq: u64,
         head_dim: u64,
         causal: bool,
+        /// Query heads per key/value head (grouped-query attention: k and v hold
+        /// `batch_heads / kv_group` heads); 0 or 1 for one each.
+        #[serde(default)]
+        kv_group: u64,
     },
     /// Layer norm over rows of x[rows][cols] into y (unit gain, zero bias).
     LayerNorm {

@@ -117,6 +117,9 @@ pub fn shard_elems(psi: u64, kind: &StateKind, zero: u8, gpus: u64) -> u64 {
 pub struct Piece {
     pub name: String,
     pub elems: u64,
+    /// Elements of the group's largest single parameter tensor (what one for-loop Adam
+    /// temporary holds at a time).
+    pub largest: u64,
 }
 
 impl Piece {
@@ -124,7 +127,13 @@ impl Piece {
         Piece {
             name: name.into(),
             elems,
+            largest: elems,
         }
+    }
+    /// The same piece whose largest parameter tensor has `n` elements (at most all of them).
+    pub fn largest(mut self, n: u64) -> Piece {
+        self.largest = n.min(self.elems);
+        self
     }
 }
 
@@ -132,6 +141,8 @@ impl Piece {
 #[derive(Debug, Clone, Default)]
 pub struct PieceStates {
     pub elems: u64,
+    /// Elements of the largest parameter tensor (see `Piece::largest`).
+    pub largest: u64,
     pub params: TensorIx,
     /// fp32 master weights (mixed precision).
     pub master: Option<TensorIx>,
@@ -219,12 +230,15 @@ impl States {
         for p in &pieces {
             let mut ps = PieceStates {
                 elems: p.elems,
+                largest: p.largest,
                 ..Default::default()
             };
             for kind in s.kinds.clone() {
                 let present = match kind.role {
                     Role::Params => true,
-                    Role::Gradients => s.keep_grads,
+                    // Kept gradients exist before a steady step; the first step has none
+                    // before its first backward, whatever zero_grad does later.
+                    Role::Gradients => s.keep_grads && !s.first_step,
                     _ => kind.name == "opt.master" || !s.first_step,
                 };
                 if present {
@@ -559,9 +573,10 @@ impl States {
         for i in 0..n {
             let mut denom = None;
             if adam && imp == OptimizerImpl::ForLoop {
-                // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bc2).add_(eps): the sqrt and
-                // the quotient are alive together for a moment.
-                let elems = self.pieces[i].elems;
+                // _single_tensor_adam, one parameter tensor at a time: denom =
+                // (exp_avg_sq.sqrt() / bc2).add_(eps): the sqrt and the quotient are alive
+                // together for a moment; the largest tensor of the group sets the peak.
+                let elems = self.pieces[i].largest.max(1).min(self.pieces[i].elems);
                 let sqrt = tmp_of(b, i, "sqrt", &self.names, elems)?;
                 denom = Some(tmp_of(b, i, "denom", &self.names, elems)?);
                 b.free(sqrt);

@@ -5,9 +5,18 @@
 //!   (null → 4·n_embd), `resid_pdrop` (dropout when > 0).
 //! - BERT (`"bert"`): `hidden_size`, `num_hidden_layers`, `num_attention_heads`,
 //!   `intermediate_size`, `max_position_embeddings`, `vocab_size`, `hidden_dropout_prob`.
-//! - LLaMA (`"llama"`): as BERT plus `rms_norm_eps`, `tie_word_embeddings`;
-//!   `num_key_value_heads` different from the head count (grouped-query attention) is rejected:
-//!   it is not modelled.
+//! - The decoder LLMs (`llama`, `mistral`, `qwen2`, `qwen3`, `gemma`, `gemma2`, `gemma3` /
+//!   `gemma3_text` (a multimodal config's `text_config`), `phi3`, `mixtral`, `qwen2_moe`,
+//!   `qwen3_moe`): `hidden_size`, `num_hidden_layers`, `num_attention_heads`,
+//!   `num_key_value_heads` (absent: one per head, as transformers does), `head_dim`,
+//!   `intermediate_size`, `vocab_size`, `max_position_embeddings`, `tie_word_embeddings`
+//!   (the family's default when absent), `attention_bias`, `mlp_bias`, `torch_dtype` / `dtype`
+//!   (the precision transformers 5 loads the weights in), `use_cache`, `attention_dropout`,
+//!   `_attn_implementation` / `attn_implementation`, Gemma 2's `final_logit_softcapping` and
+//!   `attn_logit_softcapping`; experts from `num_local_experts` / `num_experts`,
+//!   `num_experts_per_tok`, `moe_intermediate_size`, `shared_expert_intermediate_size`.
+//!   `rope_scaling`, `rope_theta`, `sliding_window` and `rms_norm_eps` are read and change no
+//!   memory. The sequence defaults to the context, at most 4096 tokens.
 //! - ViT (`"vit"`): as BERT plus `image_size`, `patch_size`, `num_channels` (3), classes from
 //!   `id2label` (default 1000).
 //!
@@ -97,7 +106,7 @@ fn gelu_of(
 #[derive(Debug, Clone)]
 pub enum LoadedConfig {
     /// A Hugging Face config.json.
-    Hf(Workload),
+    Hf(Box<Workload>),
     /// An oomprobe case file.
     Case(Box<CaseFile>),
 }
@@ -189,7 +198,9 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         step,
         optimizer_impl,
         gelu,
-        kv_cache
+        kv_cache,
+        kv_heads,
+        autocast_device
     )
 }
 
@@ -212,7 +223,7 @@ pub fn load_config(path: &Path) -> Result<LoadedConfig, ConfigError> {
     {
         load_case(path, text).map(|c| LoadedConfig::Case(Box::new(c)))
     } else {
-        load_hf(&p, text).map(LoadedConfig::Hf)
+        load_hf(&p, text).map(|w| LoadedConfig::Hf(Box::new(w)))
     }
 }
 
@@ -285,24 +296,43 @@ pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
             ))
         }
     };
+    // The model's name: `_name_or_path`, else the file's (its folder's for a `config.json`).
     let name = match obj.get("_name_or_path") {
         Some(Json::String(s)) if !s.is_empty() => s.clone(),
-        _ => kind.clone(),
+        _ => {
+            let p = Path::new(path);
+            let stem = if p.file_name().is_some_and(|f| f == "config.json") {
+                p.parent().and_then(|d| d.file_name())
+            } else {
+                p.file_stem()
+            };
+            stem.and_then(|s| s.to_str())
+                .filter(|s| !s.is_empty())
+                .map_or_else(|| kind.clone(), |s| s.to_string())
+        }
     };
     let dropout =
         |key: &str| -> Result<bool, ConfigError> { Ok(get_f(key)?.is_none_or(|p| p > 0.0)) };
     let arch = match kind.as_str() {
         "gpt2" => Arch::Gpt2,
         "bert" => Arch::Bert,
-        "llama" => Arch::Llama,
         "vit" => Arch::Vit,
-        other => {
-            return Err(field_err(
-                path,
-                "model_type",
-                format!("unsupported model_type '{other}' (gpt2, bert, llama, vit)"),
-            ))
-        }
+        other => match llm_arch(other) {
+            Some(a) => return load_llm(path, obj, a, &name),
+            None => {
+                return Err(field_err(
+                    path,
+                    "model_type",
+                    format!(
+                        "unsupported model_type '{other}' (supported: {}){}",
+                        MODEL_TYPES.join(", "),
+                        nearest_type(other)
+                            .map(|t| format!("; the nearest family is '{t}': try --model with a preset, or set \"model_type\": \"{t}\" if the layers are the same"))
+                            .unwrap_or_default()
+                    ),
+                ))
+            }
+        },
     };
     let mut w = presets::base(&name, arch);
     match arch {
@@ -348,42 +378,13 @@ pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
             w.heads = req_u("num_attention_heads")?;
             w.ffn = req_u("intermediate_size")?;
             w.dropout = dropout("hidden_dropout_prob")?;
-            if arch != Arch::Llama {
-                w.gelu = gelu_of(path, "hidden_act", obj.get("hidden_act"), "gelu")?;
-            }
+            w.gelu = gelu_of(path, "hidden_act", obj.get("hidden_act"), "gelu")?;
         }
     }
     match arch {
         Arch::Bert => {
             w.vocab = req_u("vocab_size")?;
             w.max_positions = req_u("max_position_embeddings")?;
-        }
-        Arch::Llama => {
-            w.vocab = req_u("vocab_size")?;
-            w.max_positions = get_u("max_position_embeddings")?.unwrap_or(2048);
-            w.precision = super::Precision::Mixed;
-            w.dropout = get_f("attention_dropout")?.is_some_and(|p| p > 0.0);
-            get_f("rms_norm_eps")?;
-            match obj.get("tie_word_embeddings") {
-                None | Some(Json::Null) => {}
-                Some(Json::Bool(b)) => w.tie_embeddings = Some(*b),
-                Some(x) => {
-                    return Err(field_err(
-                        path,
-                        "tie_word_embeddings",
-                        format!("expected true or false, found {x}"),
-                    ))
-                }
-            }
-            if let Some(kv) = get_u("num_key_value_heads")? {
-                if kv != w.heads {
-                    return Err(field_err(
-                        path,
-                        "num_key_value_heads",
-                        format!("{kv} != num_attention_heads {}: grouped-query attention is not modelled", w.heads),
-                    ));
-                }
-            }
         }
         Arch::Vit => {
             w.image = req_u("image_size")?;
@@ -412,6 +413,9 @@ pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
     }
     if w.arch != Arch::Vit {
         w.seq = w.max_positions;
+    }
+    if let Some(a) = attention_of(path, obj)? {
+        w.attention = a;
     }
     let heads_key = if arch == Arch::Gpt2 {
         "n_head"
@@ -444,8 +448,327 @@ pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
     Ok(w)
 }
 
+/// Every `model_type` a config.json may have.
+pub const MODEL_TYPES: [&str; 15] = [
+    "gpt2",
+    "bert",
+    "vit",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "gemma3_text",
+    "phi3",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+];
+
+/// The decoder LLM family of a `model_type`.
+fn llm_arch(t: &str) -> Option<Arch> {
+    Some(match t {
+        "llama" => Arch::Llama,
+        "mistral" => Arch::Mistral,
+        "qwen2" => Arch::Qwen2,
+        "qwen3" => Arch::Qwen3,
+        "gemma" => Arch::Gemma,
+        "gemma2" => Arch::Gemma2,
+        "gemma3" | "gemma3_text" => Arch::Gemma3,
+        "phi3" => Arch::Phi3,
+        "mixtral" => Arch::Mixtral,
+        "qwen2_moe" => Arch::Qwen2Moe,
+        "qwen3_moe" => Arch::Qwen3Moe,
+        _ => return None,
+    })
+}
+
+/// The supported `model_type` closest to an unsupported one: a supported type it starts with
+/// (`qwen2_vl` → `qwen2`, `llama4` → `llama`), a known relative, or the nearest by edits.
+fn nearest_type(t: &str) -> Option<&'static str> {
+    let t = t.to_ascii_lowercase();
+    let known = [
+        ("mistral3", "mistral"),
+        ("ministral", "mistral"),
+        ("phi", "phi3"),
+        ("phimoe", "mixtral"),
+        ("deepseek", "qwen3_moe"),
+        ("olmoe", "qwen3_moe"),
+        ("granite", "llama"),
+        ("yi", "llama"),
+        ("internlm", "llama"),
+        ("baichuan", "llama"),
+        ("gpt_neox", "gpt2"),
+        ("gptj", "gpt2"),
+        ("roberta", "bert"),
+        ("deit", "vit"),
+    ];
+    if let Some((_, to)) = known.iter().find(|(k, _)| t.starts_with(k)) {
+        return Some(to);
+    }
+    if let Some(m) = MODEL_TYPES
+        .iter()
+        .filter(|m| t.starts_with(*m))
+        .max_by_key(|m| m.len())
+    {
+        return Some(m);
+    }
+    let dist = |a: &str, b: &str| {
+        let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for i in 1..=a.len() {
+            let mut prev = row[0];
+            row[0] = i;
+            for j in 1..=b.len() {
+                let cur = row[j];
+                row[j] = (row[j] + 1)
+                    .min(row[j - 1] + 1)
+                    .min(prev + usize::from(a[i - 1] != b[j - 1]));
+                prev = cur;
+            }
+        }
+        row[b.len()]
+    };
+    MODEL_TYPES
+        .iter()
+        .map(|m| (dist(&t, m), *m))
+        .filter(|(d, _)| *d <= 3)
+        .min()
+        .map(|(_, m)| m)
+}
+
+/// Read a decoder LLM's config.json (see the module doc).
+fn load_llm(
+    path: &str,
+    root: &serde_json::Map<String, Json>,
+    arch: Arch,
+    name: &str,
+) -> Result<Workload, ConfigError> {
+    // A multimodal Gemma 3 keeps its language model's shape in `text_config`.
+    let obj = match root.get("text_config") {
+        Some(Json::Object(t)) if arch == Arch::Gemma3 => t,
+        _ => root,
+    };
+    let get_u = |key: &str| -> Result<Option<u64>, ConfigError> {
+        match obj.get(key) {
+            None | Some(Json::Null) => Ok(None),
+            Some(x) => match x.as_u64() {
+                Some(0) => Err(field_err(path, key, "must be greater than zero")),
+                Some(n) => hf_size(key)
+                    .map_or(Ok(n), |size| check_limit(size, n))
+                    .map(Some)
+                    .map_err(|e| field_err(path, key, e)),
+                None => Err(field_err(
+                    path,
+                    key,
+                    format!("expected a positive integer, found {x}"),
+                )),
+            },
+        }
+    };
+    let req_u = |key: &str| get_u(key)?.ok_or_else(|| field_err(path, key, "missing (required)"));
+    let get_b = |key: &str| -> Result<Option<bool>, ConfigError> {
+        match obj.get(key) {
+            None | Some(Json::Null) => Ok(None),
+            Some(Json::Bool(b)) => Ok(Some(*b)),
+            Some(x) => Err(field_err(
+                path,
+                key,
+                format!("expected true or false, found {x}"),
+            )),
+        }
+    };
+    let get_f = |key: &str| -> Result<Option<f64>, ConfigError> {
+        match obj.get(key) {
+            None | Some(Json::Null) => Ok(None),
+            Some(x) => x
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| field_err(path, key, format!("expected a number, found {x}"))),
+        }
+    };
+    let get_s = |key: &str| -> Result<Option<String>, ConfigError> {
+        match root.get(key).or_else(|| obj.get(key)) {
+            None | Some(Json::Null) => Ok(None),
+            Some(Json::String(s)) => Ok(Some(s.clone())),
+            Some(x) => Err(field_err(
+                path,
+                key,
+                format!("expected a string, found {x}"),
+            )),
+        }
+    };
+    let mut w = presets::base(name, arch);
+    w.hidden = req_u("hidden_size")?;
+    w.layers = req_u("num_hidden_layers")?;
+    w.heads = req_u("num_attention_heads")?;
+    w.vocab = req_u("vocab_size")?;
+    w.max_positions = get_u("max_position_embeddings")?.unwrap_or(2048);
+    w.seq = w.max_positions.min(presets::LLM_SEQ);
+    w.head_dim = get_u("head_dim")?;
+    if let Some(kv) = get_u("num_key_value_heads")? {
+        if !w.heads.is_multiple_of(kv) {
+            return Err(field_err(
+                path,
+                "num_key_value_heads",
+                format!(
+                    "{kv} does not divide num_attention_heads {} (each key/value head serves a whole group of query heads)",
+                    w.heads
+                ),
+            ));
+        }
+        w.kv_heads = (kv != w.heads).then_some(kv);
+    }
+    if w.head_dim.is_none() && !w.hidden.is_multiple_of(w.heads) {
+        return Err(field_err(
+            path,
+            "num_attention_heads",
+            format!(
+                "{} heads do not divide the hidden size {} (and no head_dim is given)",
+                w.heads, w.hidden
+            ),
+        ));
+    }
+    w.ffn = req_u("intermediate_size")?;
+    w.dropout = get_f("attention_dropout")?.is_some_and(|p| p > 0.0);
+    w.tie_embeddings = get_b("tie_word_embeddings")?;
+    w.attention_bias = get_b("attention_bias")?;
+    if arch == Arch::Qwen2Moe {
+        // Qwen2-MoE reads `qkv_bias` (true by default).
+        w.attention_bias = get_b("qkv_bias")?.or(Some(true));
+    }
+    if matches!(arch, Arch::Qwen2 | Arch::Phi3) {
+        // Hard-coded in transformers: Qwen2's q, k, v have biases, Phi-3 has none.
+        w.attention_bias = None;
+    }
+    w.mlp_bias = get_b("mlp_bias")?.unwrap_or(false);
+    w.kv_cache = get_b("use_cache")?.unwrap_or(true);
+    for key in ["rms_norm_eps", "rope_theta"] {
+        get_f(key)?;
+    }
+    w.precision = match get_s("torch_dtype")?.or(get_s("dtype")?).as_deref() {
+        None | Some("bfloat16") => super::Precision::Bf16,
+        Some("float16") => super::Precision::Fp16,
+        Some("float32") => super::Precision::Fp32,
+        Some(other) => {
+            return Err(field_err(
+                path,
+                "torch_dtype",
+                format!("unsupported dtype '{other}' (float32, float16, bfloat16)"),
+            ))
+        }
+    };
+    if arch == Arch::Gemma2 {
+        w.attention = super::Attention::Naive;
+        w.logit_softcap = get_f("final_logit_softcapping")?.is_some();
+        w.attn_softcap = get_f("attn_logit_softcapping")?.is_some();
+    } else if arch == Arch::Gemma3 {
+        w.logit_softcap = get_f("final_logit_softcapping")?.is_some();
+    }
+    if let Some(a) = attention_of(path, root)? {
+        w.attention = a;
+    }
+    if matches!(arch, Arch::Mixtral | Arch::Qwen2Moe | Arch::Qwen3Moe) {
+        let key = if arch == Arch::Mixtral {
+            "num_local_experts"
+        } else {
+            "num_experts"
+        };
+        let experts = match obj.get(key) {
+            Some(Json::Number(n)) if n.as_u64() == Some(0) => {
+                return Err(field_err(
+                    path,
+                    key,
+                    "zero experts: a mixture of experts needs at least one",
+                ))
+            }
+            _ => req_u(key)?,
+        };
+        let top_k = req_u("num_experts_per_tok")?;
+        if top_k > experts {
+            return Err(field_err(
+                path,
+                "num_experts_per_tok",
+                format!("{top_k} is more than the {experts} experts"),
+            ));
+        }
+        let expert_ffn = match arch {
+            Arch::Mixtral => w.ffn,
+            _ => req_u("moe_intermediate_size")?,
+        };
+        let shared_ffn = if arch == Arch::Qwen2Moe {
+            get_u("shared_expert_intermediate_size")?.unwrap_or(0)
+        } else {
+            0
+        };
+        if get_u("decoder_sparse_step")?.is_some_and(|k| k != 1) {
+            return Err(field_err(
+                path,
+                "decoder_sparse_step",
+                "only every layer sparse (1) is modelled",
+            ));
+        }
+        if matches!(obj.get("mlp_only_layers"), Some(Json::Array(a)) if !a.is_empty()) {
+            return Err(field_err(
+                path,
+                "mlp_only_layers",
+                "dense layers among sparse ones are not modelled",
+            ));
+        }
+        w.moe = Some(super::Moe {
+            experts,
+            top_k,
+            expert_ffn,
+            shared_ffn,
+        });
+    }
+    // Sizes each within their limit can still overflow together: name the fields.
+    if let Err(e @ PlanError::Overflow { .. }) = Plan::for_workload(&w) {
+        return Err(field_err(
+            path,
+            "hidden_size, num_hidden_layers, intermediate_size, vocab_size",
+            format!("together too large: {e}"),
+        ));
+    }
+    Ok(w)
+}
+
+/// The attention a config.json asks for (`_attn_implementation` or `attn_implementation`).
+fn attention_of(
+    path: &str,
+    obj: &serde_json::Map<String, Json>,
+) -> Result<Option<super::Attention>, ConfigError> {
+    for key in ["_attn_implementation", "attn_implementation"] {
+        match obj.get(key) {
+            None | Some(Json::Null) => continue,
+            Some(Json::String(s)) => {
+                return match s.as_str() {
+                    "eager" => Ok(Some(super::Attention::Naive)),
+                    "sdpa" => Ok(Some(super::Attention::Sdpa)),
+                    "flash_attention_2" | "flash_attention_3" => Ok(Some(super::Attention::Flash)),
+                    other => Err(field_err(
+                        path,
+                        key,
+                        format!("unsupported attention '{other}' (eager, sdpa, flash_attention_2)"),
+                    )),
+                }
+            }
+            Some(x) => {
+                return Err(field_err(
+                    path,
+                    key,
+                    format!("expected a string, found {x}"),
+                ))
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// The size (flag name) each config.json field sets, for its limit.
-const HF_SIZES: [(&str, &str); 14] = [
+const HF_SIZES: [(&str, &str); 19] = [
     ("n_embd", "hidden"),
     ("n_layer", "layers"),
     ("n_head", "heads"),
@@ -460,6 +783,11 @@ const HF_SIZES: [(&str, &str); 14] = [
     ("intermediate_size", "ffn"),
     ("max_position_embeddings", "seq"),
     ("image_size", "image"),
+    ("head_dim", "hidden"),
+    ("num_local_experts", "experts"),
+    ("num_experts", "experts"),
+    ("moe_intermediate_size", "ffn"),
+    ("shared_expert_intermediate_size", "ffn"),
 ];
 
 fn hf_size(key: &str) -> Option<&'static str> {
@@ -470,7 +798,7 @@ fn hf_size(key: &str) -> Option<&'static str> {
 }
 
 /// Workload keys of a case file and how each is typed.
-const STRING_KEYS: [&str; 10] = [
+const STRING_KEYS: [&str; 11] = [
     "precision",
     "optimizer",
     "attention",
@@ -481,9 +809,11 @@ const STRING_KEYS: [&str; 10] = [
     "step",
     "optimizer_impl",
     "gelu",
+    "autocast_device",
 ];
-const NUMBER_KEYS: [&str; 11] = [
+const NUMBER_KEYS: [&str; 12] = [
     "batch", "seq", "layers", "hidden", "heads", "ffn", "vocab", "image", "params", "zero", "gpus",
+    "kv_heads",
 ];
 
 fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
@@ -510,6 +840,8 @@ fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
         "optimizer_impl" => &mut args.optimizer_impl,
         "gelu" => &mut args.gelu,
         "zero" => &mut args.zero,
+        "kv_heads" => &mut args.kv_heads,
+        "autocast_device" => &mut args.autocast_device,
         _ => &mut args.gpus,
     };
     *slot = Some(v);
@@ -823,7 +1155,13 @@ verdict = "fits"
             .unwrap_err()
             .to_string();
         assert!(e.contains("'hidden_size'") && e.contains("b.json"), "{e}");
-        let e = load_hf("l.json", r#"{"model_type":"llama","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"intermediate_size":11008,"vocab_size":32000}"#).unwrap_err().to_string();
+        let l = load_hf("l.json", r#"{"model_type":"llama","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"intermediate_size":11008,"vocab_size":32000}"#).unwrap();
+        assert_eq!((l.arch, l.kv_heads(), l.seq), (Arch::Llama, 8, 2048));
+        let e = load_hf("l.json", r#"{"model_type":"llama","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":7,"intermediate_size":11008,"vocab_size":32000}"#).unwrap_err().to_string();
         assert!(e.contains("num_key_value_heads"), "{e}");
+        let e = load_hf("q.json", r#"{"model_type":"qwen2_vl"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nearest family is 'qwen2'"), "{e}");
     }
 }

@@ -15,8 +15,29 @@ pub enum Arch {
     Gpt2,
     /// BERT style encoder: GeLU MLP, LayerNorm, dropout, MLM head.
     Bert,
-    /// LLaMA style decoder: SwiGLU MLP, RMSNorm, no dropout, untied head.
+    /// LLaMA style decoder: SwiGLU MLP, RMSNorm, RoPE, no dropout, untied head, grouped-query
+    /// attention where `kv_heads` says so.
     Llama,
+    /// Mistral: LLaMA's layer (its sliding window is a mask: no memory change).
+    Mistral,
+    /// Qwen2 / Qwen2.5: LLaMA's layer with q, k, v biases.
+    Qwen2,
+    /// Qwen3: LLaMA's layer with RMSNorms over each head's q and k, and its own head width.
+    Qwen3,
+    /// Gemma: GeGLU MLP, embeddings scaled by √h, tied head, head width 256.
+    Gemma,
+    /// Gemma 2: Gemma with four norms per layer and tanh soft-capping of scores and logits.
+    Gemma2,
+    /// Gemma 3 (text): Gemma 2's layer with q/k norms instead of score soft-capping.
+    Gemma3,
+    /// Phi-3: LLaMA's layer with fused qkv and gate-up projections.
+    Phi3,
+    /// Mixtral: LLaMA's attention, a sparse mixture of SwiGLU experts.
+    Mixtral,
+    /// Qwen2-MoE: Qwen2's attention, routed experts plus a gated shared expert.
+    Qwen2Moe,
+    /// Qwen3-MoE: Qwen3's attention, routed experts.
+    Qwen3Moe,
     /// Vision transformer: patch embedding, class token, GeLU MLP, LayerNorm.
     Vit,
     /// ResNet-50 style bottleneck CNN.
@@ -82,11 +103,47 @@ pub enum Optimizer {
     None,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// How attention runs (`--attention`), as transformers' `attn_implementation` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Attention {
+    /// `eager` (`naive` in JSON and on the command line too): q·kᵀ, softmax and probs·v as
+    /// separate ops, the [b, a, s, s] probabilities saved for backward; K and V repeated to the
+    /// query heads (`repeat_kv`) under grouped-query attention.
     Naive,
+    /// `sdpa` (transformers' default): `F.scaled_dot_product_attention`, whose backend PyTorch
+    /// picks by device, dtype and shape (`plan::transformer::sdpa_backend`).
+    #[default]
+    Sdpa,
+    /// `flash_attention_2`: the flash-attn kernels (q, k, v, the output and per-row softmax
+    /// statistics saved; K and V at the key/value head count).
     Flash,
+}
+
+impl Attention {
+    /// The name users know it by (`eager` for `Naive`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Attention::Naive => "eager",
+            Attention::Sdpa => "sdpa",
+            Attention::Flash => "flash",
+        }
+    }
+}
+
+/// A mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Moe {
+    /// Routed experts per layer (`num_local_experts`, `num_experts`).
+    pub experts: u64,
+    /// Experts each token is routed to (`num_experts_per_tok`).
+    pub top_k: u64,
+    /// Each expert's intermediate width (`moe_intermediate_size`, or `intermediate_size`).
+    pub expert_ffn: u64,
+    /// A shared expert's width that every token runs through (Qwen2-MoE's
+    /// `shared_expert_intermediate_size`), 0 for none.
+    #[serde(default)]
+    pub shared_ffn: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,6 +267,35 @@ pub struct Workload {
     /// uses) or CPU's (what the CPU validation measures).
     #[serde(default, skip_serializing_if = "is_cuda")]
     pub autocast_device: crate::plan::autocast::Device,
+    /// Key/value heads (`num_key_value_heads`: grouped-query attention when fewer than
+    /// `heads`, multi-query with 1). None: one per query head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_heads: Option<u64>,
+    /// Each head's width where a config sets it apart from hidden / heads (`head_dim`: Gemma,
+    /// Qwen3). None: hidden / heads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<u64>,
+    /// Biases on the q, k, v (and o) projections (`attention_bias`). None: the family's
+    /// default (Qwen2's q, k, v have them; LLaMA's none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_bias: Option<bool>,
+    /// Biases on the MLP's projections (`mlp_bias`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub mlp_bias: bool,
+    /// A mixture of experts in place of the dense MLP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<Moe>,
+    /// tanh soft-capping of the output logits (Gemma 2's `final_logit_softcapping`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub logit_softcap: bool,
+    /// tanh soft-capping of the attention scores (Gemma 2's `attn_logit_softcapping`; eager
+    /// attention only).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub attn_softcap: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn is_cuda(d: &crate::plan::autocast::Device) -> bool {
@@ -230,12 +316,42 @@ impl Workload {
     }
     /// Whether the output head shares the token embedding (see `tie_embeddings`).
     pub fn tied_head(&self) -> bool {
-        self.tie_embeddings
-            .unwrap_or(matches!(self.arch, Arch::Gpt2 | Arch::Bert))
+        self.tie_embeddings.unwrap_or(matches!(
+            self.arch,
+            Arch::Gpt2 | Arch::Bert | Arch::Gemma | Arch::Gemma2 | Arch::Gemma3
+        ))
     }
-    /// A transformer that reads token sequences (GPT-2, BERT, LLaMA): `--seq` applies.
+    /// A transformer that reads token sequences (GPT-2, BERT, the LLaMA-style decoders):
+    /// `--seq` applies.
     pub fn is_text_transformer(&self) -> bool {
-        matches!(self.arch, Arch::Gpt2 | Arch::Bert | Arch::Llama)
+        matches!(self.arch, Arch::Gpt2 | Arch::Bert) || self.is_decoder_llm()
+    }
+    /// One of the LLaMA-style decoders (RMSNorm, RoPE, gated MLP or experts): LLaMA, Mistral,
+    /// Qwen, Gemma, Phi-3, Mixtral and the Qwen MoEs.
+    pub fn is_decoder_llm(&self) -> bool {
+        matches!(
+            self.arch,
+            Arch::Llama
+                | Arch::Mistral
+                | Arch::Qwen2
+                | Arch::Qwen3
+                | Arch::Gemma
+                | Arch::Gemma2
+                | Arch::Gemma3
+                | Arch::Phi3
+                | Arch::Mixtral
+                | Arch::Qwen2Moe
+                | Arch::Qwen3Moe
+        )
+    }
+    /// Key/value heads in effect.
+    pub fn kv_heads(&self) -> u64 {
+        self.kv_heads.unwrap_or(self.heads)
+    }
+    /// Each head's width in effect.
+    pub fn head_dim(&self) -> u64 {
+        self.head_dim
+            .unwrap_or_else(|| self.hidden.checked_div(self.heads).unwrap_or(0))
     }
     /// Any transformer stack (text or ViT).
     pub fn is_transformer(&self) -> bool {

@@ -45,6 +45,7 @@ pub fn limit(size: &str) -> Option<u64> {
         "hidden" | "patch" => 1 << 20,
         "image" => 1 << 16,
         "heads" => 1 << 16,
+        "experts" => 1 << 12,
         "ffn" => 1 << 24,
         "vocab" | "seq" | "batch" | "gpus" => 1 << 24,
         "params" => 1 << 50,
@@ -96,13 +97,23 @@ pub fn parse_optimizer(v: &str) -> Result<Optimizer, CliError> {
 
 pub fn parse_attention(v: &str) -> Result<Attention, CliError> {
     match v.to_ascii_lowercase().as_str() {
-        "naive" => Ok(Attention::Naive),
-        "flash" => Ok(Attention::Flash),
+        "eager" | "naive" => Ok(Attention::Naive),
+        "sdpa" => Ok(Attention::Sdpa),
+        "flash" | "flash_attention_2" | "flash-attention-2" => Ok(Attention::Flash),
         _ => Err(usage(
             "attention",
-            format!("unknown attention '{v}' (naive, flash)"),
+            format!("unknown attention '{v}' (eager, sdpa, flash; naive = eager)"),
         )),
     }
+}
+
+pub fn parse_autocast_device(v: &str) -> Result<crate::plan::autocast::Device, CliError> {
+    use crate::plan::autocast::Device;
+    choice(
+        "autocast-device",
+        v,
+        &[("cuda", Device::Cuda), ("cpu", Device::Cpu)],
+    )
 }
 
 pub fn parse_checkpoint(v: &str) -> Result<Checkpoint, CliError> {
@@ -212,7 +223,7 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
             ));
         }
         match load_config(path).map_err(|e| CliError::usage(e.to_string()))? {
-            LoadedConfig::Hf(w) => w,
+            LoadedConfig::Hf(w) => *w,
             LoadedConfig::Case(c) => c.workload.clone(),
         }
     } else if let Some(m) = &args.model {
@@ -315,6 +326,19 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
                 "--attention does not apply to {name} (no attention layers); ignored"
             ));
         }
+    }
+    if let Some(v) = &args.kv_heads {
+        let n = count("kv-heads", v)?;
+        if !w.is_decoder_llm() {
+            return Err(not_for(
+                "kv-heads",
+                "its attention has one key/value head per query head (grouped-query attention is for the LLaMA-style decoders)",
+            ));
+        }
+        w.kv_heads = Some(n);
+    }
+    if let Some(v) = &args.autocast_device {
+        w.autocast_device = parse_autocast_device(v)?;
     }
     if let Some(v) = &args.checkpoint {
         w.checkpoint = parse_checkpoint(v)?;

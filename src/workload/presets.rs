@@ -1,20 +1,26 @@
 //! Model presets with their published shapes.
 //!
-//! Defaults every preset shares: batch 1, naive attention, no checkpointing, ZeRO off on one GPU,
-//! Adam. Precision: fp32, except LLaMA (mixed: it is trained in 16-bit with fp32 master
-//! weights). Dropout: on for GPT-2 and BERT (p = 0.1 in their configs), off for LLaMA and ViT
-//! (their published configs use 0.0). For ViT and ResNet, `vocab` holds the number of classes
+//! Defaults every preset shares: batch 1, SDPA attention (transformers' default; eager for
+//! Gemma 2, which has no SDPA path), no checkpointing, ZeRO off on one GPU, Adam. Precision:
+//! fp32, except LLaMA-1 (mixed: trained in 16-bit with fp32 master weights) and today's LLMs
+//! (bf16: their configs' `torch_dtype`, which transformers 5 loads them in). Dropout: on for
+//! GPT-2 and BERT (p = 0.1 in their configs), off for the LLaMA-style decoders and ViT (their
+//! published configs use 0.0). The decoder LLMs' sequence defaults to their context, at most
+//! 4096 tokens (`LLM_SEQ`); shapes, parameter counts and sources are in `tests/fixtures/configs`. For ViT and ResNet, `vocab` holds the number of classes
 //! (1000, ImageNet-1k). For ResNet, `layers` is the depth (14, 26, 50, 101, 152) and `hidden` the
 //! stem width (64); sequence, head and FFN fields do not apply and are 0.
 
 use thiserror::Error;
 
 use super::{
-    Arch, Attention, Checkpoint, Gelu, Grads, Mode, Optimizer, Precision, StepKind, Workload,
+    Arch, Attention, Checkpoint, Gelu, Grads, Mode, Moe, Optimizer, Precision, StepKind, Workload,
 };
 
+/// The longest default sequence of a decoder LLM preset or config (its context when shorter).
+pub const LLM_SEQ: u64 = 4096;
+
 /// Every preset name, in the order `--help` lists them.
-pub const NAMES: [&str; 14] = [
+pub const NAMES: [&str; 21] = [
     "gpt2",
     "gpt2-medium",
     "gpt2-large",
@@ -25,6 +31,13 @@ pub const NAMES: [&str; 14] = [
     "vit-l16",
     "llama-7b",
     "llama-13b",
+    "llama3-8b",
+    "mistral-7b",
+    "qwen2.5-7b",
+    "qwen2.5-0.5b",
+    "mixtral-8x7b",
+    "gemma2-9b",
+    "phi3-mini",
     "resnet50",
     "tiny-gpt",
     "tiny-cnn",
@@ -38,7 +51,7 @@ pub struct UnknownPreset {
 }
 
 /// The common defaults; callers fill in the shape.
-pub(crate) fn base(name: &str, arch: Arch) -> Workload {
+pub fn base(name: &str, arch: Arch) -> Workload {
     Workload {
         name: name.to_string(),
         arch,
@@ -55,7 +68,7 @@ pub(crate) fn base(name: &str, arch: Arch) -> Workload {
         max_positions: 0,
         precision: Precision::Fp32,
         optimizer: Optimizer::Adam,
-        attention: Attention::Naive,
+        attention: Attention::Sdpa,
         checkpoint: Checkpoint::None,
         dropout: false,
         zero: 0,
@@ -68,6 +81,13 @@ pub(crate) fn base(name: &str, arch: Arch) -> Workload {
         gelu: Gelu::Fused,
         kv_cache: false,
         autocast_device: Default::default(),
+        kv_heads: None,
+        head_dim: None,
+        attention_bias: None,
+        mlp_bias: false,
+        moe: None,
+        logit_softcap: false,
+        attn_softcap: false,
     }
 }
 
@@ -100,6 +120,33 @@ fn text(
     if arch == Arch::Llama {
         w.precision = Precision::Mixed;
     }
+    w
+}
+
+/// A decoder LLM of `arch` (LLaMA-style layers): `kv` key/value heads, bf16, its context `ctx`
+/// and a default sequence of at most `LLM_SEQ`.
+#[allow(clippy::too_many_arguments)]
+fn llm(
+    name: &str,
+    arch: Arch,
+    layers: u64,
+    hidden: u64,
+    heads: u64,
+    kv: u64,
+    ffn: u64,
+    vocab: u64,
+    ctx: u64,
+) -> Workload {
+    let mut w = base(name, arch);
+    w.layers = layers;
+    w.hidden = hidden;
+    w.heads = heads;
+    w.kv_heads = (kv != heads).then_some(kv);
+    w.ffn = ffn;
+    w.vocab = vocab;
+    w.max_positions = ctx;
+    w.seq = ctx.min(LLM_SEQ);
+    w.precision = Precision::Bf16;
     w
 }
 
@@ -145,6 +192,35 @@ pub fn get(name: &str) -> Result<Workload, UnknownPreset> {
         "vit-l16" => vit(name, 24, 1024, 16, 4096),
         "llama-7b" => text(name, Arch::Llama, 32, 4096, 32, 11008, 32000, 2048),
         "llama-13b" => text(name, Arch::Llama, 40, 5120, 40, 13824, 32000, 2048),
+        // Today's LLMs, from their published config.json (tests/fixtures/configs).
+        "llama3-8b" => llm(name, Arch::Llama, 32, 4096, 32, 8, 14336, 128256, 8192),
+        "mistral-7b" => llm(name, Arch::Mistral, 32, 4096, 32, 8, 14336, 32768, 32768),
+        "qwen2.5-7b" => llm(name, Arch::Qwen2, 28, 3584, 28, 4, 18944, 152064, 131072),
+        "qwen2.5-0.5b" => {
+            let mut w = llm(name, Arch::Qwen2, 24, 896, 14, 2, 4864, 151936, 32768);
+            w.tie_embeddings = Some(true);
+            w
+        }
+        "mixtral-8x7b" => {
+            let mut w = llm(name, Arch::Mixtral, 32, 4096, 32, 8, 14336, 32000, 32768);
+            w.moe = Some(Moe {
+                experts: 8,
+                top_k: 2,
+                expert_ffn: 14336,
+                shared_ffn: 0,
+            });
+            w
+        }
+        "gemma2-9b" => {
+            let mut w = llm(name, Arch::Gemma2, 42, 3584, 16, 8, 14336, 256000, 8192);
+            w.head_dim = Some(256);
+            w.logit_softcap = true;
+            w.attn_softcap = true;
+            // transformers' Gemma 2 has no SDPA path (`_supports_sdpa = False`): eager.
+            w.attention = Attention::Naive;
+            w
+        }
+        "phi3-mini" => llm(name, Arch::Phi3, 32, 3072, 32, 32, 8192, 32064, 4096),
         "resnet50" => resnet(name, 50, 64, 224, 1000),
         // Small presets for tests: a 2-layer GPT and a 14-layer ResNet at 32 px.
         "tiny-gpt" => text(name, Arch::Gpt2, 2, 64, 4, 256, 512, 64),

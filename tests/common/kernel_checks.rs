@@ -312,6 +312,7 @@ pub fn naive_attention_matches_reference(full: &mut dyn Backend, chunked: &mut d
                     seq: seq as u64,
                     head_dim: d as u64,
                     causal,
+                    kv_group: 1,
                 };
                 compute::attention_naive(b, &tq, &tk, &tv, &ts, &tp, &to, &dims)
                     .expect("attention");
@@ -366,6 +367,7 @@ pub fn flash_attention_matches_reference(full: &mut dyn Backend, chunked: &mut d
                     seq: seq as u64,
                     head_dim: d as u64,
                     causal,
+                    kv_group: 1,
                 };
                 compute::flash_attention(b, &tq, &tk, &tv, &to, &tst, &dims).expect("flash");
                 let (wo, wst) = r::flash_attention(&q, &k, &v, bh, seq, d, causal);
@@ -401,12 +403,60 @@ pub fn flash_equals_naive_attention(b: &mut dyn Backend) {
         seq: seq as u64,
         head_dim: d as u64,
         causal: true,
+        kv_group: 1,
     };
     compute::attention_naive(b, &tq, &tk, &tv, &ts, &tp, &tn, &dims).expect("naive");
     compute::flash_attention(b, &tq, &tk, &tv, &tf, &tst, &dims).expect("flash");
     let naive = download(b, &tn);
     check("flash vs naive", seed, &download(b, &tf), &naive, 1e-4);
     free(b, vec![tq, tk, tv, ts, tp, tn, tf, tst]);
+}
+
+/// Grouped-query flash attention (`kv_group` query heads per key/value head, K and V at the
+/// key/value head count) equals flash attention over K and V repeated to every query head, as
+/// transformers' `repeat_kv` does; on the small device too, where a run of heads spans chunks.
+pub fn grouped_flash_matches_repeated_kv(full: &mut dyn Backend, chunked: &mut dyn Backend) {
+    let (mut g, seed) = rng();
+    for small in [false, true] {
+        let b: &mut dyn Backend = if small { &mut *chunked } else { &mut *full };
+        for group in [2usize, 4] {
+            let (bh, seq, d) = (8usize, 40usize, 16usize);
+            let kvh = bh / group;
+            let hs = (seq * d) as u64;
+            let (tq, q) = upload(b, DType::F32, &random(&mut g, bh * seq * d, -1.5, 1.5), hs);
+            let (tk, k) = upload(b, DType::F32, &random(&mut g, kvh * seq * d, -1.5, 1.5), hs);
+            let (tv, v) = upload(b, DType::F32, &random(&mut g, kvh * seq * d, -1.0, 1.0), hs);
+            let rep = |x: &[f64]| -> Vec<f64> {
+                (0..bh)
+                    .flat_map(|h| {
+                        let k0 = (h / group) * seq * d;
+                        x[k0..k0 + seq * d].to_vec()
+                    })
+                    .collect()
+            };
+            let to = poisoned(b, DType::F32, bh * seq * d, hs);
+            let tst = poisoned(b, DType::F32, bh * seq * 2, 2 * seq as u64);
+            let dims = AttentionDims {
+                batch_heads: bh as u64,
+                seq: seq as u64,
+                head_dim: d as u64,
+                causal: true,
+                kv_group: group as u64,
+            };
+            compute::flash_attention(b, &tq, &tk, &tv, &to, &tst, &dims).expect("flash");
+            let (wo, wst) = r::flash_attention(&q, &rep(&k), &rep(&v), bh, seq, d, true);
+            let what = format!("grouped flash g={group} small={small}");
+            check(&format!("{what} out"), seed, &download(b, &to), &wo, 1e-4);
+            check(
+                &format!("{what} stats"),
+                seed,
+                &download(b, &tst),
+                &wst,
+                1e-4,
+            );
+            free(b, vec![tq, tk, tv, to, tst]);
+        }
+    }
 }
 
 /// conv2d with stride and padding, and a 1x1 convolution, images spread over chunks.

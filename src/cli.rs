@@ -103,6 +103,13 @@ pub struct WorkloadArgs {
     /// Key/value heads (grouped-query attention; 1 is multi-query). Default: the model's.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub kv_heads: Option<String>,
+    /// Routed experts per layer of a mixture of experts (Mixtral, Qwen-MoE); `--ffn` sets each
+    /// expert's width there.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub experts: Option<String>,
+    /// Experts each token is routed to (top-k).
+    #[arg(long, value_name = "K", allow_hyphen_values = true)]
+    pub experts_per_token: Option<String>,
     /// cuda | cpu: whose autocast op lists and attention kernels the plan follows (cpu to
     /// compare with a run on the CPU).
     #[arg(long, value_name = "D", allow_hyphen_values = true)]

@@ -292,3 +292,63 @@ fn every_family_estimates_and_diagnoses_with_exit_0() {
             .success();
     }
 }
+
+#[path = "common/adapter.rs"]
+mod adapter;
+
+#[test]
+fn scaled_down_families_probe_on_the_device_with_exit_0() {
+    adapter::require_adapter();
+    // Each family's own layers at a small width, every byte written and the real kernels run
+    // (grouped-query flash attention under SDPA, Gemma 2's eager soft-capped scores, the
+    // experts' grouped matmuls), under a 96 MiB budget: an exact boundary beside the prediction.
+    for (name, extra) in [
+        ("llama3-8b", &[][..]),
+        ("gemma2-9b", &[][..]),
+        ("mixtral-8x7b", &["--experts", "4"][..]),
+    ] {
+        let p = dir().join(format!("{name}.json"));
+        let mut args = vec![
+            "probe",
+            "--config",
+            p.to_str().unwrap(),
+            "--layers",
+            "2",
+            "--hidden",
+            "256",
+            "--heads",
+            "8",
+            "--ffn",
+            "256",
+            "--vocab",
+            "2000",
+            "--seq",
+            "64",
+            "--scenario",
+            "batch",
+            "--budget",
+            "96MiB",
+            "--compute",
+            "full",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = adapter::oomprobe()
+            .args(&args)
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        let run = &v["runs"][0];
+        let (fit, fail) = (run["max_fit"].as_u64(), run["first_fail"].as_u64());
+        assert!(fit.is_some_and(|f| f >= 1), "{name}: {run}");
+        assert_eq!(fail, fit.map(|f| f + 1), "{name}: an exact boundary");
+        assert_eq!(
+            run["predicted_max"].as_u64(),
+            fit,
+            "{name}: under --budget the plan is exact"
+        );
+    }
+}

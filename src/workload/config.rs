@@ -200,6 +200,8 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         gelu,
         kv_cache,
         kv_heads,
+        experts,
+        experts_per_token,
         autocast_device
     )
 }
@@ -811,9 +813,21 @@ const STRING_KEYS: [&str; 11] = [
     "gelu",
     "autocast_device",
 ];
-const NUMBER_KEYS: [&str; 12] = [
-    "batch", "seq", "layers", "hidden", "heads", "ffn", "vocab", "image", "params", "zero", "gpus",
+const NUMBER_KEYS: [&str; 14] = [
+    "batch",
+    "seq",
+    "layers",
+    "hidden",
+    "heads",
+    "ffn",
+    "vocab",
+    "image",
+    "params",
+    "zero",
+    "gpus",
     "kv_heads",
+    "experts",
+    "experts_per_token",
 ];
 
 fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
@@ -841,6 +855,8 @@ fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
         "gelu" => &mut args.gelu,
         "zero" => &mut args.zero,
         "kv_heads" => &mut args.kv_heads,
+        "experts" => &mut args.experts,
+        "experts_per_token" => &mut args.experts_per_token,
         "autocast_device" => &mut args.autocast_device,
         _ => &mut args.gpus,
     };

@@ -264,6 +264,10 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
                 w.heads = n;
             } else {
                 w.ffn = n;
+                // A mixture of experts' width is each expert's.
+                if let Some(m) = w.moe.as_mut() {
+                    m.expert_ffn = n;
+                }
             }
         }
     }
@@ -336,6 +340,23 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
             ));
         }
         w.kv_heads = Some(n);
+    }
+    for (flag, val) in [
+        ("experts", &args.experts),
+        ("experts-per-token", &args.experts_per_token),
+    ] {
+        if let Some(v) = val {
+            let n = count(flag, v)?;
+            let Some(m) = w.moe.as_mut() else {
+                return Err(not_for(flag, "it has no mixture of experts"));
+            };
+            if flag == "experts" {
+                m.experts = n;
+                m.top_k = m.top_k.min(n);
+            } else {
+                m.top_k = n;
+            }
+        }
     }
     if let Some(v) = &args.autocast_device {
         w.autocast_device = parse_autocast_device(v)?;

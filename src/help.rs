@@ -8,6 +8,9 @@ Examples:
 pub const ESTIMATE: &str = "\
 Examples:
   oomprobe estimate --model gpt2 --batch 8 --seq 1024
+  oomprobe estimate --model llama3-8b --seq 2048 --memory 80GiB   # grouped-query, SDPA, bf16
+  oomprobe estimate --config config.json --attention eager      # a Hugging Face config.json
+  oomprobe estimate --model mixtral-8x7b --mode inference --memory 96GiB
   oomprobe estimate --model llama-13b --precision mixed --optimizer adam
   oomprobe estimate --model gpt2 --precision fp16 --memory 24GiB --json
   oomprobe estimate --model vit-l16 --batch 32 --precision amp-fp16   # torch.autocast
@@ -27,7 +30,8 @@ Examples:
 
 pub const DIAGNOSE: &str = "\
 Examples:
-  oomprobe diagnose --model gpt2 --seq 16384 --memory 40GiB
+  oomprobe diagnose --model gpt2 --seq 16384 --attention eager --memory 40GiB
+  oomprobe diagnose --model qwen2.5-7b --seq 4096 --memory 24GiB
   oomprobe diagnose --config cases/llama13b-full-training-80gb.toml --json
   oomprobe diagnose --snapshot snap.pickle --memory 24GiB";
 

@@ -1765,7 +1765,13 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         }
         Embed::TokensNorm => {
             let ln_in = t.resid("emb.ln_in")?;
-            t.norm("L0.in", ln_in, &mut emb_saved)?
+            let y = t.norm("L0.in", ln_in, &mut emb_saved)?;
+            if !train {
+                // Under no_grad the embeddings' sum goes once normed.
+                emb_saved.retain(|&x| x != ln_in);
+                t.b.free(ln_in);
+            }
+            y
         }
         // Embedding lookups are not autocast ops: the fp32 tables give fp32 rows. Gemma
         // multiplies them by √hidden into a new tensor.
@@ -1873,13 +1879,26 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         // The MLM transform: dense (saves its input, a 16-bit copy under autocast), GELU,
         // LayerNorm over the GELU's 16-bit output: CUDA's autocast runs it in fp32 on an fp32
         // copy (which its backward saves), CPU's in the input's type.
-        let x = t.matmul_input(head_in, 1, false, &mut head_saved)?;
+        // Under no_grad each of these goes once read; the encoder's output stays with the
+        // returned outputs until the logits exist.
+        if !train {
+            head_tail = Some(head_in);
+        }
+        let x = t.matmul_input(head_in, 1, !train, &mut head_saved)?;
         let d = t.hidden("head.dense_out", Role::Activations)?;
         t.matmul("head.rest", x, d, h, h);
+        if !train && x != head_in {
+            head_saved.retain(|&y| y != x);
+            t.b.free(x);
+        }
         let g = t.hidden("head.gelu_out", Role::Activations)?;
         let elems = t.rows().saturating_mul(h);
         t.b.step(Step::Gelu { x: d, y: g, elems });
-        head_saved.push(d);
+        if train {
+            head_saved.push(d);
+        } else {
+            t.b.free(d);
+        }
         let ln_in = if ac.is_some_and(|a| a.casts_input("layer_norm", c)) {
             let g32 = t.hidden_t("head.gelu_out32", Role::Activations, DType::F32)?;
             t.b.free(g);
@@ -1888,6 +1907,10 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
             g
         };
         let n = t.norm("head.ln", ln_in, &mut head_saved)?;
+        if !train {
+            head_saved.retain(|&y| y != ln_in);
+            t.b.free(ln_in);
+        }
         t.use_piece(head_piece)?;
         t.matmul_input(n, 1, false, &mut head_saved)?
     } else {

@@ -16,13 +16,33 @@ Per row (one model config at one shape) it measures:
 * caller-held bytes: tensors the returned output object keeps alive that autograd did not save
   (HF logits, the KV cache of use_cache).
 * the training step peak for grads free/keep x first/steady Adam step, with Adam foreach=True
-  (CUDA's default) and foreach=False (CPU's default), from the CPU allocator's events in
+  (CUDA's default) and foreach=False (CPU's default). first = the real first step: no gradients
+  and no Adam state before it (keep or free; with keep, backward creates the gradients and
+  zero_grad(set_to_none=False) keeps them); steady = Adam state before it, and with keep the
+  gradients too. From the CPU allocator's events in
   torch.profiler(profile_memory=True): peak = bytes live before the step (computed exactly from
   the tensors) + the max cumulative delta of the allocator's events. Phase and op at the peak,
   and what is live at the peak by kind.
 * the inference peak: eval(), no_grad, one forward.
 
 No weights or data are downloaded: every model is built from a config with random init.
+
+Decoder LLMs (small Llama GQA/MHA, eager/sdpa, use_cache; Qwen2; Mixtral; fp32 and CPU
+autocast-bf16) are separate rows: `measure.py --llm [--autocast]` measures only them (Adam foreach
+and for-loop, every row's breakdown) into tests/fixtures/validation_llm.json and
+validation/saved_breakdown_llm.json; `--llm --autocast` measures fp32 and bf16 together, `--llm
+--autocast --only autocast --merge` adds the bf16 rows to an existing file; `--llm-digest` prints
+the Markdown digest of those two files (validation/llm_notes.md).
+
+Holdout rows (`--holdout`: pure bf16 training = `model.bfloat16()` and Adam on bf16 params, an
+8-layer GQA Llama in fp32/bf16/sdpa-bf16; inference-only BERT-base b16 s512 and BERT-large b8
+s256, `inference_only` true, no train steps; GPT-2 fused b2 s1024, Adam foreach only) go to
+tests/fixtures/validation_holdout.json and validation/saved_breakdown_holdout.json.
+
+`--variants REGEX` measures only the train variants whose key (e.g. `foreach_keep_first`)
+matches; with `--update-variants` it measures only those steps of the selected rows and writes
+them into the existing rows of their fixture (the rows' train_<key>_* fields and
+train_steps[<key>]; everything else stays; refused where the file's versions differ).
 """
 
 from __future__ import annotations
@@ -143,7 +163,8 @@ def collect_tensors(obj, depth: int = 0, seen: set | None = None) -> list[torch.
 
 
 def build_model(row: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The model (random init, fp32) and the module whose output is the logits (loss starts after it)."""
+    """The model (random init; fp32, or bf16 for precision "bf16": `model.bfloat16()`, params and
+    floating buffers) and the module whose output is the logits (loss starts after it)."""
     torch.manual_seed(0)
     arch = row["arch"]
     p = row["dropout"]
@@ -205,20 +226,71 @@ def build_model(row: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
 
         model = torchvision.models.resnet50(weights=None, num_classes=row["classes"])
         head = model.fc
+    elif arch in LLM_ARCHS:
+        model = build_llm(row)
+        head = model.lm_head
     else:
         raise ValueError(f"unknown arch {arch}")
     if arch != "resnet50":
         impl = model.config._attn_implementation
-        if impl != "eager":
-            raise RuntimeError(f"{arch}: attention implementation is {impl}, expected eager")
-    return model.float(), head
+        want = row.get("attn_implementation", "eager")
+        if impl != want:
+            raise RuntimeError(f"{arch}: attention implementation is {impl}, expected {want}")
+    return (model.bfloat16() if row["precision"] == "bf16" else model.float()), head
+
+
+LLM_ARCHS = ("llama", "qwen2", "mixtral")
+
+
+def build_llm(row: dict) -> torch.nn.Module:
+    """Decoder LLMs (Llama / Qwen2 / Mixtral) from a config, random init. Attention dropout 0
+    (their default); RMSNorm, rotary positions, SwiGLU MLP (Mixtral: a sparse MoE of SwiGLU
+    experts). Fields not set here keep the config's default (use_cache is set from the row)."""
+    import transformers
+
+    common = dict(
+        vocab_size=row["vocab"],
+        hidden_size=row["hidden"],
+        num_hidden_layers=row["layers"],
+        num_attention_heads=row["heads"],
+        num_key_value_heads=row["kv_heads"],
+        intermediate_size=row["ffn"],
+        max_position_embeddings=row["max_positions"],
+        rms_norm_eps=row["rms_norm_eps"],
+        tie_word_embeddings=row["tied_embeddings"],
+        attention_dropout=row["dropout"],
+        use_cache=row["use_cache"],
+    )
+    arch = row["arch"]
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(**common)
+        cls = transformers.LlamaForCausalLM
+    elif arch == "qwen2":
+        cfg = transformers.Qwen2Config(**common)
+        cls = transformers.Qwen2ForCausalLM
+    else:
+        cfg = transformers.MixtralConfig(**common, num_local_experts=row["experts"],
+                                         num_experts_per_tok=row["experts_per_token"])
+        cls = transformers.MixtralForCausalLM
+    model = cls._from_config(cfg, attn_implementation=row["attn_implementation"])
+    c = model.config
+    checks = {"hidden_act": (c.hidden_act, "silu"), "tie_word_embeddings": (c.tie_word_embeddings, row["tied_embeddings"]),
+              "use_cache": (c.use_cache, row["use_cache"]), "num_key_value_heads": (c.num_key_value_heads, row["kv_heads"])}
+    if arch == "mixtral":
+        checks["output_router_logits"] = (c.output_router_logits, row["output_router_logits"])
+        checks["router_aux_loss_coef"] = (c.router_aux_loss_coef, row["router_aux_loss_coef"])
+        checks["_experts_implementation"] = (c._experts_implementation, row["experts_implementation"])
+    for k, (got, want) in checks.items():
+        if got != want:
+            raise RuntimeError(f"{arch}: config {k} is {got!r}, the row says {want!r}")
+    return model
 
 
 def make_inputs(row: dict) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     b = row["batch"]
     arch = row["arch"]
-    if arch == "gpt2":
+    if arch == "gpt2" or arch in LLM_ARCHS:
         ids = torch.randint(0, row["vocab"], (b, row["seq"]), generator=g)
         return {"input_ids": ids, "labels": ids}
     if arch == "bert":
@@ -229,13 +301,16 @@ def make_inputs(row: dict) -> dict[str, torch.Tensor]:
         return {"input_ids": ids, "labels": labels}
     if arch in ("vit", "resnet50"):
         px = torch.randn(b, 3, row["image"], row["image"], generator=g)
+        if row["precision"] == "bf16":
+            px = px.bfloat16()
         y = torch.randint(0, row["classes"], (b,), generator=g)
         return {"pixel_values": px, "labels": y}
     raise ValueError(arch)
 
 
 def precision_context(row: dict):
-    """fp32 rows run as they are; autocast-bf16 rows run forward and loss under CPU autocast."""
+    """fp32 and pure-bf16 rows (a bf16 model, no autocast) run as they are; autocast-bf16 rows run
+    forward and loss under CPU autocast."""
     if row["precision"] == "autocast-bf16":
         return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -616,8 +691,23 @@ def analyse_profile(prof, baseline: int, tagged: dict[str, tuple[set[int], tuple
     }
 
 
-def measure_train_steps(row: dict, foreach_modes=(True, False), saved_hooks: bool = True) -> dict:
-    """Four variants (grads free/keep x first/steady) per Adam foreach mode."""
+def variant_keys(foreach_modes=(True, False)) -> list[str]:
+    """The train variant keys in measuring order: {foreach|forloop}_{free|keep}_{first|steady}."""
+    return [f"{'foreach' if fe else 'forloop'}_{g}_{st}" for fe in foreach_modes for g in ("free", "keep")
+            for st in ("first", "steady")]
+
+
+def measure_train_steps(row: dict, foreach_modes=(True, False), saved_hooks: bool = True,
+                        variants: str | None = None) -> dict:
+    """Four variants (grads free/keep x first/steady) per Adam foreach mode; `variants` (a regex on
+    the key, e.g. `foreach_keep_first`) measures only the matching ones.
+
+    Before each step: first = no gradients and no Adam state (a fresh Adam), whether grads are
+    kept or freed: the real first step has no .grad before its first backward (backward creates
+    them, zero_grad(set_to_none=False) then keeps them). steady = Adam state present (from the
+    first step) and, for keep, gradients present (zeros, as zero_grad(set_to_none=False) leaves
+    them). A steady variant measured without its first one gets its Adam state from an
+    unprofiled first step."""
     model, head = build_model(row)
     model.train()
     inputs = make_inputs(row)
@@ -625,12 +715,29 @@ def measure_train_steps(row: dict, foreach_modes=(True, False), saved_hooks: boo
     param_keys = {storage_key(t) for t in params + buffers}
     results: dict[str, dict] = {}
     tracker = ModuleTracker(model, profile_ranges=True)
+
+    def wanted(key: str) -> bool:
+        return variants is None or re.search(variants, key) is not None
+
     for foreach in foreach_modes:
         for grads in ("free", "keep"):
+            prefix = f"{'foreach' if foreach else 'forloop'}_{grads}"
+            want = {st: wanted(f"{prefix}_{st}") for st in ("first", "steady")}
+            if not any(want.values()):
+                continue
             opt = torch.optim.Adam(params, foreach=foreach)
             for step in ("first", "steady"):
                 for p in params:
-                    p.grad = torch.zeros_like(p) if grads == "keep" else None
+                    p.grad = torch.zeros_like(p) if (grads == "keep" and step == "steady") else None
+                if not want[step]:
+                    if step == "first":  # the Adam state the steady step starts from
+                        with dropout_mode(True):
+                            loss, out = run_forward(row, model, inputs)
+                            loss.backward()
+                            del loss, out
+                            opt.step()
+                            opt.zero_grad(set_to_none=(grads == "free"))
+                    continue
                 gc.collect()
                 pbytes = unique_bytes(params + buffers)
                 gbytes = unique_bytes([p.grad for p in params])
@@ -680,7 +787,7 @@ def measure_train_steps(row: dict, foreach_modes=(True, False), saved_hooks: boo
                         "inputs_bytes": ibytes,
                     }
                 )
-                results[f"{'foreach' if foreach else 'forloop'}_{grads}_{step}"] = res
+                results[f"{prefix}_{step}"] = res
                 del prof
                 gc.collect()
     for p in params:
@@ -750,6 +857,7 @@ def all_rows(autocast: bool = True) -> list[dict]:
     if autocast:
         rows += autocast_rows()
     for r in rows:
+        fill_config_defaults(r)
         r["id"] = row_id(r)
     return rows
 
@@ -773,8 +881,80 @@ def autocast_rows() -> list[dict]:
     return rows
 
 
+# Today's decoder LLMs, small (seconds per step on 2 CPU cores), random init. Not in all_rows():
+# --llm selects them (fp32; with --autocast also the autocast-bf16 ones) and writes
+# tests/fixtures/validation_llm.json and validation/saved_breakdown_llm.json (every row).
+LLAMA = dict(arch="llama", hidden=256, layers=4, heads=8, kv_heads=2, ffn=688, vocab=8000, max_positions=1024,
+             rms_norm_eps=1e-5, tied_embeddings=False, image=0, patch=0, classes=0, gelu="", dropout=0.0,
+             use_cache=False, attn_implementation="eager", experts=0, experts_per_token=0, head="lm",
+             batch=2, seq=256)
+QWEN2 = dict(LLAMA, arch="qwen2", ffn=704, tied_embeddings=True)
+# output_router_logits / router_aux_loss_coef: MixtralConfig's defaults, recorded (and checked
+# against the built config): output_router_logits=False, so the model adds no aux loss.
+# experts_implementation: not set, transformers 5 picks "grouped_mm" (sorted token copies through
+# torch grouped_mm), not the per-expert eager loop of MixtralExperts.forward; recorded and checked.
+MIXTRAL = dict(LLAMA, arch="mixtral", layers=2, ffn=512, experts=4, experts_per_token=2,
+               output_router_logits=False, router_aux_loss_coef=0.001, experts_implementation="grouped_mm")
+
+
+def llm_rows(autocast: bool = False) -> list[dict]:
+    """The decoder-LLM rows (fp32; autocast=True adds their autocast-bf16 twins)."""
+    fp32 = [
+        dict(LLAMA, model="llama-gqa-mini"),
+        dict(LLAMA, model="llama-gqa-mini-cache", use_cache=True),  # the config default; HF keeps a DynamicCache
+        dict(LLAMA, model="llama-gqa-mini-sdpa", attn_implementation="sdpa"),
+        dict(LLAMA, model="llama-mha-mini", kv_heads=8),
+        dict(QWEN2, model="qwen2-mini"),
+        dict(MIXTRAL, model="mixtral-mini"),
+    ]
+    rows = [dict(r, precision="fp32") for r in fp32]
+    if autocast:
+        bf16 = ("llama-gqa-mini", "llama-gqa-mini-sdpa", "qwen2-mini", "mixtral-mini")
+        rows += [dict(r, precision="autocast-bf16") for r in fp32 if r["model"] in bf16]
+    for r in rows:
+        fill_config_defaults(r)
+        r["id"] = row_id(r)
+    return rows
+
+
+def holdout_rows() -> list[dict]:
+    """Shapes never in the other fixtures (--holdout -> tests/fixtures/validation_holdout.json,
+    every row's breakdown in validation/saved_breakdown_holdout.json): pure bf16 training (a
+    `model.bfloat16()` model, Adam on bf16 params, no autocast) next to its fp32 twin, inference-only
+    rows (no train steps: `inference_only` true, no train_* fields) and a long-sequence GPT-2."""
+    llama = dict(LLAMA, model="llama-gqa-small", layers=8, hidden=512, heads=8, kv_heads=2, ffn=1376,
+                 vocab=8000, max_positions=1024, tied_embeddings=False, use_cache=False, batch=2, seq=512)
+    rows = [
+        dict(llama, precision="fp32"),
+        dict(llama, precision="bf16"),
+        dict(llama, model="llama-gqa-small-sdpa", attn_implementation="sdpa", precision="bf16"),
+        dict(BERT, model="bert-base", dropout=0.1, batch=16, seq=512, precision="fp32", inference_only=True),
+        dict(BERT, model="bert-large", hidden=1024, layers=24, heads=16, ffn=4096, dropout=0.1, batch=8,
+             seq=256, precision="fp32", inference_only=True),
+        dict(GPT2, model="gpt2-fused", gelu="gelu_pytorch_tanh", use_cache=False, dropout=0.1, batch=2,
+             seq=1024, precision="fp32", adam_foreach=(True,)),
+    ]
+    for r in rows:
+        fill_config_defaults(r)
+        r["id"] = row_id(r)
+    return rows
+
+
+def fill_config_defaults(r: dict) -> None:
+    """The decoder-LLM config fields for every row (other architectures: their fixed values)."""
+    r.setdefault("kv_heads", r["heads"])
+    r.setdefault("attn_implementation", "" if r["arch"] == "resnet50" else "eager")
+    r.setdefault("experts", 0)
+    r.setdefault("experts_per_token", 0)
+    r.setdefault("rms_norm_eps", None)  # not an RMSNorm model
+    r.setdefault("output_router_logits", False)
+    r.setdefault("router_aux_loss_coef", 0.0)
+    r.setdefault("experts_implementation", "")
+
+
 def row_id(r: dict) -> str:
-    shape = f"b{r['batch']}-s{r['seq']}" if r["arch"] in ("gpt2", "bert") else f"b{r['batch']}-i{r['image']}"
+    seq_archs = ("gpt2", "bert") + LLM_ARCHS
+    shape = f"b{r['batch']}-s{r['seq']}" if r["arch"] in seq_archs else f"b{r['batch']}-i{r['image']}"
     prec = "" if r["precision"] == "fp32" else f"-{r['precision']}"
     return f"{r['model']}-p{r['dropout']:g}-{shape}{prec}"
 
@@ -795,12 +975,43 @@ BREAKDOWN_IDS = {
 
 CONFIG_FIELDS = ("id", "model", "arch", "precision", "hidden", "layers", "heads", "ffn", "vocab",
                  "max_positions", "batch", "seq", "image", "patch", "classes", "dropout", "gelu",
-                 "use_cache", "tied_embeddings", "head")
+                 "use_cache", "tied_embeddings", "head",
+                 # decoder LLMs (other rows: kv_heads = heads, eager, no experts, rms_norm_eps null)
+                 "kv_heads", "attn_implementation", "experts", "experts_per_token", "rms_norm_eps",
+                 "output_router_logits", "router_aux_loss_coef", "experts_implementation")
 
 
-def measure_row(row: dict, breakdown: bool, log) -> tuple[dict, dict | None]:
+def row_foreach_modes(row: dict, breakdown: bool) -> tuple[bool, ...]:
+    """Adam foreach only, or foreach and for-loop: the fp32 breakdown rows and every decoder-LLM
+    row get the for-loop too (small: seconds per step); a row's `adam_foreach` overrides."""
+    if "adam_foreach" in row:
+        return tuple(row["adam_foreach"])
+    forloop_too = (breakdown and row["precision"] == "fp32") or row["arch"] in LLM_ARCHS
+    return (True, False) if forloop_too else (True,)
+
+
+def train_fields(steps: dict) -> dict:
+    """The flat train_<key>_* fields of a row for the measured variants."""
+    out = {}
+    for name, res in steps.items():
+        out[f"train_{name}_peak_bytes"] = res["peak_bytes"]
+        out[f"train_{name}_peak_phase"] = res["peak_phase"]
+        out[f"train_{name}_peak_op"] = res["peak_op"]
+        for ph in PHASES:
+            out[f"train_{name}_{ph}_max_bytes"] = res["phase_max_bytes"].get(ph, 0)
+    return out
+
+
+def log_steps(steps: dict, t0: float, log) -> None:
+    log("  train peaks " + " ".join(f"{k}={v['peak_bytes'] / 2**20:.1f}MiB@{v['peak_phase']}"
+                                     for k, v in steps.items()) + f"  [{time.time() - t0:.0f}s]")
+
+
+def measure_row(row: dict, breakdown: bool, log, variants: str | None = None) -> tuple[dict, dict | None]:
     t0 = time.time()
     out = {k: row[k] for k in CONFIG_FIELDS}
+    if row.get("inference_only"):
+        out["inference_only"] = True
     model, _ = build_model(row)
     out["params"] = sum(p.numel() for p in model.parameters())
     out["params_bytes"] = unique_bytes(list(model.parameters()))
@@ -817,17 +1028,11 @@ def measure_row(row: dict, breakdown: bool, log) -> tuple[dict, dict | None]:
         out["saved_bytes_cpu_dropout"] = out["saved_bytes"]
     log(f"  saved {out['saved_bytes']:,} (cpu dropout {out['saved_bytes_cpu_dropout']:,}) "
         f"held {out['caller_held_bytes']:,}  [{time.time() - t0:.0f}s]")
-    forloop_too = breakdown and row["precision"] == "fp32"
-    steps = measure_train_steps(row, (True, False) if forloop_too else (True,))
-    for name, res in steps.items():
-        out[f"train_{name}_peak_bytes"] = res["peak_bytes"]
-        out[f"train_{name}_peak_phase"] = res["peak_phase"]
-        out[f"train_{name}_peak_op"] = res["peak_op"]
-        for ph in PHASES:
-            out[f"train_{name}_{ph}_max_bytes"] = res["phase_max_bytes"].get(ph, 0)
-    out["train_steps"] = steps
-    log("  train peaks " + " ".join(f"{k}={v['peak_bytes'] / 2**20:.1f}MiB@{v['peak_phase']}"
-                                     for k, v in steps.items()) + f"  [{time.time() - t0:.0f}s]")
+    if not row.get("inference_only"):
+        steps = measure_train_steps(row, row_foreach_modes(row, breakdown), variants=variants)
+        out.update(train_fields(steps))
+        out["train_steps"] = steps
+        log_steps(steps, t0, log)
     inf = measure_inference(row)
     out["inference_peak_bytes"] = inf["peak_bytes"]
     out["inference_peak_op"] = inf["peak_op"]
@@ -835,6 +1040,65 @@ def measure_row(row: dict, breakdown: bool, log) -> tuple[dict, dict | None]:
     out["seconds"] = round(time.time() - t0, 1)
     log(f"  inference peak {inf['peak_bytes'] / 2**20:.1f}MiB  [{out['seconds']}s]")
     return out, bd
+
+
+def update_variants(path: str, rows: list[dict], variants: str, versions: dict, log) -> int:
+    """Re-measure only the train variants matching `variants` of `rows` and write them into the
+    existing rows of the fixture at `path`: per row, the train_<key>_* fields and
+    train_steps[<key>] of each measured key are replaced (new keys are added); every other field,
+    the file's versions and its other top-level fields stay. The Adam modes are the ones the
+    stored row has (for-loop only where it has forloop variants). The method's "variants" text is
+    set to this harness's, and the update is recorded in `variant_updates`. Refuses a file measured
+    with other versions; skips (with a warning) the rows it does not hold."""
+    if not os.path.exists(path):
+        print(f"measure.py: --update-variants: no {path}", file=sys.stderr)
+        return 2
+    doc = json.load(open(path))
+    if doc.get("versions") != versions:
+        print(f"measure.py: --update-variants: {path} was measured with {doc.get('versions')}, "
+              f"this is {versions}", file=sys.stderr)
+        return 2
+    by_id = {r["id"]: r for r in doc["rows"]}
+    missing = [r["id"] for r in rows if r["id"] not in by_id]
+    if missing:  # nothing to merge into: skipped (measure them without --update-variants, --merge)
+        print(f"measure.py: --update-variants: {path} has no row {missing}: skipped", file=sys.stderr)
+        rows = [r for r in rows if r["id"] in by_id]
+    t_all = time.time()
+    done: list[str] = []
+    entry: dict = {}
+    for i, row in enumerate(rows):
+        old = by_id[row["id"]]
+        if old.get("inference_only") or "train_steps" not in old:
+            log(f"[{i + 1}/{len(rows)}] {row['id']}: no train steps, skipped")
+            continue
+        modes = (True, False) if any(k.startswith("forloop_") for k in old["train_steps"]) else (True,)
+        if not any(re.search(variants, k) for k in variant_keys(modes)):
+            continue
+        log(f"[{i + 1}/{len(rows)}] {row['id']} (update {variants!r})")
+        t0 = time.time()
+        steps = measure_train_steps(row, modes, variants=variants)
+        log_steps(steps, t0, log)
+        for k, v in steps.items():
+            prev = old["train_steps"].get(k)
+            if prev is not None:
+                log(f"    {k}: {prev['peak_bytes']:,} ({prev['peak_phase']}) -> {v['peak_bytes']:,} ({v['peak_phase']})")
+        old.update(train_fields(steps))
+        old["train_steps"].update(steps)
+        done.append(row["id"])
+        # written after every row: a long run keeps what it has measured
+        doc.setdefault("method", {})["variants"] = METHOD["variants"]
+        if len(done) == 1:
+            doc.setdefault("variant_updates", []).append(entry)
+        entry.update({"variants": variants, "rows": list(done), "threads": torch.get_num_threads(),
+                      "seconds": round(time.time() - t_all, 1),
+                      "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    log(f"updated {len(done)} rows of {path} [{time.time() - t_all:.0f}s]")
+    return 0
 
 
 METHOD = {
@@ -847,14 +1111,22 @@ METHOD = {
                   "cumulative delta of torch.profiler CPU allocator events over forward, loss, "
                   "backward, outputs dropped, optimizer.step(), zero_grad",
     "variants": "train_{foreach|forloop}_{free|keep}_{first|steady}: Adam foreach=True (CUDA default) "
-                "or False (CPU default); grads free = zero_grad(set_to_none=True) and no grads before "
-                "the step, keep = grads exist before and zero_grad(set_to_none=False); first = no Adam "
-                "state before the step, steady = Adam state present",
+                "or False (CPU default); grads free = zero_grad(set_to_none=True), keep = "
+                "zero_grad(set_to_none=False); first = the real first step: no grads and no Adam state "
+                "before it (free or keep: backward creates the grads, keep then keeps them, zeroed); "
+                "steady = Adam state present before, and for keep the grads too (zeros); free+steady "
+                "has no grads before",
     "inference_peak": "eval(), no_grad, one forward without labels: params+buffers+inputs + max delta",
+    "precision": "fp32; autocast-bf16 = forward and loss under torch.autocast('cpu', bfloat16), params, "
+                 "grads and Adam state fp32; bf16 = model.bfloat16() (params and floating buffers), Adam "
+                 "on the bf16 params (bf16 state), no autocast",
+    "inference_only": "rows with inference_only true: saved, caller-held and the inference peak; no "
+                      "train steps, no train_* fields",
 }
 
 
-def write_fixture(path: str, rows: list[dict], versions: dict, threads: int, seconds: float, merge: bool) -> int:
+def write_fixture(path: str, rows: list[dict], versions: dict, threads: int, seconds: float, merge: bool,
+                  order: list[str] | None = None) -> int:
     doc = {
         "schema_version": SCHEMA_VERSION,
         "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -871,7 +1143,7 @@ def write_fixture(path: str, rows: list[dict], versions: dict, threads: int, sec
             print(f"measure.py: --merge: {path} was measured with {old.get('versions')}", file=sys.stderr)
             return 2
         mine = {r["id"] for r in rows}
-        order = [r["id"] for r in all_rows()]
+        order = order or [r["id"] for r in all_rows()]
         kept = [r for r in old["rows"] if r["id"] not in mine]
         doc["rows"] = sorted(kept + rows, key=lambda r: order.index(r["id"]) if r["id"] in order else 1e9)
         doc["seconds"] = round(old.get("seconds", 0) + seconds, 1)
@@ -882,8 +1154,73 @@ def write_fixture(path: str, rows: list[dict], versions: dict, threads: int, sec
     return 0
 
 
+def llm_digest(fixture_path: str, breakdown_path: str) -> str:
+    """Markdown digest per decoder-LLM row: layer 0's and the embedding/head/loss's saved
+    storages (module, shape, dtype, bytes, which autograd nodes saved them), per-layer totals,
+    what the caller holds, every train variant's peak and the inference peak."""
+    fx = json.load(open(fixture_path))
+    bd = json.load(open(breakdown_path))["rows"]
+    layer_re = re.compile(r"^model\.layers\.(\d+)\.")
+    out = [f"Measured with {fx['versions']}, {fx['threads']} threads, fixture `{os.path.basename(fixture_path)}`.", ""]
+    for r in fx["rows"]:
+        b = bd.get(r["id"])
+        out += [f"### {r['id']}", ""]
+        out.append(f"{r['arch']}, {r['precision']}, attn {r['attn_implementation']}, heads {r['heads']} / kv "
+                   f"{r['kv_heads']}, hidden {r['hidden']}, ffn {r['ffn']}, layers {r['layers']}, experts "
+                   f"{r['experts']}x{r['experts_per_token']}, tied {r['tied_embeddings']}, use_cache {r['use_cache']}, "
+                   f"b{r['batch']} s{r['seq']}; params {r['params']:,} ({r['params_bytes']:,} B), buffers "
+                   f"{r['buffers_bytes']:,} B.")
+        out.append(f"saved {r['saved_bytes']:,} B (forward {r['saved_forward_bytes']:,} + loss "
+                   f"{r['saved_loss_bytes']:,}); weight casts {r['weight_cast_bytes']:,} B; caller-held "
+                   f"{r['caller_held_bytes']:,} B; saved + held {r['saved_bytes'] + r['caller_held_bytes']:,} B.")
+        out.append("")
+        if b is None:
+            out += ["(no breakdown)", ""]
+            continue
+        per_layer: dict[str, int] = defaultdict(int)
+        lines = []
+        for i, e in enumerate(b["saved"]):
+            m = layer_re.match(e["module"])
+            per_layer[f"layer {m.group(1)}" if m else "outside layers"] += e["storage_bytes"]
+            if m and m.group(1) != "0":
+                continue
+            by = sorted({x.split(" ")[0] for x in e["saved_by"]})
+            lines.append(f"| {i} | {e['module']} | {e['phase']} | {'; '.join(e['saved_as'])} | "
+                         f"{e['storage_bytes']:,} | {', '.join(by) or '-'} |")
+        out += ["Saved storages of layer 0 and outside the layers (in order; # = position among all):", "",
+                "| # | module | phase | saved as | bytes | saved by (node.attribute) |", "|---|---|---|---|---|---|"]
+        out += lines
+        out += ["", "Per layer: " + ", ".join(f"{k} {v:,}" for k, v in per_layer.items()), ""]
+        held: dict[str, int] = defaultdict(int)
+        for h in b["caller_held"]:
+            held[f"{h['shape']} {h['dtype']} {h['storage_bytes']:,} B"] += 1
+        out.append("Caller holds (not saved by autograd): "
+                   + ("; ".join(f"{n} x {k}" if n > 1 else k for k, n in held.items()) if held else "nothing") + ".")
+        out += ["", "| train variant | peak bytes | MiB | phase | op | module |", "|---|---|---|---|---|---|"]
+        for k, v in r["train_steps"].items():
+            out.append(f"| {k} | {v['peak_bytes']:,} | {v['peak_bytes'] / 2**20:.2f} | {v['peak_phase']} | "
+                       f"{v['peak_op']} | {v['peak_module'] or (v['peak_stack'][1] if len(v['peak_stack']) > 1 else '')} |")
+        inf = r["inference"]
+        out += ["", f"Inference peak {inf['peak_bytes']:,} B ({inf['peak_bytes'] / 2**20:.2f} MiB) at "
+                    f"{inf['peak_op']} in {inf['peak_module'] or '-'}; the output holds {inf['end_held_bytes']:,} B.", ""]
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  measure.py                          fp32 rows -> tests/fixtures/validation.json\n"
+               "  measure.py --autocast               + autocast-bf16 rows -> tests/fixtures/validation_autocast.json\n"
+               "  measure.py --llm --autocast         decoder-LLM rows, fp32 + bf16 -> tests/fixtures/validation_llm.json,\n"
+               "                                      breakdowns -> validation/saved_breakdown_llm.json (~2 min, 2 threads)\n"
+               "  measure.py --llm                    only the fp32 LLM rows (the bf16 ones: --llm --autocast --only autocast --merge)\n"
+               "  measure.py --llm-digest             Markdown digest of the LLM fixture + breakdowns (validation/llm_notes.md)\n"
+               "  measure.py --holdout                holdout rows -> tests/fixtures/validation_holdout.json,\n"
+               "                                      breakdowns -> validation/saved_breakdown_holdout.json\n"
+               "  measure.py --llm --autocast --variants keep_first --update-variants\n"
+               "                                      re-measure only keep_first in the LLM fixture's rows, in place\n")
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(here)
     ap.add_argument("--out", default=os.path.join(root, "tests", "fixtures", "validation.json"))
@@ -899,9 +1236,44 @@ def main(argv=None) -> int:
                     help="keep the rows of an existing --out file that this run does not measure (same versions only)")
     ap.add_argument("--check-hooks", action="store_true",
                     help="measure the matching rows' steps with and without the saved-tensor hooks and compare")
+    ap.add_argument("--llm", action="store_true",
+                    help="only the decoder-LLM rows (Llama GQA/MHA eager, sdpa, use_cache; Qwen2; Mixtral; "
+                         "fp32, and with --autocast also their autocast-bf16 rows), all in --llm-out, every "
+                         "row's saved-tensor breakdown in --llm-breakdown-out; Adam foreach and for-loop")
+    ap.add_argument("--llm-out", default=os.path.join(root, "tests", "fixtures", "validation_llm.json"),
+                    help="the --llm fixture (fp32 and autocast-bf16 rows together; same schema)")
+    ap.add_argument("--llm-breakdown-out", default=os.path.join(here, "saved_breakdown_llm.json"))
+    ap.add_argument("--holdout", action="store_true",
+                    help="only the holdout rows (shapes never in the other fixtures: pure bf16 training, "
+                         "inference-only BERT-base/large, GPT-2 at s1024) -> --holdout-out, every row's "
+                         "breakdown -> --holdout-breakdown-out")
+    ap.add_argument("--holdout-out", default=os.path.join(root, "tests", "fixtures", "validation_holdout.json"))
+    ap.add_argument("--holdout-breakdown-out", default=os.path.join(here, "saved_breakdown_holdout.json"))
+    ap.add_argument("--variants", default=None, metavar="REGEX",
+                    help="measure only the train variants whose key ({foreach|forloop}_{free|keep}_{first|steady}) "
+                         "matches, e.g. 'keep_first'")
+    ap.add_argument("--update-variants", action="store_true",
+                    help="with --variants: measure only those train steps of the selected rows and write them "
+                         "into the existing rows of the fixture (train_<key>_* and train_steps[<key>] replaced, "
+                         "all else kept; same versions only; Adam for-loop where the stored row has it)")
+    ap.add_argument("--llm-digest", action="store_true",
+                    help="print a Markdown digest of --llm-out and --llm-breakdown-out (layer 0, embedding, "
+                         "head and loss storages; caller-held; peaks) and exit; needs no torch run")
     args = ap.parse_args(argv)
+    if args.llm_digest:
+        print(llm_digest(args.llm_out, args.llm_breakdown_out))
+        return 0
     torch.set_num_threads(args.threads)
-    rows = [r for r in all_rows(args.autocast) if re.search(args.only, r["id"])]
+    if args.update_variants and not args.variants:
+        print("measure.py: --update-variants needs --variants REGEX", file=sys.stderr)
+        return 2
+    if args.holdout:
+        candidates = holdout_rows()
+    elif args.llm:
+        candidates = llm_rows(args.autocast)
+    else:
+        candidates = all_rows(args.autocast)
+    rows = [r for r in candidates if re.search(args.only, r["id"])]
     if args.list:
         print("\n".join(r["id"] for r in rows))
         return 0
@@ -915,8 +1287,8 @@ def main(argv=None) -> int:
     if args.check_hooks:
         bad = 0
         for row in rows:
-            a = measure_train_steps(row, (True,), saved_hooks=True)
-            b = measure_train_steps(row, (True,), saved_hooks=False)
+            a = measure_train_steps(row, (True,), saved_hooks=True, variants=args.variants)
+            b = measure_train_steps(row, (True,), saved_hooks=False, variants=args.variants)
             for k in a:
                 same = a[k]["peak_bytes"] == b[k]["peak_bytes"] and a[k]["phase_max_bytes"] == b[k]["phase_max_bytes"]
                 bad += not same
@@ -927,36 +1299,62 @@ def main(argv=None) -> int:
     import torchvision
     import transformers
 
-    measured = []
-    breakdowns = {}
-    t0 = time.time()
-    for i, row in enumerate(rows):
-        log(f"[{i + 1}/{len(rows)}] {row['id']}")
-        res, bd = measure_row(row, row["id"] in BREAKDOWN_IDS, log)
-        measured.append(res)
-        if bd is not None:
-            breakdowns[row["id"]] = bd
     versions = {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "torchvision": torchvision.__version__,
         "python": platform.python_version(),
     }
+    if args.holdout:
+        out_for = lambda r: args.holdout_out  # noqa: E731
+    elif args.llm:
+        out_for = lambda r: args.llm_out  # noqa: E731
+    else:
+        out_for = lambda r: args.out if r["precision"] == "fp32" else args.autocast_out  # noqa: E731
+    if args.update_variants:
+        for path in dict.fromkeys(out_for(r) for r in rows):
+            if update_variants(path, [r for r in rows if out_for(r) == path], args.variants, versions, log) != 0:
+                return 2
+        return 0
+
+    measured = []
+    breakdowns = {}
+    t0 = time.time()
+    for i, row in enumerate(rows):
+        log(f"[{i + 1}/{len(rows)}] {row['id']}")
+        res, bd = measure_row(row, args.llm or args.holdout or row["id"] in BREAKDOWN_IDS, log, args.variants)
+        measured.append(res)
+        if bd is not None:
+            breakdowns[row["id"]] = bd
     seconds = round(time.time() - t0, 1)
-    for path, group in ((args.out, [r for r in measured if r["precision"] == "fp32"]),
-                        (args.autocast_out, [r for r in measured if r["precision"] != "fp32"])):
-        if group and write_fixture(path, group, versions, args.threads, seconds, args.merge) != 0:
+    if args.holdout:
+        groups = ((args.holdout_out, measured),)
+        order = [r["id"] for r in holdout_rows()]
+        breakdown_out = args.holdout_breakdown_out
+    elif args.llm:
+        groups = ((args.llm_out, measured),)
+        order = [r["id"] for r in llm_rows(True)]
+        breakdown_out = args.llm_breakdown_out
+    else:
+        groups = ((args.out, [r for r in measured if r["precision"] == "fp32"]),
+                  (args.autocast_out, [r for r in measured if r["precision"] != "fp32"]))
+        order = None
+        breakdown_out = args.breakdown_out
+    for path, group in groups:
+        if group and write_fixture(path, group, versions, args.threads, seconds, args.merge, order) != 0:
             return 2
         if group:
             log(f"wrote {path} ({len(group)} rows measured now)")
     if breakdowns:
-        if args.merge and os.path.exists(args.breakdown_out):
-            old_bd = json.load(open(args.breakdown_out))["rows"]
+        if args.merge and os.path.exists(breakdown_out):
+            old_bd = json.load(open(breakdown_out))["rows"]
             breakdowns = {**{k: v for k, v in old_bd.items() if k not in breakdowns}, **breakdowns}
-        with open(args.breakdown_out, "w") as f:
+        if order:
+            breakdowns = dict(sorted(breakdowns.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 1e9))
+        with open(breakdown_out, "w") as f:
             json.dump({"versions": versions, "rows": breakdowns}, f, indent=1)
             f.write("\n")
-        log(f"wrote {args.breakdown_out}")
+        log(f"wrote {breakdown_out}")
     return 0
 
 

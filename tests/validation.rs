@@ -119,6 +119,7 @@ fn llm_workload(r: &Value) -> Option<Workload> {
     w.precision = match r["precision"].as_str()? {
         "fp32" => Precision::Fp32,
         "autocast-bf16" => Precision::AmpBf16,
+        "bf16" => Precision::Bf16,
         other => panic!("unknown precision {other}"),
     };
     if arch == Arch::Mixtral {
@@ -130,6 +131,25 @@ fn llm_workload(r: &Value) -> Option<Workload> {
         });
     }
     Some(w)
+}
+
+/// The tolerance of one comparison: 1 % for every transformer quantity. Two exceptions, both
+/// CPU effects the plan does not model: ResNet-50, whose peaks include oneDNN's convolution
+/// workspaces (up to 10 MB; cuDNN's differ), 2 % in training and 4 % at inference; and the
+/// 2-layer ViT-mini under CPU autocast, whose backward maximum at the patch convolution's
+/// gradient is 1.2 % over (0.18 MiB of 14.4 MiB).
+fn tolerance(w: &Workload, id: &str, what: &str) -> f64 {
+    if w.arch == Arch::Resnet {
+        if what == "inference" {
+            0.04
+        } else {
+            0.02
+        }
+    } else if id.starts_with("vit-mini") && what.starts_with("backward max") {
+        0.015
+    } else {
+        0.01
+    }
 }
 
 /// One compared quantity.
@@ -221,7 +241,7 @@ fn checks_of(fx: &Value) -> Vec<Check> {
             let p = Plan::for_workload(&v).unwrap();
             p.check_timeline().unwrap();
             let peak = p.peak();
-            let tol = 0.03;
+            let tol = tolerance(&w, &id, "train");
             // The backward phase alone (the activation-heavy part of the step, which the
             // optimizer's peak hides at these shapes), for freed gradients (PyTorch's default).
             let kb = format!("train_{key}_backward_max_bytes");
@@ -231,7 +251,7 @@ fn checks_of(fx: &Value) -> Vec<Check> {
                     what: format!("backward max {}", key.replace('_', " ")),
                     measured: m,
                     estimated: p.phase_max(oomprobe::plan::Phase::Backward),
-                    tol: 0.03,
+                    tol: tolerance(&w, &id, "backward max"),
                     phases: None,
                 });
             }
@@ -255,13 +275,7 @@ fn checks_of(fx: &Value) -> Vec<Check> {
             v.mode = Mode::Inference;
             let p = Plan::for_workload(&v).unwrap();
             p.check_timeline().unwrap();
-            // ResNet on CPU: mkldnn's convolution workspaces (up to 10 MB) set the inference
-            // peak; cuDNN's differ and neither is modelled.
-            let tol = if w.arch == oomprobe::workload::Arch::Resnet {
-                0.05
-            } else {
-                0.03
-            };
+            let tol = tolerance(&w, &id, "inference");
             out.push(Check {
                 row: id.clone(),
                 what: "inference".into(),
@@ -390,14 +404,24 @@ fn llm_rows_are_reproduced() {
     let fx = load("validation_llm.json");
     let rows = fx["rows"].as_array().unwrap();
     assert!(rows.len() >= 10, "{} LLM rows", rows.len());
-    let mut checks = checks_of(&fx);
-    for c in &mut checks {
-        c.tol = c.tol.min(0.01);
-    }
+    let checks = checks_of(&fx);
     for r in rows {
         let id = r["id"].as_str().unwrap();
         let n = checks.iter().filter(|c| c.row == id).count();
         assert!(n >= 10, "{id}: {n} checks");
     }
     assert_checks(&checks, "OOMPROBE_LLM_TABLE");
+}
+
+/// Shapes never in the other fixtures (`tests/fixtures/validation_holdout.json`): an 8-layer
+/// grouped-query LLaMA at b2 s512 in fp32 and pure bf16 (`model.bfloat16()`, eager and SDPA),
+/// BERT-base at b16 s512 and BERT-large at b8 s256 (inference only), GPT-2 small at b2 s1024;
+/// every quantity within 1 %.
+#[test]
+fn holdout_rows_are_reproduced() {
+    let fx = load("validation_holdout.json");
+    let rows = fx["rows"].as_array().unwrap();
+    assert!(rows.len() >= 6, "{} holdout rows", rows.len());
+    let checks = checks_of(&fx);
+    assert_checks(&checks, "OOMPROBE_HOLDOUT_TABLE");
 }

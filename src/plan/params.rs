@@ -458,6 +458,37 @@ impl States {
         Ok(())
     }
 
+    /// `gradient`, with `then` run once the op that makes it has released its inputs: under
+    /// autocast between its 16-bit gradient and `ToCopyBackward0`'s fp32 one (the op's node
+    /// frees its saved tensors and its incoming gradient first), otherwise after it.
+    pub fn gradient_then(
+        &mut self,
+        b: &mut Builder,
+        name: &str,
+        w: &Workload,
+        then: impl FnOnce(&mut Builder),
+    ) -> Result<(), PlanError> {
+        let (Some(kind), Some(i)) = (self.grad_kind(), self.piece(name)) else {
+            then(b);
+            return Ok(());
+        };
+        if self.flat {
+            then(b);
+            return Ok(());
+        }
+        let piece = Piece::new(self.names[i].clone(), self.pieces[i].elems);
+        let g16 = self.cast_grad(b, i)?;
+        if g16.is_some() {
+            then(b);
+            self.gradient_fp(b, i, &kind, piece, w)?;
+        } else {
+            self.gradient_fp(b, i, &kind, piece, w)?;
+            then(b);
+        }
+        self.release_cast(b, g16);
+        Ok(())
+    }
+
     /// The gradient of piece `i` in the gradients' own type (see `gradient`).
     fn gradient_fp(
         &mut self,

@@ -750,7 +750,6 @@ impl T<'_> {
             self.matmul(piece, x, v, kvw, h);
             (q, k, v)
         };
-        self.consumed(x, saved);
         let (q1, k1) = if self.spec.qk_norm {
             let d = self.d;
             let qn = self.norm_over(&format!("{p}.q_norm"), q0, d, saved)?;
@@ -823,6 +822,8 @@ impl T<'_> {
         if !v0_saved {
             self.b.free(v0);
         }
+        // The decoder layer's local keeps the norm's output until the attention returns.
+        self.consumed(x, saved);
         Ok(ctx)
     }
 
@@ -850,7 +851,12 @@ impl T<'_> {
             let kr = self.heads_t(&format!("{p}.k_rep"), a, self.dtype(k), Role::Activations)?;
             let vr = self.heads_t(&format!("{p}.v_rep"), a, self.dtype(v), Role::Activations)?;
             if !cached {
-                self.b.free(k);
+                if self.saving {
+                    self.b.free(k);
+                } else {
+                    // The attention's locals keep it until it returns.
+                    saved.push(k);
+                }
             }
             (kr, vr)
         } else {
@@ -887,7 +893,18 @@ impl T<'_> {
         } else {
             self.out("softmax", &[c])
         };
+        // CPU's softmax(dtype=float32) of 16-bit scores converts them to an fp32 copy first
+        // (CUDA's kernel reads 16 bits and writes fp32: `half_to_float`).
+        let widened = if pt == DType::F32
+            && self.dtype(last) != DType::F32
+            && self.w.autocast_device == autocast::Device::Cpu
+        {
+            Some(self.scores(&format!("{p}.attn.scores32"), Role::Workspace, DType::F32)?)
+        } else {
+            None
+        };
         let probs = self.scores(&format!("{p}.attn.probs"), Role::Attention, pt)?;
+        self.b.free_all(widened);
         saved.push(probs);
         let mut pv = probs;
         // `.to(query.dtype)` (a no-op for an fp32 query: under autocast the rotated q is fp32),
@@ -920,21 +937,36 @@ impl T<'_> {
             saved.retain(|&t| t != returned);
             self.layer_tail.push(returned);
         }
-        let ctx = self.rows_t(&format!("{p}.ctx"), Role::Activations, c, self.qw)?;
+        // probs·V's output [b, a, s, d] comes once the scores are gone (the softmax was their
+        // last reader), then its `transpose(1, 2).contiguous()` copy, the context. The kernel
+        // writes that output into the dead scores' buffer when it fits (s ≥ d), so the plan
+        // allocates the context after the scores go, as PyTorch does.
+        let fits = last != probs && s >= d;
+        let ctx = if fits {
+            None
+        } else {
+            Some(self.rows_t(&format!("{p}.ctx"), Role::Activations, c, self.qw)?)
+        };
         self.b.step(Step::Attention {
             q,
             k: kr,
             v: vr,
             scores: last,
             probs: pv,
-            out: ctx,
+            out: ctx.unwrap_or(last),
             batch_heads: bsz.saturating_mul(a),
             seq: s,
             head_dim: d,
             causal: self.spec.causal,
         });
         self.b.free(last);
-        Ok(ctx)
+        match ctx {
+            Some(c) => Ok(c),
+            None => {
+                let qw = self.qw;
+                self.rows_t(&format!("{p}.ctx"), Role::Activations, c, qw)
+            }
+        }
     }
 
     /// Attention without scores (SDPA's flash or memory-efficient kernels, flash-attn): q, k
@@ -2098,9 +2130,12 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     // Embedding backward: the dense gradient of the token embedding (added into the tied head's
     // gradient when it already exists) and of the positions.
     t.states.gradient(t.b, "embed", w_)?;
-    t.states.gradient(t.b, "embed.rest", w_)?;
-    t.b.free_all(emb_saved);
-    t.b.free(g);
+    // The last op (ViT's patch convolution, or the position lookup) releases what it saved
+    // and its incoming gradient before its weight's gradient is converted to fp32.
+    t.states.gradient_then(t.b, "embed.rest", w_, |b| {
+        b.free_all(emb_saved);
+        b.free(g);
+    })?;
     if let Some(cs) = t.rope.take() {
         t.b.free(cs);
     }

@@ -34,7 +34,8 @@ pub enum Command {
     /// Find the empirical OOM boundary on a device, scenario by scenario.
     #[command(after_help = help::PROBE)]
     Probe(ProbeArgs),
-    /// The seed's quick diagnosis: which of the four causes dominates, and what each remedy buys.
+    /// Why a workload runs out of memory (model, batch, sequence or stored activations), and what
+    /// each remedy buys.
     #[command(after_help = help::DIAGNOSE)]
     Diagnose(DiagnoseArgs),
     /// Put several probe result files side by side.
@@ -61,14 +62,18 @@ pub struct DevicesArgs {
 /// The workload: a preset or config file plus overrides.
 #[derive(Debug, Args, Clone, Default, PartialEq, Eq)]
 pub struct WorkloadArgs {
-    /// A preset: gpt2 gpt2-medium gpt2-large gpt2-xl bert-base bert-large vit-b16 vit-l16
+    /// A preset (gpt2 gpt2-medium gpt2-large gpt2-xl bert-base bert-large vit-b16 vit-l16
     /// llama-7b llama-13b llama3-8b mistral-7b qwen2.5-7b qwen2.5-0.5b mixtral-8x7b gemma2-9b
-    /// phi3-mini resnet50 (plus tiny-gpt, tiny-cnn for tests).
+    /// phi3-mini resnet50, plus tiny-gpt, tiny-cnn for tests), a Hugging Face model id
+    /// (ORG/NAME, read offline from the local Hugging Face cache) or a folder with a config.json.
     #[arg(long, value_name = "NAME", allow_hyphen_values = true)]
     pub model: Option<String>,
     /// A Hugging Face config.json, or an oomprobe TOML case file.
     #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
     pub config: Option<PathBuf>,
+    /// With --model ORG/NAME: the cached revision (a branch, tag or commit) to read.
+    #[arg(long, value_name = "REV", allow_hyphen_values = true)]
+    pub revision: Option<String>,
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub batch: Option<String>,
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
@@ -273,6 +278,10 @@ pub struct ProbeArgs {
     pub out: Option<PathBuf>,
     #[arg(long, value_enum)]
     pub format: Option<OutputFormat>,
+    /// Every column in the terminal table (bytes at the boundary, fill, throughput, the first
+    /// failure and why); the default shows the ones that fit 100 columns.
+    #[arg(long)]
+    pub wide: bool,
     /// No progress bar on stderr.
     #[arg(long)]
     pub quiet: bool,

@@ -1,4 +1,5 @@
-//! The seed's quick diagnosis: which cause dominates, and what each remedy buys.
+//! Why a workload runs out of memory: which of the four causes dominates (model, batch,
+//! sequence, stored activations), and what each remedy buys.
 //!
 //! Rules, in order, for a workload at its batch and sequence on `memory` bytes:
 //! 1. model states (weights + gradients + optimizer) alone exceed memory → `model_too_large`;

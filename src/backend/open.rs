@@ -124,13 +124,18 @@ pub fn list_cuda_devices() -> Result<Vec<DeviceInfo>, String> {
     }
 }
 
-/// Memory of the default device (what `--backend auto` opens): None when there is no adapter
-/// or the API does not tell.
-pub fn default_device_memory() -> Option<u64> {
+/// The default device's name and memory (what `--backend auto` opens) when it is a GPU whose
+/// API tells its memory: None without an adapter, for a CPU adapter (lavapipe's heap is a
+/// number it does not enforce, not a card's memory), or when the API does not tell.
+pub fn detected_gpu() -> Option<(String, u64)> {
     let instance = wg::new_instance();
     let adapters = wg::enumerate_adapters(&instance);
     let i = wg::select_adapter(&adapters, AdapterSelector::Auto).ok()?;
-    wg::adapter_info(i, &adapters[i]).memory_total_bytes
+    let info = wg::adapter_info(i, &adapters[i]);
+    if info.device_type == crate::backend::DeviceType::Cpu {
+        return None;
+    }
+    Some((info.name, info.memory_total_bytes?))
 }
 
 /// Open a device by `--backend` name and optional `--device` index.

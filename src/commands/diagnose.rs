@@ -1,4 +1,4 @@
-//! `oomprobe diagnose`: the seed's quick diagnosis as a command.
+//! `oomprobe diagnose`: which of the four causes of an OOM dominates, and what each remedy buys.
 
 use crate::cli::DiagnoseArgs;
 use crate::commands::estimate::{case_memory, memory_arg, out, plan_error};
@@ -12,11 +12,18 @@ pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
         Some(m) => memory_arg(m)?,
         None => match case_memory(&args.workload)? {
             Some(m) => m,
-            None => crate::backend::open::default_device_memory().ok_or_else(|| {
-                CliError::usage(
-                "no device memory known (no adapter, or its API does not tell): pass --memory SIZE",
-            )
-            })?,
+            None => match crate::backend::open::detected_gpu() {
+                Some((name, m)) => {
+                    eprintln!(
+                        "oomprobe: judging against {name}, {} (detected)",
+                        crate::units::fmt_bytes(m)
+                    );
+                    m
+                }
+                None => return Err(CliError::usage(
+                    "no GPU's memory is known here (no GPU adapter, or its API does not tell; a CPU adapter's heap is no card's): pass --memory SIZE",
+                )),
+            },
         },
     };
     if crate::commands::snapshot::wanted(&args.snapshot) {

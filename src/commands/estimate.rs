@@ -26,6 +26,9 @@ pub struct EstimateReport {
     pub timeline: TimelineSummary,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
+    /// Additive: the GPU whose memory `memory_bytes` is, when it was detected (no `--memory`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_detected_on: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boundaries: Option<Vec<Boundary>>,
     pub notes: Vec<String>,
@@ -79,9 +82,17 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
     }
     let r = resolve(&args.workload, "gpt2")?;
     let w = r.workload;
+    let mut detected = None;
     let memory = match args.memory.as_deref().map(memory_arg).transpose()? {
         Some(m) => Some(m),
-        None => case_memory(&args.workload)?,
+        None => match case_memory(&args.workload)? {
+            Some(m) => Some(m),
+            // The GPU in front of you, when there is one (never a CPU adapter's heap).
+            None => crate::backend::open::detected_gpu().map(|(name, m)| {
+                detected = Some(name);
+                m
+            }),
+        },
     };
     let plan = Plan::for_workload(&w).map_err(plan_error)?;
     if let Some(path) = &args.export_snapshot {
@@ -102,6 +113,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         breakdown: b,
         timeline: timeline_summary(&plan),
         memory_bytes: memory,
+        memory_detected_on: detected.clone(),
         boundaries: bounds,
         notes: plan.notes.clone(),
     };
@@ -120,8 +132,12 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         (Some(p), None) => format!("peak in {}", p.name()),
         _ => "empty plan".into(),
     };
+    let on = match (&detected, memory) {
+        (Some(name), Some(m)) => format!(", on {name}, {} (detected)", fmt_bytes(m)),
+        _ => String::new(),
+    };
     let mut text = format!(
-        "{}\n{at}; by role at the peak:\n{}\n",
+        "{}{on}\n{at}; by role at the peak:\n{}\n",
         describe(&report.workload),
         breakdown_table(&report.breakdown, tl.model_states_bytes)
     );

@@ -89,7 +89,9 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
     let report = session.run(&mut sinks)?;
 
     let text = match stdout_format {
-        OutputFormat::Table => report::table::render_styled(&report, color_enabled(Stream::Stdout)),
+        OutputFormat::Table => {
+            report::table::render_styled(&report, color_enabled(Stream::Stdout), args.wide)
+        }
         f => report::render(&report, f).map_err(|e| CliError::run(e.to_string()))?,
     };
     print!("{text}");

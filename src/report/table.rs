@@ -61,6 +61,11 @@ pub fn summary_row(run: &RunResult) -> Vec<String> {
     ]
 }
 
+/// The columns a terminal shows by default (indices into [`SUMMARY_COLUMNS`]): scenario,
+/// variant, max fit, predicted max, error, probes, seconds, which fit 100 columns; `--wide`
+/// shows every column.
+pub const NARROW_COLUMNS: [usize; 7] = [0, 1, 3, 7, 8, 11, 12];
+
 /// The first note of a report written before its probe finished.
 pub const PARTIAL_NOTE: &str = "IN PROGRESS: partial results (the probe was still running or was \
 stopped); a run marked \"in progress\" has no confirmed boundary, only the largest fit so far";
@@ -131,27 +136,36 @@ pub fn notes(report: &ProbeReport) -> Vec<String> {
     out
 }
 
-/// The terminal table as a string (ends with a newline), without color.
+/// The terminal table as a string (ends with a newline), without color, every column.
 pub fn render(report: &ProbeReport) -> String {
-    render_styled(report, false)
+    render_styled(report, false, true)
 }
 
 /// The terminal table; with `color`, the max fit is green, the first fail red and a flaky
-/// boundary yellow (the caller decides, e.g. from `NO_COLOR` and whether stdout is a terminal).
-pub fn render_styled(report: &ProbeReport, color: bool) -> String {
+/// boundary yellow (the caller decides, e.g. from `NO_COLOR` and whether stdout is a terminal);
+/// `wide`, every column, else [`NARROW_COLUMNS`].
+pub fn render_styled(report: &ProbeReport, color: bool, wide: bool) -> String {
     let mut out = format!("device: {}\n", device_line(report));
+    let shown = |i: usize| wide || NARROW_COLUMNS.contains(&i);
     let mut table = Table::new();
     table
         .load_preset(UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Disabled)
-        .set_header(SUMMARY_COLUMNS.iter().map(Cell::new));
+        .set_header(
+            SUMMARY_COLUMNS
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| shown(*i))
+                .map(|(_, c)| Cell::new(c)),
+        );
     if color {
         table.enforce_styling();
     } else {
         table.force_no_tty();
     }
     for run in &report.runs {
-        table.add_row(summary_row(run).into_iter().enumerate().map(|(i, s)| {
+        let cells = summary_row(run).into_iter().enumerate();
+        table.add_row(cells.filter(|(i, _)| shown(*i)).map(|(i, s)| {
             let mut c = Cell::new(s);
             if is_numeric_column(i) {
                 c = c.set_alignment(CellAlignment::Right);
@@ -183,11 +197,30 @@ mod tests {
     #[test]
     fn color_only_when_asked() {
         let report = crate::report::sample::sample_report(512 << 20);
-        let plain = render_styled(&report, false);
-        let colored = render_styled(&report, true);
+        let plain = render_styled(&report, false, true);
+        let colored = render_styled(&report, true, true);
         assert!(!plain.contains('\u{1b}'), "{plain}");
         assert!(colored.contains('\u{1b}'), "{colored}");
         assert_eq!(plain, render(&report));
+    }
+
+    #[test]
+    fn the_default_table_fits_100_columns_and_wide_shows_the_rest() {
+        let report = crate::report::sample::sample_report(512 << 20);
+        let narrow = render_styled(&report, false, false);
+        let table_lines = narrow
+            .lines()
+            .filter(|l| !l.starts_with("device:") && !l.starts_with("note:"));
+        for l in table_lines {
+            assert!(
+                l.chars().count() <= 100,
+                "{} columns: {l}",
+                l.chars().count()
+            );
+        }
+        assert!(narrow.contains("predicted max") && !narrow.contains("best throughput"));
+        let wide = render_styled(&report, false, true);
+        assert!(wide.contains("best throughput") && wide.contains("bytes at max"));
     }
 
     #[test]

@@ -177,6 +177,7 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
     pick!(
         model,
         config,
+        revision,
         batch,
         seq,
         layers,

@@ -2,6 +2,7 @@
 //! oomprobe TOML case files, command-line overrides).
 
 pub mod config;
+pub mod hub;
 pub mod overrides;
 pub mod presets;
 

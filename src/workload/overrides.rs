@@ -226,6 +226,22 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
             LoadedConfig::Hf(w) => *w,
             LoadedConfig::Case(c) => c.workload.clone(),
         }
+    } else if let Some(m) = args
+        .model
+        .as_deref()
+        .filter(|m| super::hub::is_id_or_path(m))
+    {
+        // A Hugging Face id (from the local cache, offline) or a folder with a config.json.
+        let path =
+            super::hub::config_path(m, args.revision.as_deref()).map_err(|e| usage("model", e))?;
+        match load_config(&path).map_err(|e| CliError::usage(e.to_string()))? {
+            LoadedConfig::Hf(w) => {
+                let mut w = *w;
+                w.name = m.trim_end_matches('/').to_string();
+                w
+            }
+            LoadedConfig::Case(c) => c.workload.clone(),
+        }
     } else if let Some(m) = &args.model {
         presets::get(m).map_err(|e| usage("model", e))?
     } else if args.params.is_some() {
@@ -233,6 +249,12 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
     } else {
         presets::get(default_preset).map_err(|e| usage("model", e))?
     };
+    if args.revision.is_some() && !args.model.as_deref().is_some_and(super::hub::is_id_or_path) {
+        return Err(usage(
+            "revision",
+            "goes with --model ORG/NAME (a model in the local Hugging Face cache)",
+        ));
+    }
     let name = w.name.clone();
     let arch = w.arch;
     let text = w.is_text_transformer();

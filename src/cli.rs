@@ -31,7 +31,8 @@ pub enum Command {
     /// Memory breakdown of a workload by role; with --memory, the predicted max per scenario.
     #[command(after_help = help::ESTIMATE)]
     Estimate(EstimateArgs),
-    /// Find the empirical OOM boundary on a device, scenario by scenario.
+    /// Find the real out-of-memory boundary on this device: the largest batch, sequence or
+    /// parameter count that fits, measured, beside the prediction.
     #[command(after_help = help::PROBE)]
     Probe(ProbeArgs),
     /// Why a workload runs out of memory (model, batch, sequence or stored activations), and what
@@ -74,18 +75,25 @@ pub struct WorkloadArgs {
     /// With --model ORG/NAME: the cached revision (a branch, tag or commit) to read.
     #[arg(long, value_name = "REV", allow_hyphen_values = true)]
     pub revision: Option<String>,
+    /// Samples per step (the batch size).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub batch: Option<String>,
+    /// Tokens per sample (the sequence length; text models).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub seq: Option<String>,
+    /// Transformer layers (ResNet: its depth, 14 26 50 101 152).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub layers: Option<String>,
+    /// Hidden size (ResNet: the stem width).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub hidden: Option<String>,
+    /// Attention (query) heads.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub heads: Option<String>,
+    /// The MLP's width (intermediate_size; a mixture of experts: each expert's).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub ffn: Option<String>,
+    /// Vocabulary size (classes for ViT and ResNet).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub vocab: Option<String>,
     /// Image side in pixels (ViT, ResNet).

@@ -41,6 +41,30 @@ pub fn color_choice(env: impl Fn(&str) -> Option<String>, is_terminal: bool) -> 
     is_terminal
 }
 
+/// Whether table borders may be Unicode box drawing: not for `TERM=dumb`, nor where the locale
+/// (`LC_ALL`, else `LC_CTYPE`, else `LANG`) names a character set other than UTF-8 (`C` and
+/// `POSIX` are ASCII); an unset locale leaves them on.
+pub fn unicode_choice(env: impl Fn(&str) -> Option<String>) -> bool {
+    if env("TERM").as_deref() == Some("dumb") {
+        return false;
+    }
+    let locale = ["LC_ALL", "LC_CTYPE", "LANG"]
+        .into_iter()
+        .find_map(|k| env(k).filter(|v| !v.is_empty()));
+    match locale {
+        None => true,
+        Some(l) => {
+            let l = l.to_ascii_lowercase();
+            l.contains("utf-8") || l.contains("utf8")
+        }
+    }
+}
+
+/// Whether tables may use Unicode borders, from this process's environment.
+pub fn unicode_enabled() -> bool {
+    unicode_choice(|k| std::env::var(k).ok())
+}
+
 /// Whether output on `stream` may use color, from this process's environment.
 pub fn color_enabled(stream: Stream) -> bool {
     color_choice(|k| std::env::var(k).ok(), stream.is_terminal())
@@ -143,6 +167,26 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unicode_borders_follow_the_locale() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(unicode_choice(env(&[])));
+        assert!(unicode_choice(env(&[("LANG", "en_US.UTF-8")])));
+        assert!(!unicode_choice(env(&[("LANG", "C")])));
+        assert!(!unicode_choice(env(&[
+            ("LC_ALL", "POSIX"),
+            ("LANG", "en_US.UTF-8")
+        ])));
+        assert!(!unicode_choice(env(&[("TERM", "dumb")])));
+    }
 
     fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |k| {

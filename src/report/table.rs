@@ -1,7 +1,8 @@
 //! The terminal table: the device and its memory on top, then one row per run.
 
 use comfy_table::{
-    presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Color, ContentArrangement, Table,
+    presets::{ASCII_FULL_CONDENSED, UTF8_FULL_CONDENSED},
+    Cell, CellAlignment, Color, ContentArrangement, Table,
 };
 
 use super::model::{ProbeReport, RunResult, IN_PROGRESS_NOTE};
@@ -148,8 +149,13 @@ pub fn render_styled(report: &ProbeReport, color: bool, wide: bool) -> String {
     let mut out = format!("device: {}\n", device_line(report));
     let shown = |i: usize| wide || NARROW_COLUMNS.contains(&i);
     let mut table = Table::new();
+    let preset = if crate::term::unicode_enabled() {
+        UTF8_FULL_CONDENSED
+    } else {
+        ASCII_FULL_CONDENSED
+    };
     table
-        .load_preset(UTF8_FULL_CONDENSED)
+        .load_preset(preset)
         .set_content_arrangement(ContentArrangement::Disabled)
         .set_header(
             SUMMARY_COLUMNS

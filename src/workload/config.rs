@@ -250,33 +250,10 @@ pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
         format: "JSON",
         msg: "expected an object".into(),
     })?;
-    let get_u = |key: &str| -> Result<Option<u64>, ConfigError> {
-        match obj.get(key) {
-            None | Some(Json::Null) => Ok(None),
-            Some(x) => match x.as_u64() {
-                Some(0) => Err(field_err(path, key, "must be greater than zero")),
-                Some(n) => hf_size(key)
-                    .map_or(Ok(n), |size| check_limit(size, n))
-                    .map(Some)
-                    .map_err(|e| field_err(path, key, e)),
-                None => Err(field_err(
-                    path,
-                    key,
-                    format!("expected a positive integer, found {x}"),
-                )),
-            },
-        }
-    };
-    let req_u = |key: &str| get_u(key)?.ok_or_else(|| field_err(path, key, "missing (required)"));
-    let get_f = |key: &str| -> Result<Option<f64>, ConfigError> {
-        match obj.get(key) {
-            None | Some(Json::Null) => Ok(None),
-            Some(x) => x
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| field_err(path, key, format!("expected a number, found {x}"))),
-        }
-    };
+    let fields = Fields { path, obj };
+    let get_u = |key: &str| fields.u(key);
+    let req_u = |key: &str| fields.req_u(key);
+    let get_f = |key: &str| fields.f(key);
     let model_type = match obj.get("model_type") {
         None => None,
         Some(Json::String(s)) => Some(s.clone()),
@@ -542,20 +519,17 @@ fn nearest_type(t: &str) -> Option<&'static str> {
         .map(|(_, m)| m)
 }
 
-/// Read a decoder LLM's config.json (see the module doc).
-fn load_llm(
-    path: &str,
-    root: &serde_json::Map<String, Json>,
-    arch: Arch,
-    name: &str,
-) -> Result<Workload, ConfigError> {
-    // A multimodal Gemma 3 keeps its language model's shape in `text_config`.
-    let obj = match root.get("text_config") {
-        Some(Json::Object(t)) if arch == Arch::Gemma3 => t,
-        _ => root,
-    };
-    let get_u = |key: &str| -> Result<Option<u64>, ConfigError> {
-        match obj.get(key) {
+/// Typed reads of a config.json object's fields; each error names the field and the file.
+struct Fields<'a> {
+    path: &'a str,
+    obj: &'a serde_json::Map<String, Json>,
+}
+
+impl Fields<'_> {
+    /// A positive integer within its size's limit, or None when absent or null.
+    fn u(&self, key: &str) -> Result<Option<u64>, ConfigError> {
+        let path = self.path;
+        match self.obj.get(key) {
             None | Some(Json::Null) => Ok(None),
             Some(x) => match x.as_u64() {
                 Some(0) => Err(field_err(path, key, "must be greater than zero")),
@@ -570,28 +544,50 @@ fn load_llm(
                 )),
             },
         }
-    };
-    let req_u = |key: &str| get_u(key)?.ok_or_else(|| field_err(path, key, "missing (required)"));
-    let get_b = |key: &str| -> Result<Option<bool>, ConfigError> {
-        match obj.get(key) {
-            None | Some(Json::Null) => Ok(None),
-            Some(Json::Bool(b)) => Ok(Some(*b)),
-            Some(x) => Err(field_err(
-                path,
-                key,
-                format!("expected true or false, found {x}"),
-            )),
-        }
-    };
-    let get_f = |key: &str| -> Result<Option<f64>, ConfigError> {
-        match obj.get(key) {
+    }
+    fn req_u(&self, key: &str) -> Result<u64, ConfigError> {
+        self.u(key)?
+            .ok_or_else(|| field_err(self.path, key, "missing (required)"))
+    }
+    fn f(&self, key: &str) -> Result<Option<f64>, ConfigError> {
+        match self.obj.get(key) {
             None | Some(Json::Null) => Ok(None),
             Some(x) => x
                 .as_f64()
                 .map(Some)
-                .ok_or_else(|| field_err(path, key, format!("expected a number, found {x}"))),
+                .ok_or_else(|| field_err(self.path, key, format!("expected a number, found {x}"))),
         }
+    }
+    fn b(&self, key: &str) -> Result<Option<bool>, ConfigError> {
+        match self.obj.get(key) {
+            None | Some(Json::Null) => Ok(None),
+            Some(Json::Bool(b)) => Ok(Some(*b)),
+            Some(x) => Err(field_err(
+                self.path,
+                key,
+                format!("expected true or false, found {x}"),
+            )),
+        }
+    }
+}
+
+/// Read a decoder LLM's config.json (see the module doc).
+fn load_llm(
+    path: &str,
+    root: &serde_json::Map<String, Json>,
+    arch: Arch,
+    name: &str,
+) -> Result<Workload, ConfigError> {
+    // A multimodal Gemma 3 keeps its language model's shape in `text_config`.
+    let obj = match root.get("text_config") {
+        Some(Json::Object(t)) if arch == Arch::Gemma3 => t,
+        _ => root,
     };
+    let fields = Fields { path, obj };
+    let get_u = |key: &str| fields.u(key);
+    let req_u = |key: &str| fields.req_u(key);
+    let get_b = |key: &str| fields.b(key);
+    let get_f = |key: &str| fields.f(key);
     let get_s = |key: &str| -> Result<Option<String>, ConfigError> {
         match root.get(key).or_else(|| obj.get(key)) {
             None | Some(Json::Null) => Ok(None),

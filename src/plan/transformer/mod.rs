@@ -325,6 +325,16 @@ pub fn attention_summary(w: &Workload) -> String {
     }
 }
 
+/// The query, key and value an attention core reads ([b, heads, s, d]); `cached`: the key and
+/// value are the KV cache's copies, which the output holds (not freed, not saved).
+#[derive(Debug, Clone, Copy)]
+struct Qkv {
+    q: TensorIx,
+    k: TensorIx,
+    v: TensorIx,
+    cached: bool,
+}
+
 /// What one backward frame is: a layer's attention or MLP block.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Block {
@@ -810,10 +820,11 @@ impl T<'_> {
         };
         let eager = self.w.attention == Attention::Naive;
         let from = saved.len();
+        let qkv = Qkv { q, k, v, cached };
         let ctx = if backend == SdpaBackend::Math {
-            self.attention_scores(p, q, k, v, cached, eager, saved)?
+            self.attention_scores(p, qkv, eager, saved)?
         } else {
-            self.attention_fused(p, q, k, v, cached, backend, saved)?
+            self.attention_fused(p, qkv, backend, saved)?
         };
         // The value's projection (or the fused output it is a slice of) goes unless saved; with
         // the cache, attention read the cache's copy.
@@ -831,17 +842,14 @@ impl T<'_> {
     /// repeated to the query heads when grouped (saved copies), the scores, the softmax (fp32
     /// in eager for the LLaMA families, cast back), probs·V; returns the context copy
     /// [b, s, a·d]. `k` and `v` are the cache's (held) when `cached`.
-    #[allow(clippy::too_many_arguments)]
     fn attention_scores(
         &mut self,
         p: &str,
-        q: TensorIx,
-        k: TensorIx,
-        v: TensorIx,
-        cached: bool,
+        qkv: Qkv,
         eager: bool,
         saved: &mut Vec<TensorIx>,
     ) -> Result<TensorIx, PlanError> {
+        let Qkv { q, k, v, cached } = qkv;
         let (a, g, c) = (self.a, self.g, self.c);
         let (bsz, s, d) = (self.bsz, self.s, self.d);
         let qt = self.dtype(q);
@@ -972,17 +980,14 @@ impl T<'_> {
     /// Attention without scores (SDPA's flash or memory-efficient kernels, flash-attn): q, k
     /// and v at their own head counts, the output (in the context's layout: its
     /// `transpose(1, 2).contiguous()` is the same tensor) and the per-row statistics.
-    #[allow(clippy::too_many_arguments)]
     fn attention_fused(
         &mut self,
         p: &str,
-        q: TensorIx,
-        k: TensorIx,
-        v: TensorIx,
-        cached: bool,
+        qkv: Qkv,
         backend: SdpaBackend,
         saved: &mut Vec<TensorIx>,
     ) -> Result<TensorIx, PlanError> {
+        let Qkv { q, k, v, cached } = qkv;
         let (a, g, c) = (self.a, self.g, self.c);
         let (bsz, s, d) = (self.bsz, self.s, self.d);
         let op = "scaled_dot_product_attention";

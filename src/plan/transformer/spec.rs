@@ -117,6 +117,29 @@ impl Spec {
         })
     }
 
+    /// The layer GPT-2, BERT and ViT share: LayerNorm, separate q, k, v with biases, a GELU
+    /// MLP with biases, no rotation, no learned positions; each family sets the rest.
+    pub fn layer_norm_family(embed: Embed, head: Head, softmax: SoftmaxCode) -> Spec {
+        Spec {
+            norm: Norm::Layer,
+            mlp: Mlp::Gelu,
+            embed,
+            head,
+            learned_positions: false,
+            fused_qkv: false,
+            fused_gate_up: false,
+            qkv_bias: true,
+            o_bias: true,
+            mlp_bias: true,
+            qk_norm: false,
+            rope: false,
+            causal: false,
+            softmax,
+            sandwich_norms: false,
+            embed_scale: false,
+        }
+    }
+
     /// The LLaMA layer every decoder family starts from: RMSNorm, RoPE, separate q, k, v
     /// without biases (unless `attention_bias`), a SwiGLU MLP, fp32 softmax cast back.
     pub fn llama(w: &Workload) -> Spec {

@@ -379,3 +379,27 @@ fn autocast_precisions_are_their_own_values() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("amp-fp16") && err.contains("mixed"), "{err}");
 }
+
+#[test]
+fn oversized_inputs_are_refused_without_being_read_whole() {
+    let d = tempfile::tempdir().unwrap();
+    // A config.json past 16 MiB (a real one is a few KB).
+    let big = d.path().join("config.json");
+    let pad = " ".repeat(17 << 20);
+    std::fs::write(&big, format!("{{\"model_type\":\"gpt2\"{pad}}}")).unwrap();
+    fails_with_one_line(
+        &["estimate", "--config", big.to_str().unwrap()],
+        "larger than 16 MiB",
+    );
+    // A case file with more [[expect]] runs than the cap.
+    let case = d.path().join("c.toml");
+    let mut text = String::from("name = \"many\"\n[workload]\nmodel = \"gpt2\"\n");
+    for _ in 0..257 {
+        text.push_str("[[expect]]\nverdict = \"fits\"\n");
+    }
+    std::fs::write(&case, text).unwrap();
+    fails_with_one_line(
+        &["estimate", "--config", case.to_str().unwrap()],
+        "at most 256",
+    );
+}

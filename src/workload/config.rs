@@ -207,15 +207,43 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
     )
 }
 
+/// The largest config.json or case file read (a real config.json is a few KB).
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The most `[[expect]]` runs a case file may have.
+pub const MAX_EXPECTS: usize = 256;
+
 /// Load a config.json (any extension but `.toml`) or a case file (`.toml`).
 pub fn load_config(path: &Path) -> Result<LoadedConfig, ConfigError> {
+    use std::io::Read;
     let p = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+    let io_err = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::NotFound => ConfigError::NotFound(p.clone()),
         _ => ConfigError::Read {
             path: p.clone(),
             msg: e.to_string(),
         },
+    };
+    // Read at most one byte past the cap: a huge file (or a device, a FIFO) is refused
+    // without being read whole.
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(io_err)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io_err)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(ConfigError::Read {
+            path: p.clone(),
+            msg: format!(
+                "larger than {} MiB: no config.json or case file is this large",
+                MAX_CONFIG_BYTES >> 20
+            ),
+        });
+    }
+    let text = String::from_utf8(bytes).map_err(|_| ConfigError::Read {
+        path: p.clone(),
+        msg: "not UTF-8 text".into(),
     })?;
     // A UTF-8 byte-order mark (some Windows editors write one) is not part of the text.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
@@ -1019,6 +1047,16 @@ pub fn load_case(file: &Path, text: &str) -> Result<CaseFile, ConfigError> {
             ))
         }
     };
+    if list.len() > MAX_EXPECTS {
+        return Err(field_err(
+            path,
+            "expect",
+            format!(
+                "{} [[expect]] runs; at most {MAX_EXPECTS} (split the case into files)",
+                list.len()
+            ),
+        ));
+    }
     let mut expects = Vec::new();
     for (i, e) in list.iter().enumerate() {
         let t = e.as_table().ok_or_else(|| {

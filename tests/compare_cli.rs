@@ -329,3 +329,54 @@ fn a_partial_run_is_marked_in_every_format() {
         );
     }
 }
+
+#[test]
+fn out_refuses_what_a_rename_would_clobber_before_any_work() {
+    let d = tempfile::tempdir().unwrap();
+    let (a, b) = two_files(d.path());
+    let fifo = d.path().join("pipe.json");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let target = d.path().join("real.json");
+    std::fs::write(&target, "{}").unwrap();
+    let link = d.path().join("link.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let looped = d.path().join("loop.json");
+    std::os::unix::fs::symlink(&looped, &looped).unwrap();
+    for (out, why) in [
+        (fifo.as_path(), "not a regular file"),
+        (Path::new("/dev/null"), "not a regular file"),
+        (link.as_path(), "symbolic link"),
+        (looped.as_path(), "symbolic link"),
+        (d.path(), "is a folder"),
+    ] {
+        let o = oomprobe()
+            .args(["compare"])
+            .arg(&a)
+            .arg(&b)
+            .arg("--out")
+            .arg(out)
+            .arg("--format")
+            .arg("json")
+            .assert()
+            .code(2)
+            .get_output()
+            .clone();
+        let e = String::from_utf8(o.stderr).unwrap();
+        assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+        assert!(e.contains(why), "{}: {e}", out.display());
+    }
+    // The symlink's target is untouched.
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "{}");
+    // probe refuses the same before opening a device.
+    let o = oomprobe()
+        .args(["probe", "--budget", "64MiB", "--out", "/dev/null", "--format", "json"])
+        .assert()
+        .code(2)
+        .get_output()
+        .clone();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a regular file"));
+}

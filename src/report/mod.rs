@@ -86,8 +86,9 @@ impl From<ReportError> for CliError {
             | ReportError::BadOutPath { .. }
             | ReportError::Read { .. }
             | ReportError::Malformed { .. }
-            | ReportError::Schema { .. } => CliError::usage(e.to_string()),
-            ReportError::Json(_) | ReportError::Write { .. } => CliError::run(e.to_string()),
+            | ReportError::Schema { .. }
+            | ReportError::Write { .. } => CliError::usage(e.to_string()),
+            ReportError::Json(_) => CliError::run(e.to_string()),
         }
     }
 }
@@ -146,7 +147,10 @@ pub fn out_format(
     format_for_path(path, explicit)
 }
 
-/// `path` can be created: its folder exists and it is not a folder itself.
+/// `path` can be written as `write_atomically` writes it, checked before any device work: it
+/// is a regular file or a new name (never a folder, a symbolic link, a device, a FIFO or a
+/// socket, which a rename would clobber or a reader would see torn), and its folder exists and
+/// takes a new file.
 fn check_out_path(path: &Path) -> Result<(), ReportError> {
     let bad = |why| {
         Err(ReportError::BadOutPath {
@@ -154,14 +158,31 @@ fn check_out_path(path: &Path) -> Result<(), ReportError> {
             why,
         })
     };
-    if path.is_dir() {
-        return bad("is a folder, not a file");
-    }
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() && !p.is_dir() => {
-            bad("its folder does not exist (create it first)")
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => {
+            return bad("is a symbolic link (give the file it names, or a new name)")
         }
-        _ => Ok(()),
+        Ok(m) if m.is_dir() => return bad("is a folder, not a file"),
+        Ok(m) if !m.is_file() => {
+            return bad("is not a regular file (a device, FIFO or socket): give a file name")
+        }
+        _ => {}
+    }
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        return bad("its folder does not exist (create it first)");
+    }
+    // The folder takes a new file (the temporary one a write renames into place).
+    let probe = dir.join(format!(".oomprobe-write-check.{}.tmp", std::process::id()));
+    match std::fs::File::create(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(_) => bad("its folder is not writable"),
     }
 }
 

@@ -290,6 +290,9 @@ pub struct ProbeArgs {
     /// failure and why); the default shows the ones that fit 100 columns.
     #[arg(long)]
     pub wide: bool,
+    /// Use a --budget above the host memory a CPU adapter has (otherwise capped there).
+    #[arg(long)]
+    pub force: bool,
     /// No progress bar on stderr.
     #[arg(long)]
     pub quiet: bool,

@@ -69,6 +69,7 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
             SearchArg::Measure => SearchMode::Measure,
             SearchArg::Gallop => SearchMode::Gallop,
         },
+        force: args.force,
     })?;
     for w in session.warnings() {
         eprintln!("oomprobe: warning: {w}");

@@ -83,6 +83,31 @@ pub fn usable_under_address_space_limit<T, E>(open: impl FnOnce() -> Result<T, E
     )
 }
 
+/// A user's `--budget` on a CPU adapter, held to the host memory available (`ram`): a CPU
+/// adapter's buffers are host RAM, so a budget above it invites the kernel's OOM killer, not a
+/// result. Above it the budget is capped there with a warning, unless `force`. Returns the
+/// budget to use and the warning.
+pub fn host_guard(
+    device: &DeviceInfo,
+    budget: Option<u64>,
+    force: bool,
+    ram: Option<u64>,
+) -> (Option<u64>, Option<String>) {
+    match (budget, ram) {
+        (Some(b), Some(r)) if device.device_type == DeviceType::Cpu && b > r && !force => (
+            Some(r),
+            Some(format!(
+                "--budget {} is more host memory than is available ({}) and a CPU adapter's \
+                 buffers are host memory: capped at {}; pass --force to use the budget anyway",
+                crate::units::fmt_bytes(b),
+                crate::units::fmt_bytes(r),
+                crate::units::fmt_bytes(r)
+            )),
+        ),
+        _ => (budget, None),
+    }
+}
+
 /// Decide the capacity for a run on `device` with an optional user budget.
 pub fn decide(device: &DeviceInfo, user_budget: Option<u64>) -> Capacity {
     let free = device.memory_free_bytes;
@@ -308,6 +333,33 @@ pub fn size_for_time(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_budget_above_host_memory_is_capped_on_cpu_adapters_unless_forced() {
+        use crate::backend::Backend;
+        let mut cpu = crate::backend::mock::MockBackend::new(1 << 30)
+            .info()
+            .clone();
+        cpu.device_type = DeviceType::Cpu;
+        let ram = Some(8u64 << 30);
+        let (b, w) = host_guard(&cpu, Some(1 << 40), false, ram);
+        assert_eq!(b, Some(8 << 30));
+        assert!(w.is_some_and(|w| w.contains("--force")));
+        assert_eq!(
+            host_guard(&cpu, Some(1 << 40), true, ram),
+            (Some(1 << 40), None)
+        );
+        assert_eq!(
+            host_guard(&cpu, Some(1 << 30), false, ram),
+            (Some(1 << 30), None)
+        );
+        let mut gpu = cpu.clone();
+        gpu.device_type = DeviceType::Discrete;
+        assert_eq!(
+            host_guard(&gpu, Some(1 << 40), false, ram),
+            (Some(1 << 40), None)
+        );
+    }
     use super::*;
 
     const MIB: u64 = 1 << 20;

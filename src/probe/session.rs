@@ -37,6 +37,8 @@ pub struct SessionOptions {
     pub workload: Option<Workload>,
     /// `--search`: measure the capacity (default) or only gallop and bisect.
     pub search: SearchMode,
+    /// `--force`: a budget above the host memory a CPU adapter has is used as given.
+    pub force: bool,
 }
 
 /// What a session tells its sinks.
@@ -80,7 +82,9 @@ impl Session {
         let (choice, info) = select_device(&opts.backend, opts.device.as_deref())?;
         let isolation = isolation(opts.isolate, opts.timeout.clone())?;
         let open = || crate::backend::open::open_device(&choice.backend, choice.index);
-        let mut cap = capacity::decide(&info, opts.budget);
+        let (budget, host_warning) =
+            capacity::host_guard(&info, opts.budget, opts.force, capacity::ram_available());
+        let mut cap = capacity::decide(&info, budget);
         if cap.budget.is_none() {
             // Under an address-space limit the device's own mappings count: measure them once.
             if let Some(usable) = capacity::usable_under_address_space_limit(open) {
@@ -141,11 +145,10 @@ impl Session {
                 check_at(spec, x)?;
             }
         }
-        let warnings = if opts.isolate {
-            Vec::new()
-        } else {
-            vec![NO_ISOLATE_WARNING.to_string()]
-        };
+        let mut warnings: Vec<String> = host_warning.into_iter().collect();
+        if !opts.isolate {
+            warnings.push(NO_ISOLATE_WARNING.to_string());
+        }
         Ok(Session {
             ctx: RunContext {
                 device: choice,
@@ -437,6 +440,7 @@ mod tests {
             scenarios: vec![Scenario::Batch],
             workload: Some(crate::workload::presets::get("tiny-gpt").expect("preset")),
             search: SearchMode::default(),
+            force: false,
         };
         Session::prepare(&opts).expect("a mock session")
     }
@@ -494,6 +498,7 @@ mod tests {
                 scenarios: vec![Scenario::Batch],
                 workload: Some(crate::workload::presets::get("tiny-gpt").expect("preset")),
                 search: SearchMode::default(),
+                force: false,
             }
         };
         let err = Session::prepare(&opts).err().expect("usage error");

@@ -373,7 +373,15 @@ fn out_refuses_what_a_rename_would_clobber_before_any_work() {
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "{}");
     // probe refuses the same before opening a device.
     let o = oomprobe()
-        .args(["probe", "--budget", "64MiB", "--out", "/dev/null", "--format", "json"])
+        .args([
+            "probe",
+            "--budget",
+            "64MiB",
+            "--out",
+            "/dev/null",
+            "--format",
+            "json",
+        ])
         .assert()
         .code(2)
         .get_output()

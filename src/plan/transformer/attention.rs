@@ -1,0 +1,582 @@
+//! The attention cores: eager (scores materialized), SDPA with the kernel PyTorch picks,
+//! flash-attention, grouped-query heads and the KV cache, for the decoder LLMs and for GPT-2,
+//! BERT and ViT.
+
+use super::T;
+use crate::plan::autocast;
+use crate::plan::build::{prod, PlanError};
+use crate::plan::params::compute_dtype;
+use crate::plan::{DType, Role, Step, TensorIx};
+use crate::workload::{Attention, Checkpoint, Workload};
+
+/// The kernels PyTorch's `scaled_dot_product_attention` dispatches to (which decides what its
+/// backward saves).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SdpaBackend {
+    /// Flash (or cuDNN) attention: q, k, v (at the key/value head count), the output and a
+    /// per-row logsumexp [b, a, s] in fp32.
+    Flash,
+    /// Memory-efficient attention (fp32 on CUDA): as flash, the logsumexp padded to 32 rows.
+    Efficient,
+    /// The math fallback: scaled q and kᵀ, the [b, a, s, s] probabilities (and a dropout
+    /// mask), v; K and V repeated to the query heads.
+    Math,
+}
+
+/// The SDPA backend PyTorch 2.15 picks (`aten/src/ATen/native/transformers/sdp_utils_cpp.cpp`
+/// and `cuda/sdp_utils.cpp`, `select_sdp_backend`), for transformers' call without a mask
+/// (causal or not, no padding): on CUDA flash takes fp16/bf16 with head_dim ≤ 256, dropout and
+/// grouped-query heads (`enable_gqa`); memory-efficient takes fp32 and dropout but not grouped
+/// heads (`check_batch_size_and_num_heads_dense<false>` in its constraints), which then fall
+/// back to math. On CPU the flash kernel takes any float type and grouped heads but no
+/// dropout (measured on 2.15: the grouped sdpa rows of `tests/fixtures/validation_llm.json` run
+/// `_scaled_dot_product_flash_attention_for_cpu`).
+pub fn sdpa_backend(
+    device: autocast::Device,
+    dtype: DType,
+    head_dim: u64,
+    grouped: bool,
+    dropout: bool,
+) -> SdpaBackend {
+    match device {
+        autocast::Device::Cpu => {
+            // `_scaled_dot_product_flash_attention_for_cpu` takes grouped heads in 2.15
+            // (measured: validation/llm_notes.md).
+            let _ = grouped;
+            if dropout {
+                SdpaBackend::Math
+            } else {
+                SdpaBackend::Flash
+            }
+        }
+        autocast::Device::Cuda => {
+            if dtype != DType::F32 && head_dim <= 256 {
+                SdpaBackend::Flash
+            } else if !grouped {
+                SdpaBackend::Efficient
+            } else {
+                SdpaBackend::Math
+            }
+        }
+    }
+}
+
+/// The attention a plan assumes, in words: the implementation and, for SDPA, the kernels
+/// PyTorch picks on the plan's device (e.g. "sdpa (flash kernels: no [b, a, s, s] scores)").
+pub fn attention_summary(w: &Workload) -> String {
+    match w.attention {
+        Attention::Naive => "eager".into(),
+        Attention::Flash => "flash-attention-2".into(),
+        Attention::Sdpa => {
+            let dtype = match crate::plan::params::autocast(w) {
+                Some(a) => a.low,
+                None => compute_dtype(w.precision),
+            };
+            let grouped = w.kv_heads() != w.heads;
+            let dropout = w.dropout && !w.inference();
+            let dev = match w.autocast_device {
+                autocast::Device::Cuda => "CUDA",
+                autocast::Device::Cpu => "CPU",
+            };
+            let what = match sdpa_backend(w.autocast_device, dtype, w.head_dim(), grouped, dropout)
+            {
+                SdpaBackend::Flash => "flash kernel: no [b, a, s, s] scores",
+                SdpaBackend::Efficient => "memory-efficient kernel: no [b, a, s, s] scores",
+                SdpaBackend::Math => "math fallback: the [b, a, s, s] scores are materialized",
+            };
+            format!("sdpa ({dev} {what})")
+        }
+    }
+}
+
+/// The query, key and value an attention core reads ([b, heads, s, d]); `cached`: the key and
+/// value are the KV cache's copies, which the output holds (not freed, not saved).
+#[derive(Debug, Clone, Copy)]
+struct Qkv {
+    q: TensorIx,
+    k: TensorIx,
+    v: TensorIx,
+    cached: bool,
+}
+
+impl T<'_> {
+    /// A [b, heads, s, d] tensor (q, k or v in attention's layout).
+    fn heads_t(
+        &mut self,
+        name: &str,
+        heads: u64,
+        dtype: DType,
+        role: Role,
+    ) -> Result<TensorIx, PlanError> {
+        let (bsz, s, d) = (self.bsz, self.s, self.d);
+        self.b.push(name, role, dtype, &[bsz, heads, s, d], d)
+    }
+
+    /// Not saving, what an attention core pushed into `saved` from `from` on goes once the
+    /// context exists.
+    fn attention_done(&mut self, saved: &mut Vec<TensorIx>, from: usize) {
+        if !self.saving {
+            let done: Vec<TensorIx> = saved.drain(from..).collect();
+            self.b.free_all(done);
+        }
+    }
+
+    /// The attention block's core for the decoder LLM families: q, k, v projections (fused or
+    /// not, with biases), q/k norms, the rotation, the KV cache, then eager, SDPA or flash
+    /// attention. Returns the context [b, s, a·d] the output projection reads.
+    pub(super) fn attention_llm(
+        &mut self,
+        p: &str,
+        piece: &str,
+        x: TensorIx,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let (h, qw, kvw, a, g) = (self.h, self.qw, self.kvw, self.a, self.g);
+        let c = self.c;
+        // Projections: separate outputs, or slices (views) of one fused output.
+        let (q0, k0, v0) = if self.spec.fused_qkv {
+            let qkv = self.rows_t(&format!("{p}.qkv"), Role::Activations, c, qw + 2 * kvw)?;
+            self.matmul(piece, x, qkv, qw + 2 * kvw, h);
+            (qkv, qkv, qkv)
+        } else {
+            let q = self.rows_t(&format!("{p}.q_proj"), Role::Activations, c, qw)?;
+            let k = self.rows_t(&format!("{p}.k_proj"), Role::Activations, c, kvw)?;
+            let v = self.rows_t(&format!("{p}.v_proj"), Role::Activations, c, kvw)?;
+            self.matmul(piece, x, q, qw, h);
+            self.matmul(piece, x, k, kvw, h);
+            self.matmul(piece, x, v, kvw, h);
+            (q, k, v)
+        };
+        let (q1, k1) = if self.spec.qk_norm {
+            let d = self.d;
+            let qn = self.norm_over(&format!("{p}.q_norm"), q0, d, saved)?;
+            let kn = self.norm_over(&format!("{p}.k_norm"), k0, d, saved)?;
+            (qn, kn)
+        } else {
+            (q0, k0)
+        };
+        // RoPE: q·cos + rotate_half(q)·sin, new tensors in the promoted type of the projection
+        // and the tables (fp32 under autocast); the multiplications save cos and sin only.
+        let (q, k) = if self.spec.rope {
+            let rt = autocast::promote(c, self.r);
+            let qr = self.heads_t(&format!("{p}.q"), a, rt, Role::Activations)?;
+            let kr = self.heads_t(&format!("{p}.k"), g, rt, Role::Activations)?;
+            (qr, kr)
+        } else {
+            (q1, k1)
+        };
+        // What fed the rotation goes unless a norm saved it (the value keeps a fused output).
+        let mut fed = vec![q1, k1];
+        if !self.spec.fused_qkv {
+            fed.extend([q0, k0]);
+        }
+        fed.sort_unstable();
+        fed.dedup();
+        for t in fed {
+            if t != q && t != k && t != v0 && !saved.contains(&t) {
+                self.b.free(t);
+            }
+        }
+        // use_cache: DynamicCache's update `torch.cat`s the key and value into copies that the
+        // returned output holds, and attention reads those copies. transformers turns it off
+        // under gradient checkpointing.
+        let ckpt = self.train && self.w.checkpoint != Checkpoint::None;
+        let cached = self.w.kv_cache && !ckpt;
+        let (k, v) = if cached {
+            let kc = self.heads_t(
+                &format!("{p}.kv_cache.k"),
+                g,
+                self.dtype(k),
+                Role::Activations,
+            )?;
+            let vc = self.heads_t(&format!("{p}.kv_cache.v"), g, c, Role::Activations)?;
+            self.b.free(k);
+            self.held.extend([kc, vc]);
+            (kc, vc)
+        } else {
+            (k, v0)
+        };
+        let grouped = g != a;
+        let backend = match self.w.attention {
+            Attention::Naive => SdpaBackend::Math,
+            Attention::Flash => SdpaBackend::Flash,
+            Attention::Sdpa => {
+                let qt = self.out("scaled_dot_product_attention", &[self.dtype(q)]);
+                sdpa_backend(self.w.autocast_device, qt, self.d, grouped, self.dropout)
+            }
+        };
+        let eager = self.w.attention == Attention::Naive;
+        let from = saved.len();
+        let qkv = Qkv { q, k, v, cached };
+        let ctx = if backend == SdpaBackend::Math {
+            self.attention_scores(p, qkv, eager, saved)?
+        } else {
+            self.attention_fused(p, qkv, backend, saved)?
+        };
+        // The value's projection (or the fused output it is a slice of) goes unless saved; with
+        // the cache, attention read the cache's copy.
+        let v0_saved = saved.contains(&v0);
+        self.attention_done(saved, from);
+        if !v0_saved {
+            self.b.free(v0);
+        }
+        // The decoder layer's local keeps the norm's output until the attention returns.
+        self.consumed(x, saved);
+        Ok(ctx)
+    }
+
+    /// Attention that materializes the scores (eager, or SDPA's math fallback): K and V
+    /// repeated to the query heads when grouped (saved copies), the scores, the softmax (fp32
+    /// in eager for the LLaMA families, cast back), probs·V; returns the context copy
+    /// [b, s, a·d]. `k` and `v` are the cache's (held) when `cached`.
+    fn attention_scores(
+        &mut self,
+        p: &str,
+        qkv: Qkv,
+        eager: bool,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let Qkv { q, k, v, cached } = qkv;
+        let (a, g, c) = (self.a, self.g, self.c);
+        let (bsz, s, d) = (self.bsz, self.s, self.d);
+        let qt = self.dtype(q);
+        let q = self.cast_for("matmul", q, false)?;
+        let (kr, vr) = if g != a {
+            // repeat_kv: expand + reshape, copies at a heads.
+            let kr = self.heads_t(&format!("{p}.k_rep"), a, self.dtype(k), Role::Activations)?;
+            let vr = self.heads_t(&format!("{p}.v_rep"), a, self.dtype(v), Role::Activations)?;
+            if !cached {
+                if self.saving {
+                    self.b.free(k);
+                } else {
+                    // The attention's locals keep it until it returns.
+                    saved.push(k);
+                }
+            }
+            (kr, vr)
+        } else {
+            // probs·V copies a value that is a slice of a fused projection.
+            let kvw = self.kvw;
+            let whole = prod(&[bsz, s, kvw], "the value")?;
+            let vr = if self.b.tensor(v).elems() != whole {
+                self.heads_t(&format!("{p}.v_copy"), a, self.dtype(v), Role::Activations)?
+            } else {
+                v
+            };
+            (k, vr)
+        };
+        let kr = self.cast_for("matmul", kr, cached && kr == k)?;
+        let vr = self.cast_for("matmul", vr, vr == v)?;
+        for t in [q, kr, vr] {
+            if !(cached && (t == k || t == v)) && !saved.contains(&t) {
+                saved.push(t);
+            }
+        }
+        let scores = self.scores(&format!("{p}.attn.scores"), Role::Workspace, c)?;
+        let sm = self.spec.softmax;
+        let mut last = scores;
+        if eager && self.w.attn_softcap {
+            // Gemma 2: scores / cap, tanh (saves its output), · cap.
+            let t = self.scores(&format!("{p}.attn.softcap_tanh"), Role::Attention, c)?;
+            saved.push(t);
+            let capped = self.scores(&format!("{p}.attn.capped"), Role::Workspace, c)?;
+            self.b.free(scores);
+            last = capped;
+        }
+        let pt = if sm.fp32 && eager {
+            DType::F32
+        } else {
+            self.out("softmax", &[c])
+        };
+        // CPU's softmax(dtype=float32) of 16-bit scores converts them to an fp32 copy first
+        // (CUDA's kernel reads 16 bits and writes fp32: `half_to_float`).
+        let widened = if pt == DType::F32
+            && self.dtype(last) != DType::F32
+            && self.w.autocast_device == autocast::Device::Cpu
+        {
+            Some(self.scores(&format!("{p}.attn.scores32"), Role::Workspace, DType::F32)?)
+        } else {
+            None
+        };
+        let probs = self.scores(&format!("{p}.attn.probs"), Role::Attention, pt)?;
+        self.b.free_all(widened);
+        saved.push(probs);
+        let mut pv = probs;
+        // `.to(query.dtype)` (a no-op for an fp32 query: under autocast the rotated q is fp32),
+        // then probs·V under autocast casts them to 16 bits: one 16-bit copy either way.
+        let returned = if sm.cast_back && qt != pt {
+            None
+        } else {
+            Some(probs)
+        };
+        if sm.cast_back && pt != c {
+            pv = self.scores(&format!("{p}.attn.probs16"), Role::Attention, c)?;
+        }
+        let returned = returned.unwrap_or(pv);
+        if self.dropout {
+            // native_dropout saves its 1-byte mask; its input is not saved.
+            let m = self.scores(&format!("{p}.attn.drop_mask"), Role::Attention, DType::U8)?;
+            saved.push(m);
+            let o = self.scores(&format!("{p}.attn.drop_out"), Role::Attention, c)?;
+            if pv != probs {
+                self.b.free(pv);
+            }
+            pv = o;
+        }
+        if pv != probs {
+            saved.push(pv);
+        }
+        if eager && !self.saving && !self.dropout {
+            // The attention returns its probabilities; the decoder layer keeps them (`_`) until
+            // it returns.
+            saved.retain(|&t| t != returned);
+            self.layer_tail.push(returned);
+        }
+        // probs·V's output [b, a, s, d] comes once the scores are gone (the softmax was their
+        // last reader), then its `transpose(1, 2).contiguous()` copy, the context. The kernel
+        // writes that output into the dead scores' buffer when it fits (s ≥ d), so the plan
+        // allocates the context after the scores go, as PyTorch does.
+        let fits = last != probs && s >= d;
+        let ctx = if fits {
+            None
+        } else {
+            Some(self.rows_t(&format!("{p}.ctx"), Role::Activations, c, self.qw)?)
+        };
+        self.b.step(Step::Attention {
+            q,
+            k: kr,
+            v: vr,
+            scores: last,
+            probs: pv,
+            out: ctx.unwrap_or(last),
+            batch_heads: bsz.saturating_mul(a),
+            seq: s,
+            head_dim: d,
+            causal: self.spec.causal,
+        });
+        self.b.free(last);
+        match ctx {
+            Some(c) => Ok(c),
+            None => {
+                let qw = self.qw;
+                self.rows_t(&format!("{p}.ctx"), Role::Activations, c, qw)
+            }
+        }
+    }
+
+    /// Attention without scores (SDPA's flash or memory-efficient kernels, flash-attn): q, k
+    /// and v at their own head counts, the output (in the context's layout: its
+    /// `transpose(1, 2).contiguous()` is the same tensor) and the per-row statistics.
+    fn attention_fused(
+        &mut self,
+        p: &str,
+        qkv: Qkv,
+        backend: SdpaBackend,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let Qkv { q, k, v, cached } = qkv;
+        let (a, g, c) = (self.a, self.g, self.c);
+        let (bsz, s, d) = (self.bsz, self.s, self.d);
+        let op = "scaled_dot_product_attention";
+        let q = self.cast_for(op, q, false)?;
+        let kc = self.cast_for(op, k, cached)?;
+        let vc = self.cast_for(op, v, true)?;
+        let rows = if backend == SdpaBackend::Efficient {
+            s.div_ceil(32) * 32
+        } else {
+            s
+        };
+        let stats = self.b.push(
+            &format!("{p}.attn.stats"),
+            Role::Attention,
+            DType::F32,
+            &[bsz, a, rows, 2],
+            2,
+        )?;
+        let ctx = self.rows_t(&format!("{p}.ctx"), Role::Activations, c, self.qw)?;
+        self.b.step(Step::FlashAttention {
+            q,
+            k: kc,
+            v: vc,
+            out: ctx,
+            stats,
+            batch_heads: bsz.saturating_mul(a),
+            seq: s,
+            head_dim: d,
+            causal: self.spec.causal,
+            kv_group: a.checked_div(g).unwrap_or(1),
+        });
+        for t in [q, kc, vc, stats] {
+            if !(cached && (t == k || t == v)) && !saved.contains(&t) {
+                saved.push(t);
+            }
+        }
+        Ok(ctx)
+    }
+
+    /// The attention core of GPT-2, BERT and ViT (see `attention_gpt_core`). Not saving, q, k,
+    /// v, the probabilities and the attention's input go once the context exists.
+    pub(super) fn attention_gpt(
+        &mut self,
+        p: &str,
+        piece: &str,
+        x: TensorIx,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let from = saved.len();
+        let ctx = self.attention_gpt_core(p, piece, x, saved)?;
+        if !self.saving {
+            saved.retain(|&t| t != ctx);
+            self.attention_done(saved, from);
+            self.consumed(x, saved);
+            saved.push(ctx);
+        }
+        Ok(ctx)
+    }
+
+    /// The attention core of GPT-2, BERT and ViT: q, k, v, the probabilities (eager; the
+    /// pre-softmax scores are a temporary) or the softmax statistics (SDPA's fused kernels,
+    /// flash), and the context.
+    fn attention_gpt_core(
+        &mut self,
+        p: &str,
+        piece: &str,
+        x: TensorIx,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let h = self.h;
+        let q = self.hidden(&format!("{p}.q"), Role::Activations)?;
+        let k = self.hidden(&format!("{p}.k"), Role::Activations)?;
+        let v = self.hidden(&format!("{p}.v"), Role::Activations)?;
+        for t in [q, k, v] {
+            self.matmul(piece, x, t, h, h);
+        }
+        // use_cache: the returned cache (DynamicCache, `torch.cat` copies) keeps this layer's
+        // key and value until the caller drops the output. In training with batch ≥ 2 the 4-D
+        // matmuls copy q, k and v anyway and the saved k, v are the cache's copies (held, not
+        // freed by backward); with batch 1 q·kᵀ saves views of the fused projection, so the
+        // cache's copies come on top (measured, validation/saved_breakdown.md).
+        // transformers turns use_cache off under gradient checkpointing.
+        let ckpt = self.train && self.w.checkpoint != Checkpoint::None;
+        let cache = self.w.kv_cache && self.spec.causal && !ckpt;
+        if cache && self.train && self.bsz > 1 {
+            saved.push(q);
+            self.held.extend([k, v]);
+        } else {
+            saved.extend([q, k, v]);
+        }
+        if cache && (!self.train || self.bsz == 1) {
+            let (bsz, s, c) = (self.bsz, self.s, self.c);
+            let kv = self.b.push(
+                &format!("{p}.kv_cache"),
+                Role::Activations,
+                c,
+                &[2, bsz, s, h],
+                h,
+            )?;
+            self.held.push(kv);
+        }
+        let (bsz, s, a, c) = (self.bsz, self.s, self.a, self.c);
+        let bh = bsz.saturating_mul(a);
+        let head_dim = h / a;
+        let causal = self.spec.causal;
+        let fused = match self.w.attention {
+            Attention::Naive => false,
+            Attention::Flash => true,
+            Attention::Sdpa => {
+                let dev = self.w.autocast_device;
+                let qt = self.out("scaled_dot_product_attention", &[c]);
+                sdpa_backend(dev, qt, head_dim, false, self.dropout) != SdpaBackend::Math
+            }
+        };
+        if fused {
+            let stats = self.b.push(
+                &format!("{p}.attn.stats"),
+                Role::Attention,
+                DType::F32,
+                &[bsz, a, s, 2],
+                2,
+            )?;
+            let ctx = self.hidden(&format!("{p}.ctx"), Role::Activations)?;
+            saved.extend([stats, ctx]);
+            self.b.step(Step::FlashAttention {
+                q,
+                k,
+                v,
+                out: ctx,
+                stats,
+                batch_heads: bh,
+                seq: s,
+                head_dim,
+                causal,
+                kv_group: 1,
+            });
+            Ok(ctx)
+        } else {
+            let scores = self.scores(&format!("{p}.attn.scores"), Role::Workspace, c)?;
+            // The probabilities' type: the model's own softmax call and autocast's lists.
+            let sm = self.spec.softmax;
+            let pt = if sm.fp32 {
+                DType::F32
+            } else {
+                let input = if sm.mask_promotes {
+                    autocast::promote(c, self.r)
+                } else {
+                    c
+                };
+                self.out("softmax", &[input])
+            };
+            // Softmax's backward saves its output.
+            let probs = self.scores(&format!("{p}.attn.probs"), Role::Attention, pt)?;
+            saved.push(probs);
+            let mut cur = probs;
+            let mut cur_saved = true;
+            if sm.cast_back && pt != c {
+                cur = self.scores(&format!("{p}.attn.probs16"), Role::Attention, c)?;
+                cur_saved = false;
+            }
+            if self.dropout {
+                // native_dropout saves its 1-byte mask; its input is not saved.
+                let m = self.scores(&format!("{p}.attn.drop_mask"), Role::Attention, DType::U8)?;
+                saved.push(m);
+                let dt = self.dtype(cur);
+                let o = self.scores(&format!("{p}.attn.drop_out"), Role::Attention, dt)?;
+                if !cur_saved {
+                    self.b.free(cur);
+                }
+                cur = o;
+                cur_saved = false;
+            }
+            // probs·V saves its first input; under autocast in the 16-bit type (a cast copy
+            // when the probabilities are still fp32, e.g. BERT's on CUDA).
+            let pv = if self.dtype(cur) != c {
+                let t = self.scores(&format!("{p}.attn.probs_cast"), Role::Attention, c)?;
+                if !cur_saved {
+                    self.b.free(cur);
+                }
+                t
+            } else {
+                cur
+            };
+            if pv != probs {
+                saved.push(pv);
+            }
+            let ctx = self.hidden(&format!("{p}.ctx"), Role::Activations)?;
+            saved.push(ctx);
+            self.b.step(Step::Attention {
+                q,
+                k,
+                v,
+                scores,
+                probs: pv,
+                out: ctx,
+                batch_heads: bh,
+                seq: s,
+                head_dim,
+                causal,
+            });
+            self.b.free(scores);
+            Ok(ctx)
+        }
+    }
+}

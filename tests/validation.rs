@@ -94,7 +94,11 @@ fn llm_workload(r: &Value) -> Option<Workload> {
     let arch = match r["arch"].as_str()? {
         "llama" => Arch::Llama,
         "qwen2" => Arch::Qwen2,
+        "qwen3" => Arch::Qwen3,
+        "gemma2" => Arch::Gemma2,
+        "phi3" => Arch::Phi3,
         "mixtral" => Arch::Mixtral,
+        "qwen2_moe" => Arch::Qwen2Moe,
         _ => return None,
     };
     let mut w = presets::base(r["model"].as_str()?, arch);
@@ -122,13 +126,30 @@ fn llm_workload(r: &Value) -> Option<Workload> {
         "bf16" => Precision::Bf16,
         other => panic!("unknown precision {other}"),
     };
-    if arch == Arch::Mixtral {
-        w.moe = Some(Moe {
-            experts: u(r, "experts"),
-            top_k: u(r, "experts_per_token"),
-            expert_ffn: w.ffn,
-            shared_ffn: 0,
-        });
+    w.head_dim = r["head_dim"].as_u64();
+    match arch {
+        Arch::Mixtral => {
+            w.moe = Some(Moe {
+                experts: u(r, "experts"),
+                top_k: u(r, "experts_per_token"),
+                expert_ffn: w.ffn,
+                shared_ffn: 0,
+            })
+        }
+        Arch::Qwen2Moe => {
+            w.moe = Some(Moe {
+                experts: u(r, "experts"),
+                top_k: u(r, "experts_per_token"),
+                expert_ffn: u(r, "expert_ffn"),
+                shared_ffn: r["shared_expert_ffn"].as_u64().unwrap_or(0),
+            })
+        }
+        // Gemma 2's defaults: both soft-cappings on.
+        Arch::Gemma2 => {
+            w.logit_softcap = true;
+            w.attn_softcap = true;
+        }
+        _ => {}
     }
     Some(w)
 }
@@ -398,12 +419,13 @@ fn shapes_beyond_the_fixture_scale_as_measured() {
 
 /// Today's decoder LLMs (`tests/fixtures/validation_llm.json`: a grouped-query LLaMA in eager
 /// and SDPA attention, with and without the KV cache, a multi-head one, a Qwen2 with tied
-/// embeddings, a Mixtral; fp32 and CPU autocast bf16), every quantity within 1 %.
+/// embeddings, a Mixtral, fp32 and CPU autocast bf16; a Qwen3, a Gemma 2, a Phi-3 and a
+/// Qwen2-MoE in fp32), every quantity within 1 %.
 #[test]
 fn llm_rows_are_reproduced() {
     let fx = load("validation_llm.json");
     let rows = fx["rows"].as_array().unwrap();
-    assert!(rows.len() >= 10, "{} LLM rows", rows.len());
+    assert!(rows.len() >= 14, "{} LLM rows", rows.len());
     let checks = checks_of(&fx);
     for r in rows {
         let id = r["id"].as_str().unwrap();

@@ -239,13 +239,14 @@ def build_model(row: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
     return (model.bfloat16() if row["precision"] == "bf16" else model.float()), head
 
 
-LLM_ARCHS = ("llama", "qwen2", "mixtral")
+LLM_ARCHS = ("llama", "qwen2", "mixtral", "qwen3", "gemma2", "phi3", "qwen2_moe")
 
 
 def build_llm(row: dict) -> torch.nn.Module:
-    """Decoder LLMs (Llama / Qwen2 / Mixtral) from a config, random init. Attention dropout 0
-    (their default); RMSNorm, rotary positions, SwiGLU MLP (Mixtral: a sparse MoE of SwiGLU
-    experts). Fields not set here keep the config's default (use_cache is set from the row)."""
+    """Decoder LLMs (Llama / Qwen2 / Mixtral / Qwen3 / Gemma2 / Phi3 / Qwen2-MoE) from a config,
+    random init. Attention dropout 0 (their default); RMSNorm, rotary positions, SwiGLU MLP (Gemma2:
+    GeGLU; Mixtral, Qwen2-MoE: a sparse MoE of SwiGLU experts). Fields not set here keep the
+    config's default (use_cache is set from the row); head_dim is passed only where the row sets it."""
     import transformers
 
     common = dict(
@@ -261,6 +262,8 @@ def build_llm(row: dict) -> torch.nn.Module:
         attention_dropout=row["dropout"],
         use_cache=row["use_cache"],
     )
+    if row.get("head_dim") is not None:
+        common["head_dim"] = row["head_dim"]
     arch = row["arch"]
     if arch == "llama":
         cfg = transformers.LlamaConfig(**common)
@@ -268,14 +271,52 @@ def build_llm(row: dict) -> torch.nn.Module:
     elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**common)
         cls = transformers.Qwen2ForCausalLM
+    elif arch == "qwen3":
+        cfg = transformers.Qwen3Config(**common, attention_bias=row["attention_bias"])
+        cls = transformers.Qwen3ForCausalLM
+    elif arch == "gemma2":
+        cfg = transformers.Gemma2Config(**common, attn_logit_softcapping=row["attn_logit_softcapping"],
+                                        final_logit_softcapping=row["final_logit_softcapping"],
+                                        query_pre_attn_scalar=row["query_pre_attn_scalar"],
+                                        sliding_window=row["sliding_window"])
+        cls = transformers.Gemma2ForCausalLM
+    elif arch == "phi3":
+        # pad_token_id: Phi3Config's default 32000 is past this vocab (nn.Embedding padding_idx)
+        cfg = transformers.Phi3Config(**common, resid_pdrop=row["dropout"], embd_pdrop=row["dropout"],
+                                      pad_token_id=None, bos_token_id=None, eos_token_id=None)
+        cls = transformers.Phi3ForCausalLM
+    elif arch == "qwen2_moe":
+        cfg = transformers.Qwen2MoeConfig(**common, num_experts=row["experts"],
+                                          num_experts_per_tok=row["experts_per_token"],
+                                          moe_intermediate_size=row["expert_ffn"],
+                                          shared_expert_intermediate_size=row["shared_expert_ffn"],
+                                          decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=False,
+                                          output_router_logits=row["output_router_logits"])
+        cls = transformers.Qwen2MoeForCausalLM
     else:
         cfg = transformers.MixtralConfig(**common, num_local_experts=row["experts"],
                                          num_experts_per_tok=row["experts_per_token"])
         cls = transformers.MixtralForCausalLM
     model = cls._from_config(cfg, attn_implementation=row["attn_implementation"])
     c = model.config
-    checks = {"hidden_act": (c.hidden_act, "silu"), "tie_word_embeddings": (c.tie_word_embeddings, row["tied_embeddings"]),
-              "use_cache": (c.use_cache, row["use_cache"]), "num_key_value_heads": (c.num_key_value_heads, row["kv_heads"])}
+    act = c.hidden_activation if arch == "gemma2" else c.hidden_act
+    attn0 = model.model.layers[0].self_attn
+    checks = {"hidden_act": (act, row["gelu"] or "silu"),
+              "tie_word_embeddings": (c.tie_word_embeddings, row["tied_embeddings"]),
+              "tied lm_head": (model.lm_head.weight is model.model.embed_tokens.weight, row["tied_embeddings"]),
+              "use_cache": (c.use_cache, row["use_cache"]), "num_key_value_heads": (c.num_key_value_heads, row["kv_heads"]),
+              "_attn_implementation": (c._attn_implementation, row["attn_implementation"]),
+              "head_dim": (attn0.head_dim, row.get("head_dim") or row["hidden"] // row["heads"])}
+    if arch == "gemma2":
+        for k in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "sliding_window"):
+            checks[k] = (getattr(c, k), row[k])
+    if arch == "qwen2_moe":
+        checks["output_router_logits"] = (c.output_router_logits, row["output_router_logits"])
+        checks["router_aux_loss_coef"] = (c.router_aux_loss_coef, row["router_aux_loss_coef"])
+        checks["_experts_implementation"] = (c._experts_implementation, row["experts_implementation"])
+        checks["moe_intermediate_size"] = (c.moe_intermediate_size, row["expert_ffn"])
+        checks["shared_expert_intermediate_size"] = (c.shared_expert_intermediate_size, row["shared_expert_ffn"])
+        checks["norm_topk_prob"] = (c.norm_topk_prob, False)
     if arch == "mixtral":
         checks["output_router_logits"] = (c.output_router_logits, row["output_router_logits"])
         checks["router_aux_loss_coef"] = (c.router_aux_loss_coef, row["router_aux_loss_coef"])
@@ -897,6 +938,24 @@ MIXTRAL = dict(LLAMA, arch="mixtral", layers=2, ffn=512, experts=4, experts_per_
                output_router_logits=False, router_aux_loss_coef=0.001, experts_implementation="grouped_mm")
 
 
+# Qwen3: q_norm / k_norm (RMSNorm over head_dim) on q and k before rotary; head_dim set explicitly.
+QWEN3 = dict(LLAMA, arch="qwen3", head_dim=32, rms_norm_eps=1e-6, attention_bias=False)
+# Gemma2: GeGLU (gelu_pytorch_tanh), embeddings scaled by sqrt(hidden), sandwich norms, tanh softcaps
+# on the attention scores (50) and on the logits (30); query_pre_attn_scalar 32 (= head_dim); the
+# sliding window (4096) is wider than seq, so its layers' masks equal the full ones. Ties embeddings.
+GEMMA2 = dict(LLAMA, arch="gemma2", head_dim=32, rms_norm_eps=1e-6, tied_embeddings=True, gelu="gelu_pytorch_tanh",
+              attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=32,
+              sliding_window=4096)
+# Phi3: fused qkv_proj and gate_up_proj (chunked), MHA; resid/embd/attention dropout 0.
+PHI3 = dict(LLAMA, arch="phi3", kv_heads=8)
+# Qwen2-MoE: every layer sparse (decoder_sparse_step 1), top-2 of 4 experts (softmax, no renorm),
+# plus a shared SwiGLU expert gated by sigmoid(shared_expert_gate). output_router_logits False (no
+# aux loss); experts_implementation not set (transformers picks grouped_mm; recorded and checked).
+QWEN2_MOE = dict(LLAMA, arch="qwen2_moe", layers=2, ffn=512, expert_ffn=256, shared_expert_ffn=512, experts=4,
+                 experts_per_token=2, rms_norm_eps=1e-6, output_router_logits=False, router_aux_loss_coef=0.001,
+                 experts_implementation="grouped_mm")
+
+
 def llm_rows(autocast: bool = False) -> list[dict]:
     """The decoder-LLM rows (fp32; autocast=True adds their autocast-bf16 twins)."""
     fp32 = [
@@ -906,6 +965,10 @@ def llm_rows(autocast: bool = False) -> list[dict]:
         dict(LLAMA, model="llama-mha-mini", kv_heads=8),
         dict(QWEN2, model="qwen2-mini"),
         dict(MIXTRAL, model="mixtral-mini"),
+        dict(QWEN3, model="qwen3-mini"),
+        dict(GEMMA2, model="gemma2-mini"),
+        dict(PHI3, model="phi3-mini-tiny"),
+        dict(QWEN2_MOE, model="qwen2moe-mini"),
     ]
     rows = [dict(r, precision="fp32") for r in fp32]
     if autocast:
@@ -950,6 +1013,9 @@ def fill_config_defaults(r: dict) -> None:
     r.setdefault("output_router_logits", False)
     r.setdefault("router_aux_loss_coef", 0.0)
     r.setdefault("experts_implementation", "")
+    r.setdefault("head_dim", None)  # null: hidden // heads (the config does not set it)
+    r.setdefault("expert_ffn", 0)  # MoE expert width where the config has its own (Qwen2-MoE)
+    r.setdefault("shared_expert_ffn", 0)  # Qwen2-MoE's shared expert
 
 
 def row_id(r: dict) -> str:
@@ -978,7 +1044,8 @@ CONFIG_FIELDS = ("id", "model", "arch", "precision", "hidden", "layers", "heads"
                  "use_cache", "tied_embeddings", "head",
                  # decoder LLMs (other rows: kv_heads = heads, eager, no experts, rms_norm_eps null)
                  "kv_heads", "attn_implementation", "experts", "experts_per_token", "rms_norm_eps",
-                 "output_router_logits", "router_aux_loss_coef", "experts_implementation")
+                 "output_router_logits", "router_aux_loss_coef", "experts_implementation",
+                 "head_dim", "expert_ffn", "shared_expert_ffn")
 
 
 def row_foreach_modes(row: dict, breakdown: bool) -> tuple[bool, ...]:
@@ -1237,7 +1304,8 @@ def main(argv=None) -> int:
     ap.add_argument("--check-hooks", action="store_true",
                     help="measure the matching rows' steps with and without the saved-tensor hooks and compare")
     ap.add_argument("--llm", action="store_true",
-                    help="only the decoder-LLM rows (Llama GQA/MHA eager, sdpa, use_cache; Qwen2; Mixtral; "
+                    help="only the decoder-LLM rows (Llama GQA/MHA eager, sdpa, use_cache; Qwen2; Mixtral; Qwen3; "
+                         "Gemma2; Phi3; Qwen2-MoE; "
                          "fp32, and with --autocast also their autocast-bf16 rows), all in --llm-out, every "
                          "row's saved-tensor breakdown in --llm-breakdown-out; Adam foreach and for-loop")
     ap.add_argument("--llm-out", default=os.path.join(root, "tests", "fixtures", "validation_llm.json"),

@@ -277,10 +277,11 @@ impl T<'_> {
         let mut last = scores;
         if eager && self.w.attn_softcap {
             // Gemma 2: scores / cap, tanh (saves its output), · cap.
+            // Each op's input goes once its output exists (two score tensors at a time).
             let t = self.scores(&format!("{p}.attn.softcap_tanh"), Role::Attention, c)?;
             saved.push(t);
-            let capped = self.scores(&format!("{p}.attn.capped"), Role::Workspace, c)?;
             self.b.free(scores);
+            let capped = self.scores(&format!("{p}.attn.capped"), Role::Workspace, c)?;
             last = capped;
         }
         let pt = if sm.fp32 && eager {

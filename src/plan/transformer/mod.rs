@@ -991,9 +991,10 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         // Gemma 2: logits / cap, tanh (which saves its output), · cap: new [b, s, V] tensors.
         let tanh =
             t.b.push("logits.softcap_tanh", Role::Activations, c, &logit_shape, v)?;
+        // The raw logits go once their tanh exists (two [b, s, V] tensors at a time).
+        t.b.free(logits);
         let capped =
             t.b.push("logits.capped", Role::Activations, c, &logit_shape, v)?;
-        t.b.free(logits);
         if train {
             head_saved.push(tanh);
         } else {

@@ -307,6 +307,10 @@ pub struct CompareArgs {
     pub format: Option<OutputFormat>,
     #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
     pub out: Option<PathBuf>,
+    /// Head the table's columns by the files' full labels (default `[1]`, `[2]`, ..., named in
+    /// the legend above the table).
+    #[arg(long)]
+    pub wide: bool,
 }
 
 #[derive(Debug, Args)]

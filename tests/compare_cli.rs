@@ -388,3 +388,30 @@ fn out_refuses_what_a_rename_would_clobber_before_any_work() {
         .clone();
     assert!(String::from_utf8_lossy(&o.stderr).contains("not a regular file"));
 }
+
+#[test]
+fn the_table_fits_100_columns_and_wide_heads_columns_by_label() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (a, b) = two_files(dir.path());
+    let run = |wide: bool| {
+        let mut c = oomprobe();
+        c.arg("compare").arg(&a).arg(&b);
+        if wide {
+            c.arg("--wide");
+        }
+        String::from_utf8(c.assert().success().get_output().stdout.clone()).unwrap()
+    };
+    let narrow = run(false);
+    for l in narrow.lines().filter(|l| !l.starts_with('[')) {
+        assert!(
+            l.chars().count() <= 100,
+            "{} columns: {l}",
+            l.chars().count()
+        );
+    }
+    let header = narrow.lines().find(|l| l.contains("scenario")).unwrap();
+    assert!(header.contains("[1]") && header.contains("[2]"), "{header}");
+    let wide = run(true);
+    let header = wide.lines().find(|l| l.contains("scenario")).unwrap();
+    assert!(header.contains("budget 512 MiB"), "{header}");
+}

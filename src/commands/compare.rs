@@ -27,7 +27,7 @@ pub fn run(args: &CompareArgs) -> CliResult<()> {
     for w in &cmp.warnings {
         eprintln!("oomprobe: warning: {w}");
     }
-    let text = render(&files, &cmp, format)?;
+    let text = render(&files, &cmp, format, args.wide)?;
     match &args.out {
         Some(p) => write_output(p, &text)?,
         None => print!("{text}"),

@@ -50,7 +50,7 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         None => args.format.unwrap_or(OutputFormat::Table),
     };
     let cmp = build(&files);
-    let text = render(&files, &cmp, format)?;
+    let text = render(&files, &cmp, format, args.wide)?;
     match &args.out {
         Some(p) => write_output(p, &text)?,
         None => print!("{text}"),

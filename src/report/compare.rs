@@ -392,12 +392,30 @@ fn grid(cmp: &Comparison) -> (Vec<String>, Vec<Vec<String>>) {
     (header, rows)
 }
 
-fn table_text(cmp: &Comparison) -> String {
-    let (header, rows) = grid(cmp);
+/// The terminal table: a column per file, headed `[i]` (the legend above names each file) so a
+/// few files fit 100 columns; `wide`, headed by the files' full labels.
+fn table_text(cmp: &Comparison, wide: bool) -> String {
+    let (mut header, rows) = grid(cmp);
+    if !wide {
+        for (i, h) in header.iter_mut().skip(2).enumerate() {
+            *h = format!("[{}]", i + 1);
+        }
+    }
     let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED)
-        .set_content_arrangement(ContentArrangement::Disabled)
+    let preset = if crate::term::unicode_enabled() {
+        UTF8_FULL_CONDENSED
+    } else {
+        comfy_table::presets::ASCII_FULL_CONDENSED
+    };
+    t.load_preset(preset)
         .set_header(header.iter().map(Cell::new));
+    if wide {
+        t.set_content_arrangement(ContentArrangement::Disabled);
+    } else {
+        // Long scenario labels wrap: the table stays within 100 columns.
+        t.set_content_arrangement(ContentArrangement::Dynamic)
+            .set_width(100);
+    }
     for r in rows {
         t.add_row(r.into_iter().enumerate().map(|(i, s)| {
             let c = Cell::new(s);
@@ -615,9 +633,10 @@ pub fn render(
     files: &[LoadedFile],
     cmp: &Comparison,
     format: OutputFormat,
+    wide: bool,
 ) -> Result<String, ReportError> {
     Ok(match format {
-        OutputFormat::Table => table_text(cmp),
+        OutputFormat::Table => table_text(cmp, wide),
         OutputFormat::Json => {
             let mut s = serde_json::to_string_pretty(cmp)?;
             s.push('\n');

@@ -39,16 +39,10 @@ pub fn sdpa_backend(
     dropout: bool,
 ) -> SdpaBackend {
     match device {
-        autocast::Device::Cpu => {
-            // `_scaled_dot_product_flash_attention_for_cpu` takes grouped heads in 2.15
-            // (measured: validation/llm_notes.md).
-            let _ = grouped;
-            if dropout {
-                SdpaBackend::Math
-            } else {
-                SdpaBackend::Flash
-            }
-        }
+        // `_scaled_dot_product_flash_attention_for_cpu` takes grouped heads in 2.15 (measured:
+        // validation/llm_notes.md), not dropout.
+        autocast::Device::Cpu if dropout => SdpaBackend::Math,
+        autocast::Device::Cpu => SdpaBackend::Flash,
         autocast::Device::Cuda => {
             if dtype != DType::F32 && head_dim <= 256 {
                 SdpaBackend::Flash

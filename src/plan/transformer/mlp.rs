@@ -57,6 +57,22 @@ impl T<'_> {
         }
     }
 
+    /// The kernels of a gated activation `prod = act(gate) · up` over `elems` elements: the
+    /// activation runs as the GeLU kernel (same cost class); the product has no kernel of its
+    /// own, so a GeLU over `act` writes `prod` with the same extent.
+    fn gated_kernels(&mut self, gate: TensorIx, act: TensorIx, prod: TensorIx, elems: u64) {
+        self.b.step(Step::Gelu {
+            x: gate,
+            y: act,
+            elems,
+        });
+        self.b.step(Step::Gelu {
+            x: act,
+            y: prod,
+            elems,
+        });
+    }
+
     /// Routed token-expert pairs T·k and each expert's width.
     pub(super) fn routed(&self) -> Result<(u64, u64), PlanError> {
         let m = self
@@ -81,36 +97,25 @@ impl T<'_> {
     ) -> Result<TensorIx, PlanError> {
         let (h, f) = (self.h, self.f);
         let elems = self.rows().saturating_mul(f);
-        let (gate, up, gu) = if self.spec.fused_gate_up {
+        // The gate (the fused output, whose first half it is) and every projection output.
+        let (gate, gu) = if self.spec.fused_gate_up {
             let c = self.c;
             let gu = self.rows_t(&format!("{p}.mlp.gate_up"), Role::Activations, c, 2 * f)?;
             self.matmul(pm, n2, gu, 2 * f, h);
-            (gu, gu, vec![gu])
+            (gu, vec![gu])
         } else {
             let gate = self.wide(&format!("{p}.mlp.gate"))?;
             let up = self.wide(&format!("{p}.mlp.up"))?;
             self.matmul(pm, n2, gate, f, h);
             self.matmul(pm, n2, up, f, h);
-            (gate, up, vec![gate, up])
+            (gate, vec![gate, up])
         };
         self.consumed(n2, sm);
         let act = self.wide(&format!("{p}.mlp.act"))?;
         let prod_ = self.wide(&format!("{p}.mlp.prod"))?;
         sm.extend(gu.iter().copied());
         sm.extend([act, prod_]);
-        // The activation runs as the GeLU kernel (same cost class); the product act·up has no
-        // kernel of its own, so a GeLU over act writes `prod` with the same extent.
-        self.b.step(Step::Gelu {
-            x: gate,
-            y: act,
-            elems,
-        });
-        self.b.step(Step::Gelu {
-            x: act,
-            y: prod_,
-            elems,
-        });
-        let _ = up;
+        self.gated_kernels(gate, act, prod_, elems);
         for t in gu {
             self.consumed(t, sm);
         }
@@ -201,16 +206,7 @@ impl T<'_> {
         let act = row(self, "act", pt, fe)?;
         let prod_ = row(self, "prod", pt, fe)?;
         let elems = s_rows.saturating_mul(fe);
-        self.b.step(Step::Gelu {
-            x: gu,
-            y: act,
-            elems,
-        });
-        self.b.step(Step::Gelu {
-            x: act,
-            y: prod_,
-            elems,
-        });
+        self.gated_kernels(gu, act, prod_, elems);
         sm.extend([xg, gu, act, prod_]);
         // The gate's halves and act go with `_apply_gate`; the product after the down
         // projection, which the weighting replaces; the gathered tokens when the experts'

@@ -488,7 +488,6 @@ impl T<'_> {
             _ => 1,
         };
         let n2 = self.matmul_input(n2, readers, false, &mut sm)?;
-        let elems = self.rows().saturating_mul(f);
         let mlp_out = match self.spec.mlp {
             Mlp::Gated => Some(self.mlp_gated(p, &pm, n2, &mut sm)?),
             Mlp::Moe => Some(self.mlp_moe(p, &pm, n2, &mut sm)?),
@@ -513,7 +512,6 @@ impl T<'_> {
                 let fc1 = self.wide(&format!("{p}.fc1.out"))?;
                 self.matmul(&pm, n2, fc1, f, h);
                 let last = self.activation(p, fc1, &mut sm)?;
-                let _ = elems;
                 self.mask(&format!("{p}.mlp.drop_mask"), &mut sm)?;
                 let out = self.resid(out_name)?;
                 self.matmul(&pm, last, out, h, f);
@@ -572,9 +570,6 @@ impl T<'_> {
                     if t != x {
                         self.b.free(t);
                     }
-                }
-                if owned && cur != x {
-                    // (freed with its frame above, or after its residual add)
                 }
             }
             cur = out;

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Creates the validation venv OUTSIDE the repository and installs torch, torchvision and
-# transformers from PyPI into it. Never used by CI: the committed fixture
-# (tests/fixtures/validation.json) is what the Rust tests read.
+# Creates the validation venv OUTSIDE the repository and installs torch, torchvision,
+# transformers, peft, bitsandbytes and accelerate from PyPI into it. Never used by CI: the
+# committed fixtures (tests/fixtures/validation.json, ...) are what the Rust tests read.
 #
 #   validation/setup.sh                      # venv at $HOME/.cache/oomprobe-validation-venv
 #   OOMPROBE_VENV=/some/dir validation/setup.sh
 #   "$OOMPROBE_VENV/bin/python" validation/measure.py
+#   "$OOMPROBE_VENV/bin/python" validation/measure_lora.py   # LoRA / QLoRA rows (peft, bitsandbytes)
 #
 # PyPI's Linux torch wheel depends on the CUDA runtime wheels (cuBLAS, cuDNN, NCCL, ...): the
 # venv is about 5.6 GiB. A `pip install --no-deps torch` is 1.3 GiB but `import torch` then fails
@@ -25,17 +26,25 @@ esac
 TORCH="${OOMPROBE_TORCH:-torch==2.15.0}"
 TORCHVISION="${OOMPROBE_TORCHVISION:-torchvision==0.29.2}"
 TRANSFORMERS="${OOMPROBE_TRANSFORMERS:-transformers==5.24.0}"
+# LoRA / QLoRA (validation/measure_lora.py -> tests/fixtures/finetune/lora_measured.json). peft needs
+# accelerate; bitsandbytes' CPU backend quantizes and runs Linear4bit on this machine's CPU.
+PEFT="${OOMPROBE_PEFT:-peft==0.21.2}"
+BITSANDBYTES="${OOMPROBE_BITSANDBYTES:-bitsandbytes==0.50.2}"
+ACCELERATE="${OOMPROBE_ACCELERATE:-accelerate==1.15.0}"
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --upgrade pip
 fi
 "$VENV/bin/pip" install --quiet "$TORCH" "$TORCHVISION" "$TRANSFORMERS"
+"$VENV/bin/pip" install --quiet "$PEFT" "$BITSANDBYTES" "$ACCELERATE"
 "$VENV/bin/python" - <<'PY'
-import torch, torchvision, transformers
+import torch, torchvision, transformers, peft, bitsandbytes, accelerate
 x = torch.randn(4, 4, requires_grad=True)
 (x @ x).sum().backward()
 print(f"validation venv ready: torch {torch.__version__}, torchvision {torchvision.__version__}, "
-      f"transformers {transformers.__version__}")
+      f"transformers {transformers.__version__}, peft {peft.__version__}, "
+      f"bitsandbytes {bitsandbytes.__version__}, accelerate {accelerate.__version__}")
 PY
 echo "run: $VENV/bin/python $REPO/validation/measure.py"
+echo "     $VENV/bin/python $REPO/validation/measure_lora.py"

@@ -158,6 +158,27 @@ pub struct WorkloadArgs {
     /// on | off: Hugging Face's use_cache (each decoder layer's key and value kept).
     #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
     pub kv_cache: Option<String>,
+    /// LoRA rank r: PEFT adapters on a frozen base (only they train).
+    #[arg(long, value_name = "R", allow_hyphen_values = true)]
+    pub lora: Option<String>,
+    /// q,k,v,o,gate,up,down (PEFT's module names, `_proj` optional) or all-linear [q,v].
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
+    pub lora_targets: Option<String>,
+    /// lora_alpha: a scale only, no memory effect.
+    #[arg(long, value_name = "A", allow_hyphen_values = true)]
+    pub lora_alpha: Option<String>,
+    /// lora_dropout P: above 0, each adapter keeps a dropped copy of its input and a mask.
+    #[arg(long, value_name = "P", allow_hyphen_values = true)]
+    pub lora_dropout: Option<String>,
+    /// nf4 | fp4 | int8: a bitsandbytes-quantized frozen base (QLoRA with nf4).
+    #[arg(long, value_name = "Q", allow_hyphen_values = true)]
+    pub quant: Option<String>,
+    /// on | off: bnb_4bit_use_double_quant [on with --quant nf4|fp4, as QLoRA recipes set it].
+    #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
+    pub double_quant: Option<String>,
+    /// bf16 | fp16 | fp32: bnb_4bit_compute_dtype [the precision's 16-bit type, fp32 for fp32].
+    #[arg(long, value_name = "T", allow_hyphen_values = true)]
+    pub quant_compute: Option<String>,
 }
 
 /// A PyTorch memory snapshot instead of a workload (docs/snapshots.md).

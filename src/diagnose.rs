@@ -109,6 +109,64 @@ fn fewest_gpus(w: &Workload, zero: u8, memory: u64) -> Result<Option<u64>, PlanE
     Ok(Some(not_fit.map_or(1, |n| n + 1)))
 }
 
+/// The adapters users reach for when full fine-tuning does not fit (decoder LLMs): LoRA r16 on
+/// every linear over a 16-bit base, and QLoRA (nf4, double quantization, bf16 compute) with
+/// checkpointing as `prepare_model_for_kbit_training` turns it on; each with the batch it buys.
+fn finetune_remedies(w: &Workload, memory: u64) -> Result<Vec<Remedy>, PlanError> {
+    use crate::workload::{Lora, Precision, Quant, QuantKind, Target};
+    if !w.is_decoder_llm() || w.moe.is_some() || w.lora.is_some() || w.inference() {
+        return Ok(Vec::new());
+    }
+    let mut base = w.clone();
+    base.zero = 0;
+    base.gpus = 1;
+    if !matches!(base.precision, Precision::Bf16 | Precision::Fp16) {
+        base.precision = Precision::Bf16;
+    }
+    base.lora = Some(Lora {
+        rank: 16,
+        targets: Target::ALL.to_vec(),
+        alpha: None,
+        dropout: 0.0,
+    });
+    let mut q = base.clone();
+    q.quant = Some(Quant {
+        kind: QuantKind::Nf4,
+        double_quant: true,
+        compute: Some(Precision::Bf16),
+    });
+    q.checkpoint = Checkpoint::Full;
+    let mut ck = base.clone();
+    ck.checkpoint = Checkpoint::Full;
+    let at = format!(" at seq {}", w.seq);
+    let mut out = Vec::new();
+    for (name, v) in [
+        (
+            format!("LoRA r16 all-linear ({} base)", base.precision.name()),
+            base.clone(),
+        ),
+        (
+            format!(
+                "LoRA r16 all-linear ({} base, checkpointing)",
+                base.precision.name()
+            ),
+            ck,
+        ),
+        ("QLoRA nf4 r16 all-linear (checkpointing)".to_string(), q),
+    ] {
+        let m = predicted_max(&v, Scenario::Batch, memory)?;
+        out.push(Remedy {
+            name,
+            effect: match m {
+                Some(x) => format!("max batch {x}{at}"),
+                None => format!("no batch fits{at}"),
+            },
+            value: m,
+        });
+    }
+    Ok(out)
+}
+
 /// Diagnose `w` (at its batch and sequence) on `memory` bytes.
 pub fn diagnose(w: &Workload, memory: u64) -> Result<Diagnosis, PlanError> {
     let plan = Plan::for_workload(w)?;
@@ -248,7 +306,11 @@ pub fn diagnose(w: &Workload, memory: u64) -> Result<Diagnosis, PlanError> {
             });
         }
     }
-    for zero in 1..=3u8 {
+    if states > memory {
+        remedies.extend(finetune_remedies(w, memory)?);
+    }
+    let finetune = w.lora.is_some() || w.quant.is_some();
+    for zero in (1..=3u8).filter(|_| !finetune) {
         let n = fewest_gpus(w, zero, memory)?;
         remedies.push(Remedy {
             name: format!("ZeRO-{zero}"),

@@ -185,10 +185,8 @@ pub fn describe(w: &Workload) -> String {
     let psi = param_count(w).map(fmt_count).unwrap_or_else(|_| "?".into());
     let prec = w.precision.name();
     let opt = match w.optimizer {
-        crate::workload::Optimizer::Adam => "adam",
-        crate::workload::Optimizer::Sgd => "sgd",
-        crate::workload::Optimizer::SgdMomentum => "sgd-momentum",
         crate::workload::Optimizer::None => "no optimizer (inference)",
+        o => o.name(),
     };
     let mut s = match w.arch {
         Arch::Dense => format!("{}: {psi} params (model states only)", w.name),
@@ -246,6 +244,29 @@ pub fn describe(w: &Workload) -> String {
                 OptimizerImpl::ForLoop => " (for-loop)",
             });
         }
+    }
+    if let Some(q) = &w.quant {
+        s.push_str(&format!(
+            ", {} base{}",
+            q.kind.name(),
+            if q.double_quant {
+                " (double quant)"
+            } else {
+                ""
+            }
+        ));
+    }
+    if let Some(l) = &w.lora {
+        s.push_str(&format!(
+            ", LoRA r{} on {}{}",
+            l.rank,
+            l.targets_label(),
+            if l.dropout > 0.0 {
+                format!(" (dropout {})", l.dropout)
+            } else {
+                String::new()
+            }
+        ));
     }
     if w.gelu == Gelu::Unfused && w.is_transformer() {
         s.push_str(", unfused gelu_new");

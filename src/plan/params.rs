@@ -57,6 +57,19 @@ pub struct StateKind {
     pub role: Role,
     pub dtype: DType,
     pub sharded_from_stage: u8,
+    /// How many elements a piece of Ψ parameters has of it.
+    pub count: Count,
+}
+
+/// Elements of a state tensor for a piece of Ψ parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// Ψ: one per parameter.
+    Each,
+    /// bitsandbytes' 8-bit blockwise state: two fp32 absmax per 256 elements (one per state).
+    Absmax256,
+    /// Adafactor's factored second moment: rows + columns of each ≥2-D tensor (`Piece::factored`).
+    Factored,
 }
 
 /// The model-state tensors of a precision and optimizer, in allocation order.
@@ -67,6 +80,7 @@ pub fn state_kinds(precision: Precision, optimizer: Optimizer) -> Vec<StateKind>
         role,
         dtype,
         sharded_from_stage: stage,
+        count: Count::Each,
     };
     let mut v = vec![kind("params", Role::Params, c, 3)];
     if optimizer == Optimizer::None {
@@ -87,7 +101,21 @@ pub fn state_kinds(precision: Precision, optimizer: Optimizer) -> Vec<StateKind>
             v.push(kind("opt.adam_m", Role::Optimizer, o, 1));
             v.push(kind("opt.adam_v", Role::Optimizer, o, 1));
         }
-        Optimizer::SgdMomentum => v.push(kind("opt.momentum", Role::Optimizer, o, 1)),
+        Optimizer::SgdMomentum | Optimizer::Lion => {
+            v.push(kind("opt.momentum", Role::Optimizer, o, 1))
+        }
+        Optimizer::AdamW8bit | Optimizer::PagedAdamW8bit => {
+            v.push(kind("opt.adam8_m", Role::Optimizer, DType::U8, 1));
+            v.push(kind("opt.adam8_v", Role::Optimizer, DType::U8, 1));
+            v.push(StateKind {
+                count: Count::Absmax256,
+                ..kind("opt.absmax", Role::Optimizer, DType::F32, 1)
+            });
+        }
+        Optimizer::Adafactor => v.push(StateKind {
+            count: Count::Factored,
+            ..kind("opt.adafactor_v", Role::Optimizer, DType::F32, 1)
+        }),
         Optimizer::Sgd | Optimizer::None => {}
     }
     v
@@ -97,6 +125,7 @@ pub fn state_kinds(precision: Precision, optimizer: Optimizer) -> Vec<StateKind>
 pub fn bytes_per_param(precision: Precision, optimizer: Optimizer) -> u64 {
     state_kinds(precision, optimizer)
         .iter()
+        .filter(|k| k.count == Count::Each)
         .map(|k| k.dtype.bytes())
         .sum()
 }
@@ -120,6 +149,13 @@ pub struct Piece {
     /// Elements of the group's largest single parameter tensor (what one for-loop Adam
     /// temporary holds at a time).
     pub largest: u64,
+    /// Frozen (a fine-tuning run's base): params only, no gradient or optimizer state.
+    pub frozen: bool,
+    /// The element type of its states when not the precision's (fp32 adapters; a quantized
+    /// base's bytes as `U8`).
+    pub dtype: Option<DType>,
+    /// Adafactor's second-moment elements (rows + columns of each ≥2-D tensor); None: `elems`.
+    pub factored: Option<u64>,
 }
 
 impl Piece {
@@ -128,6 +164,9 @@ impl Piece {
             name: name.into(),
             elems,
             largest: elems,
+            frozen: false,
+            dtype: None,
+            factored: None,
         }
     }
     /// The same piece whose largest parameter tensor has `n` elements (at most all of them).
@@ -160,6 +199,8 @@ pub struct PieceStates {
 pub struct States {
     pub pieces: Vec<PieceStates>,
     names: Vec<String>,
+    /// Each piece as defined (frozen, its own element type, Adafactor's factored count).
+    defs: Vec<Piece>,
     /// Piece index by name (plans of thousands of layers look pieces up per layer).
     index: std::collections::HashMap<String, usize>,
     kinds: Vec<StateKind>,
@@ -213,6 +254,7 @@ impl States {
         let mut s = States {
             pieces: Vec::with_capacity(pieces.len()),
             names: pieces.iter().map(|p| p.name.clone()).collect(),
+            defs: pieces.clone(),
             index: pieces
                 .iter()
                 .enumerate()
@@ -227,7 +269,7 @@ impl States {
             casts: Default::default(),
         };
         b.phase(Phase::Setup);
-        for p in &pieces {
+        for (i, p) in pieces.iter().enumerate() {
             let mut ps = PieceStates {
                 elems: p.elems,
                 largest: p.largest,
@@ -236,13 +278,14 @@ impl States {
             for kind in s.kinds.clone() {
                 let present = match kind.role {
                     Role::Params => true,
+                    _ if p.frozen => false,
                     // Kept gradients exist before a steady step; the first step has none
                     // before its first backward, whatever zero_grad does later.
                     Role::Gradients => s.keep_grads && !s.first_step,
                     _ => kind.name == "opt.master" || !s.first_step,
                 };
                 if present {
-                    let t = s.alloc_kind(b, &kind, p, w)?;
+                    let t = s.alloc_kind(b, &kind, &p.name, i, w)?;
                     ps.set(&kind, t);
                 }
             }
@@ -251,20 +294,41 @@ impl States {
         Ok(s)
     }
 
+    /// A state tensor of `kind` for piece `i` (named `piece`): its count of elements and its
+    /// type (the piece's own float type for float kinds: fp32 adapters; a quantized base's
+    /// params as bytes).
     fn alloc_kind(
         &self,
         b: &mut Builder,
         kind: &StateKind,
-        p: &Piece,
+        piece: &str,
+        i: usize,
         w: &Workload,
     ) -> Result<TensorIx, PlanError> {
-        let elems = shard_elems(p.elems, kind, w.zero, w.gpus);
-        let name = if p.name.is_empty() {
+        let def = &self.defs[i];
+        let psi = match kind.count {
+            Count::Each => def.elems,
+            Count::Absmax256 => def.elems.div_ceil(256).saturating_mul(2),
+            Count::Factored => def.factored.unwrap_or(def.elems),
+        };
+        let elems = shard_elems(psi, kind, w.zero, w.gpus);
+        let name = if piece.is_empty() {
             kind.name.to_string()
         } else {
-            format!("{}.{}", kind.name, p.name)
+            format!("{}.{}", kind.name, piece)
         };
-        b.push(&name, kind.role, kind.dtype, &[elems], elems.clamp(1, 4096))
+        let float = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::Bf16);
+        let dtype = match def.dtype {
+            Some(d) if kind.role == Role::Params => d,
+            Some(d) if float(d) && float(kind.dtype) => d,
+            _ => kind.dtype,
+        };
+        b.push(&name, kind.role, dtype, &[elems], elems.clamp(1, 4096))
+    }
+
+    /// Whether piece `i` is frozen (no gradient, no optimizer state).
+    fn frozen(&self, i: usize) -> bool {
+        !self.flat && self.defs.get(i).is_some_and(|d| d.frozen)
     }
 
     /// Index of the piece called `name` (always 0 for flat ZeRO states); None when the model
@@ -301,10 +365,10 @@ impl States {
         let Some(i) = self.piece(name) else {
             return Ok(());
         };
-        if self.flat {
+        if self.flat || self.frozen(i) {
             return Ok(());
         }
-        let part = Piece::new(format!("{}.part", self.names[i]), self.pieces[i].elems);
+        let part = format!("{}.part", self.names[i]);
         // Not yet a `.grad`: an autograd buffer (workspace) until the sum is made.
         // (Under autocast it becomes `.grad` itself: see `gradient`.)
         let buffer = if self.low.is_some() {
@@ -316,7 +380,7 @@ impl States {
             }
         };
         let g16 = self.cast_grad(b, i)?;
-        let t = self.alloc_kind(b, &buffer, &part, w)?;
+        let t = self.alloc_kind(b, &buffer, &part, i, w)?;
         self.release_cast(b, g16);
         self.pending.push((i, t));
         Ok(())
@@ -447,6 +511,9 @@ impl States {
         let Some(i) = self.piece(name) else {
             return Ok(());
         };
+        if self.frozen(i) {
+            return Ok(());
+        }
         let piece = Piece::new(self.names[i].clone(), self.pieces[i].elems);
         if self.flat {
             // DeepSpeed reduces into its flat buffer bucket by bucket: no per-piece temporary.
@@ -472,7 +539,7 @@ impl States {
             then(b);
             return Ok(());
         };
-        if self.flat {
+        if self.flat || self.frozen(i) {
             then(b);
             return Ok(());
         }
@@ -511,8 +578,7 @@ impl States {
                 role: Role::Workspace,
                 ..kind.clone()
             };
-            let new = Piece::new(format!("{}.new", piece.name), piece.elems);
-            let new = self.alloc_kind(b, &buffer, &new, w)?;
+            let new = self.alloc_kind(b, &buffer, &format!("{}.new", piece.name), i, w)?;
             if self.low.is_some() {
                 // Under autocast the earlier part is `ToCopyBackward0`'s fresh fp32 output:
                 // autograd's input buffer adds the new contribution into it in place
@@ -528,8 +594,7 @@ impl States {
                 }
                 return Ok(());
             }
-            let sum = Piece::new(format!("{}.sum", piece.name), piece.elems);
-            let sum = self.alloc_kind(b, kind, &sum, w)?;
+            let sum = self.alloc_kind(b, kind, &format!("{}.sum", piece.name), i, w)?;
             b.free_all(parts);
             b.free(new);
             if self.pieces[i].grad.is_none() {
@@ -540,11 +605,10 @@ impl States {
             return Ok(());
         }
         if self.pieces[i].grad.is_none() {
-            let t = self.alloc_kind(b, kind, &piece, w)?;
+            let t = self.alloc_kind(b, kind, &piece.name, i, w)?;
             self.pieces[i].grad = Some(t);
         } else {
-            let tmp = Piece::new(format!("{}.new", piece.name), piece.elems);
-            let t = self.alloc_kind(b, kind, &tmp, w)?;
+            let t = self.alloc_kind(b, kind, &format!("{}.new", piece.name), i, w)?;
             b.free(t);
         }
         Ok(())
@@ -567,43 +631,65 @@ impl States {
         // Pieces whose gradient never appeared (unused parameters) get none now either.
         let n = self.pieces.len();
         for i in 0..n {
+            if self.frozen(i) {
+                continue;
+            }
+            let name = self.names[i].clone();
             if self.pieces[i].grad.is_none() && !self.keep_grads {
-                let piece = Piece::new(self.names[i].clone(), self.pieces[i].elems);
-                let t = self.alloc_kind(b, &grad_kind, &piece, w)?;
+                let t = self.alloc_kind(b, &grad_kind, &name, i, w)?;
                 self.pieces[i].grad = Some(t);
             }
             if self.first_step {
-                let piece = Piece::new(self.names[i].clone(), self.pieces[i].elems);
                 for kind in &opt_kinds {
-                    let t = self.alloc_kind(b, kind, &piece, w)?;
+                    let t = self.alloc_kind(b, kind, &name, i, w)?;
                     self.pieces[i].set(kind, t);
                 }
             }
         }
         let adam = w.optimizer == Optimizer::Adam;
         let tmp_dtype = opt_kinds.first().map(|k| k.dtype).unwrap_or(DType::F32);
+        // Temporaries in the piece's state type (fp32 for adapters over a 16-bit base).
+        let tmp_types: Vec<DType> = self
+            .defs
+            .iter()
+            .map(|d| match d.dtype {
+                Some(t @ (DType::F32 | DType::F16 | DType::Bf16)) => t,
+                _ => tmp_dtype,
+            })
+            .collect();
         let tmp_of = |b: &mut Builder, i: usize, what: &str, names: &[String], elems: u64| {
             let name = format!("opt.{what}.{}", names[i]);
             b.push(
                 &name,
                 Role::Workspace,
-                tmp_dtype,
+                tmp_types.get(i).copied().unwrap_or(tmp_dtype),
                 &[elems],
                 elems.clamp(1, 4096),
             )
         };
         let imp = w.optimizer_impl();
+        // lion-pytorch's update (`exp_avg.clone().mul_(b1).add(grad)`) and transformers'
+        // Adafactor (`grad**2 + eps`, the approximated second moment times the gradient) hold
+        // two temporaries of one parameter tensor at a time, like the for-loop Adam.
+        let two_temps = (adam && imp == OptimizerImpl::ForLoop)
+            || matches!(w.optimizer, Optimizer::Lion | Optimizer::Adafactor);
         let mut foreach_tmps = Vec::new();
         if adam && imp == OptimizerImpl::Foreach {
             // _multi_tensor_adam: exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs), all at once.
             for i in 0..n {
+                if self.frozen(i) {
+                    continue;
+                }
                 let t = tmp_of(b, i, "foreach_sqrt", &self.names, self.pieces[i].elems)?;
                 foreach_tmps.push(t);
             }
         }
         for i in 0..n {
+            if self.frozen(i) {
+                continue;
+            }
             let mut denom = None;
-            if adam && imp == OptimizerImpl::ForLoop {
+            if two_temps {
                 // _single_tensor_adam, one parameter tensor at a time: denom =
                 // (exp_avg_sq.sqrt() / bc2).add_(eps): the sqrt and the quotient are alive
                 // together for a moment; the largest tensor of the group sets the peak.

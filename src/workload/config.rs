@@ -203,7 +203,14 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         kv_heads,
         experts,
         experts_per_token,
-        autocast_device
+        autocast_device,
+        lora,
+        lora_targets,
+        lora_alpha,
+        lora_dropout,
+        quant,
+        double_quant,
+        quant_compute
     )
 }
 
@@ -600,6 +607,62 @@ impl Fields<'_> {
 }
 
 /// Read a decoder LLM's config.json (see the module doc).
+/// A bitsandbytes `quantization_config` (as transformers writes it for `load_in_4bit` /
+/// `load_in_8bit` checkpoints): the quantized base it loads. transformers' defaults
+/// (`BitsAndBytesConfig`, 5.24 `utils/quantization_config.py:444-478`): quant type fp4, no double
+/// quantization, compute fp32. Other methods (GPTQ, AWQ, FP8) are not read: their weights are
+/// counted in the config's dtype.
+fn bnb_quant(
+    path: &str,
+    root: &serde_json::Map<String, Json>,
+) -> Result<Option<super::Quant>, ConfigError> {
+    let Some(Json::Object(q)) = root.get("quantization_config") else {
+        return Ok(None);
+    };
+    if q.get("quant_method").and_then(Json::as_str) != Some("bitsandbytes") {
+        return Ok(None);
+    }
+    let flag = |k: &str| q.get(k).and_then(Json::as_bool).unwrap_or(false);
+    let kind = if flag("load_in_4bit") {
+        match q
+            .get("bnb_4bit_quant_type")
+            .and_then(Json::as_str)
+            .unwrap_or("fp4")
+        {
+            "nf4" => super::QuantKind::Nf4,
+            "fp4" => super::QuantKind::Fp4,
+            other => {
+                return Err(field_err(
+                    path,
+                    "quantization_config.bnb_4bit_quant_type",
+                    format!("unknown 4-bit type '{other}' (nf4, fp4)"),
+                ))
+            }
+        }
+    } else if flag("load_in_8bit") {
+        super::QuantKind::Int8
+    } else {
+        return Ok(None);
+    };
+    let compute = match q.get("bnb_4bit_compute_dtype").and_then(Json::as_str) {
+        Some("bfloat16") => Some(super::Precision::Bf16),
+        Some("float16") => Some(super::Precision::Fp16),
+        Some("float32") | None => Some(super::Precision::Fp32),
+        Some(other) => {
+            return Err(field_err(
+                path,
+                "quantization_config.bnb_4bit_compute_dtype",
+                format!("unsupported dtype '{other}' (float32, float16, bfloat16)"),
+            ))
+        }
+    };
+    Ok(Some(super::Quant {
+        kind,
+        double_quant: kind.is_4bit() && flag("bnb_4bit_use_double_quant"),
+        compute: compute.filter(|_| kind.is_4bit()),
+    }))
+}
+
 fn load_llm(
     path: &str,
     root: &serde_json::Map<String, Json>,
@@ -687,6 +750,7 @@ fn load_llm(
             ))
         }
     };
+    w.quant = bnb_quant(path, root)?;
     if arch == Arch::Gemma2 {
         w.attention = super::Attention::Naive;
         w.logit_softcap = get_f("final_logit_softcapping")?.is_some();

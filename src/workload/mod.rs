@@ -2,11 +2,14 @@
 //! oomprobe TOML case files, command-line overrides).
 
 pub mod config;
+pub mod finetune;
 pub mod hub;
 pub mod overrides;
 pub mod presets;
 
 use serde::{Deserialize, Serialize};
+
+pub use finetune::{Lora, Quant, QuantKind, Target};
 
 /// Model family: decides the layer structure a plan builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,8 +103,37 @@ pub enum Optimizer {
     Adam,
     Sgd,
     SgdMomentum,
+    /// bitsandbytes `AdamW8bit`: two uint8 states with an fp32 absmax per 256 elements;
+    /// tensors under 4096 elements keep fp32 state (`optim/optimizer.py:414, 502-529`).
+    #[serde(rename = "adamw-8bit")]
+    AdamW8bit,
+    /// bitsandbytes `PagedAdamW8bit`: the same bytes, in CUDA managed memory (outside PyTorch's
+    /// caching allocator, evictable to the host under pressure).
+    #[serde(rename = "paged-adamw-8bit")]
+    PagedAdamW8bit,
+    /// Lion (lion-pytorch, bitsandbytes): one momentum buffer.
+    Lion,
+    /// transformers' `Adafactor` (defaults: no first moment): fp32 row and column second
+    /// moments for each ≥2-D parameter, a full one for 1-D.
+    Adafactor,
     /// Inference: weights only.
     None,
+}
+
+impl Optimizer {
+    /// The value as `--optimizer` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Optimizer::Adam => "adam",
+            Optimizer::Sgd => "sgd",
+            Optimizer::SgdMomentum => "sgd-momentum",
+            Optimizer::AdamW8bit => "adamw-8bit",
+            Optimizer::PagedAdamW8bit => "paged-adamw-8bit",
+            Optimizer::Lion => "lion",
+            Optimizer::Adafactor => "adafactor",
+            Optimizer::None => "none",
+        }
+    }
 }
 
 /// How attention runs (`--attention`), as transformers' `attn_implementation` names it.
@@ -293,6 +325,12 @@ pub struct Workload {
     /// attention only).
     #[serde(default, skip_serializing_if = "is_false")]
     pub attn_softcap: bool,
+    /// LoRA adapters over a frozen base (`--lora`): only the adapters train.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<Lora>,
+    /// A bitsandbytes-quantized frozen base (`--quant`, a config's `quantization_config`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quant: Option<Quant>,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -87,10 +87,18 @@ pub fn parse_optimizer(v: &str) -> Result<Optimizer, CliError> {
         "adam" | "adamw" => Ok(Optimizer::Adam),
         "sgd" => Ok(Optimizer::Sgd),
         "sgd-momentum" | "momentum" => Ok(Optimizer::SgdMomentum),
+        "adamw-8bit" | "adamw8bit" | "adam-8bit" | "adamw_8bit" | "adamw_bnb_8bit" => {
+            Ok(Optimizer::AdamW8bit)
+        }
+        "paged-adamw-8bit" | "paged_adamw_8bit" | "pagedadamw8bit" => {
+            Ok(Optimizer::PagedAdamW8bit)
+        }
+        "lion" => Ok(Optimizer::Lion),
+        "adafactor" => Ok(Optimizer::Adafactor),
         "none" | "inference" => Ok(Optimizer::None),
         _ => Err(usage(
             "optimizer",
-            format!("unknown optimizer '{v}' (adam, sgd, sgd-momentum, none)"),
+            format!("unknown optimizer '{v}' (adam, sgd, sgd-momentum, adamw-8bit, paged-adamw-8bit, lion, adafactor, none)"),
         )),
     }
 }
@@ -425,6 +433,7 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
         w.kv_cache = parse_dropout(v)
             .map_err(|_| usage("kv-cache", format!("expected on or off, not '{v}'")))?;
     }
+    apply_finetune(args, &mut w, &mut warnings)?;
     validate(&w).map_err(|e| CliError::usage(format!("invalid workload {name}: {e}")))?;
     if text && w.max_positions > 0 && w.seq > w.max_positions {
         warnings.push(format!(
@@ -442,6 +451,168 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
         workload: w,
         warnings,
     })
+}
+
+/// A probability in [0, 1).
+fn probability(flag: &str, v: &str) -> Result<f64, CliError> {
+    match v.trim().parse::<f64>() {
+        Ok(p) if (0.0..1.0).contains(&p) => Ok(p),
+        _ => Err(usage(
+            flag,
+            format!("expected a probability in [0, 1), not '{v}'"),
+        )),
+    }
+}
+
+/// `--lora*` and `--quant*`: the adapters and the quantized base (PEFT's and bitsandbytes'
+/// defaults where a flag is absent; a config's `quantization_config` may have set `quant`).
+fn apply_finetune(
+    args: &WorkloadArgs,
+    w: &mut Workload,
+    warnings: &mut Vec<String>,
+) -> Result<(), CliError> {
+    use crate::workload::{Lora, Quant, QuantKind, Target};
+    let lora_flags = [
+        ("lora-targets", &args.lora_targets),
+        ("lora-alpha", &args.lora_alpha),
+        ("lora-dropout", &args.lora_dropout),
+    ];
+    if let Some(v) = &args.lora {
+        let rank = count("lora", v)?;
+        let mut targets = Target::DEFAULT.to_vec();
+        if let Some(t) = &args.lora_targets {
+            targets = Vec::new();
+            for part in t.split(',').filter(|p| !p.trim().is_empty()) {
+                if matches!(part.trim(), "all-linear" | "all_linear" | "all") {
+                    targets.extend(Target::ALL);
+                    continue;
+                }
+                let Some(ts) = Target::parse(part) else {
+                    return Err(usage(
+                        "lora-targets",
+                        format!("unknown module '{}' (q, k, v, o, gate, up, down, or all-linear; lm_head and embeddings are not adapted)", part.trim()),
+                    ));
+                };
+                targets.extend(ts);
+            }
+            if targets.is_empty() {
+                return Err(usage("lora-targets", "names no module"));
+            }
+        }
+        targets.sort_unstable();
+        targets.dedup();
+        let alpha = match &args.lora_alpha {
+            Some(a) => Some(
+                a.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|x| x.is_finite() && *x > 0.0)
+                    .ok_or_else(|| {
+                        usage(
+                            "lora-alpha",
+                            format!("expected a positive number, not '{a}'"),
+                        )
+                    })?,
+            ),
+            None => None,
+        };
+        let dropout = match &args.lora_dropout {
+            Some(p) => probability("lora-dropout", p)?,
+            None => 0.0,
+        };
+        w.lora = Some(Lora {
+            rank,
+            targets,
+            alpha,
+            dropout,
+        });
+    } else if let Some((flag, _)) = lora_flags.iter().find(|(_, v)| v.is_some()) {
+        return Err(usage(flag, "needs --lora RANK"));
+    }
+    if let Some(v) = &args.quant {
+        let kind = choice(
+            "quant",
+            v,
+            &[
+                ("nf4", QuantKind::Nf4),
+                ("fp4", QuantKind::Fp4),
+                ("int8", QuantKind::Int8),
+            ],
+        )?;
+        w.quant = Some(Quant {
+            kind,
+            double_quant: kind.is_4bit(),
+            compute: None,
+        });
+    }
+    if let Some(v) = &args.double_quant {
+        let on = parse_dropout(v)
+            .map_err(|_| usage("double-quant", format!("expected on or off, not '{v}'")))?;
+        match w.quant.as_mut() {
+            Some(q) if q.kind.is_4bit() => q.double_quant = on,
+            Some(_) => return Err(usage("double-quant", "applies to 4-bit bases (nf4, fp4)")),
+            None => return Err(usage("double-quant", "needs --quant nf4|fp4")),
+        }
+    }
+    if let Some(v) = &args.quant_compute {
+        let p = choice(
+            "quant-compute",
+            v,
+            &[
+                ("bf16", Precision::Bf16),
+                ("fp16", Precision::Fp16),
+                ("fp32", Precision::Fp32),
+            ],
+        )?;
+        match w.quant.as_mut() {
+            Some(q) if q.kind.is_4bit() => q.compute = Some(p),
+            Some(_) => return Err(usage("quant-compute", "applies to 4-bit bases (nf4, fp4)")),
+            None => return Err(usage("quant-compute", "needs --quant nf4|fp4")),
+        }
+    }
+    if w.lora.is_none() && w.quant.is_none() {
+        return Ok(());
+    }
+    let what = if w.lora.is_some() { "lora" } else { "quant" };
+    let name = w.name.clone();
+    let not_for = |flag: &str, why: &str| usage(flag, format!("does not apply to {name}: {why}"));
+    if !w.is_decoder_llm() {
+        return Err(not_for(
+            what,
+            "LoRA and quantized bases are modelled for the LLaMA-style decoders",
+        ));
+    }
+    if w.moe.is_some() {
+        return Err(not_for(
+            what,
+            "adapters over a mixture of experts are not modelled yet",
+        ));
+    }
+    if w.precision.is_autocast() || w.precision == Precision::Mixed {
+        return Err(usage(
+            what,
+            format!("--precision {} with adapters is not modelled yet: use bf16 or fp16 (a 16-bit base, fp32 adapters) or fp32", w.precision.name()),
+        ));
+    }
+    if w.zero > 0 {
+        return Err(usage(what, "ZeRO over adapters is not modelled"));
+    }
+    if w.quant.is_some() && w.lora.is_none() && !w.inference() {
+        return Err(usage(
+            "quant",
+            "a quantized base trains only through adapters: add --lora RANK (or --mode inference)",
+        ));
+    }
+    if w.quant.is_some()
+        && !w.inference()
+        && args.checkpoint.is_none()
+        && w.checkpoint == Checkpoint::None
+    {
+        // PEFT's prepare_model_for_kbit_training turns on gradient checkpointing by default.
+        w.checkpoint = Checkpoint::Full;
+        warnings.push("--quant: gradient checkpointing on, as prepare_model_for_kbit_training sets it (--checkpoint none to turn it off)".into());
+    }
+    Ok(())
 }
 
 /// Resolve the workload and print its warnings to stderr (`log::warn`).

@@ -88,6 +88,8 @@ pub fn base(name: &str, arch: Arch) -> Workload {
         moe: None,
         logit_softcap: false,
         attn_softcap: false,
+        lora: None,
+        quant: None,
     }
 }
 

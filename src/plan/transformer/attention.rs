@@ -7,7 +7,7 @@ use crate::plan::autocast;
 use crate::plan::build::{prod, PlanError};
 use crate::plan::params::compute_dtype;
 use crate::plan::{DType, Role, Step, TensorIx};
-use crate::workload::{Attention, Checkpoint, Workload};
+use crate::workload::{Attention, Checkpoint, Target, Workload};
 
 /// The kernels PyTorch's `scaled_dot_product_attention` dispatches to (which decides what its
 /// backward saves).
@@ -128,18 +128,39 @@ impl T<'_> {
         let (h, qw, kvw, a, g) = (self.h, self.qw, self.kvw, self.a, self.g);
         let c = self.c;
         // Projections: separate outputs, or slices (views) of one fused output.
+        // (Over a frozen base each is the stored linear and its adapter, if any.)
         let (q0, k0, v0) = if self.spec.fused_qkv {
             let qkv = self.rows_t(&format!("{p}.qkv"), Role::Activations, c, qw + 2 * kvw)?;
-            self.matmul(piece, x, qkv, qw + 2 * kvw, h);
+            self.linear(piece, x, qkv, qw + 2 * kvw, h)?;
+            let qkv = self.adapt(
+                piece,
+                &format!("{p}.qkv_proj"),
+                &[Target::Q, Target::K, Target::V],
+                x,
+                qkv,
+                (qw + 2 * kvw, h),
+                saved,
+            )?;
             (qkv, qkv, qkv)
         } else {
-            let q = self.rows_t(&format!("{p}.q_proj"), Role::Activations, c, qw)?;
-            let k = self.rows_t(&format!("{p}.k_proj"), Role::Activations, c, kvw)?;
-            let v = self.rows_t(&format!("{p}.v_proj"), Role::Activations, c, kvw)?;
-            self.matmul(piece, x, q, qw, h);
-            self.matmul(piece, x, k, kvw, h);
-            self.matmul(piece, x, v, kvw, h);
-            (q, k, v)
+            let mut outs = Vec::with_capacity(3);
+            // q, k and v read the same input: whether it needs a gradient is as before them.
+            let live = self.live;
+            let mut after = live;
+            for (t, name, width) in [
+                (Target::Q, "q_proj", qw),
+                (Target::K, "k_proj", kvw),
+                (Target::V, "v_proj", kvw),
+            ] {
+                let y = self.rows_t(&format!("{p}.{name}"), Role::Activations, c, width)?;
+                self.linear(piece, x, y, width, h)?;
+                let y = self.adapt(piece, &format!("{p}.{name}"), &[t], x, y, (width, h), saved)?;
+                after |= self.live;
+                self.live = live;
+                outs.push(y);
+            }
+            self.live = after;
+            (outs[0], outs[1], outs[2])
         };
         let (q1, k1) = if self.spec.qk_norm {
             let d = self.d;
@@ -261,7 +282,13 @@ impl T<'_> {
         };
         let kr = self.cast_for("matmul", kr, cached && kr == k)?;
         let vr = self.cast_for("matmul", vr, vr == v)?;
+        // q·kᵀ saves q for the key's gradient only: over a frozen base before any adapter,
+        // an unadapted key needs none (measured: layer 0 of LoRA on q, v).
+        let q_unsaved = self.saving && !self.live_in && !self.adapts(&[Target::K]);
         for t in [q, kr, vr] {
+            if t == q && q_unsaved {
+                continue;
+            }
             if !(cached && (t == k || t == v)) && !saved.contains(&t) {
                 saved.push(t);
             }
@@ -350,6 +377,9 @@ impl T<'_> {
             causal: self.spec.causal,
         });
         self.b.free(last);
+        if q_unsaved && !saved.contains(&q) {
+            self.b.free(q);
+        }
         match ctx {
             Some(c) => Ok(c),
             None => {
@@ -405,6 +435,10 @@ impl T<'_> {
             if !(cached && (t == k || t == v)) && !saved.contains(&t) {
                 saved.push(t);
             }
+        }
+        if self.saving && self.frozen() {
+            // The kernel saves its output (the frozen output projection does not).
+            saved.push(ctx);
         }
         Ok(ctx)
     }

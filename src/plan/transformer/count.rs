@@ -5,7 +5,9 @@ use super::spec::{Embed, Head, Mlp, Spec};
 use super::spec_of;
 use crate::plan::build::{prod, sum, PlanError};
 use crate::plan::params::Piece;
-use crate::workload::{presets::vit_tokens, Workload};
+use crate::plan::DType;
+use crate::workload::finetune::quantized_bytes;
+use crate::workload::{presets::vit_tokens, Target, Workload};
 
 /// Attention widths: (query width a·d, key/value width g·d, head width d).
 pub(super) fn widths(w: &Workload) -> Result<(u64, u64, u64), PlanError> {
@@ -80,11 +82,181 @@ pub fn layer_params(w: &Workload) -> Result<u64, PlanError> {
     sum(&[a, m], "the per-layer parameter count")
 }
 
+/// A linear layer of a decoder block as PEFT and bitsandbytes see it: the targets it stands
+/// for (one, or three and two for Phi-3's fused `qkv_proj` and `gate_up_proj`), its output and
+/// input widths, and whether it is in the attention block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Linear {
+    pub targets: Vec<Target>,
+    pub out: u64,
+    pub inp: u64,
+    pub attn: bool,
+}
+
+/// The linears of one decoder layer (dense MLP), in forward order.
+pub fn linears(w: &Workload) -> Result<Vec<Linear>, PlanError> {
+    let s = spec_of(w)?;
+    let (h, f) = (w.hidden, w.ffn);
+    let (qw, kvw, _) = widths(w)?;
+    let l = |targets: &[Target], out: u64, inp: u64, attn: bool| Linear {
+        targets: targets.to_vec(),
+        out,
+        inp,
+        attn,
+    };
+    let mut v = Vec::new();
+    if s.fused_qkv {
+        v.push(l(&[Target::Q, Target::K, Target::V], qw + 2 * kvw, h, true));
+    } else {
+        v.push(l(&[Target::Q], qw, h, true));
+        v.push(l(&[Target::K], kvw, h, true));
+        v.push(l(&[Target::V], kvw, h, true));
+    }
+    v.push(l(&[Target::O], h, qw, true));
+    if s.mlp == Mlp::Moe {
+        return Err(PlanError::Invalid(
+            "adapters over a mixture of experts are not modelled".into(),
+        ));
+    }
+    if s.fused_gate_up {
+        v.push(l(&[Target::Gate, Target::Up], 2 * f, h, false));
+    } else {
+        v.push(l(&[Target::Gate], f, h, false));
+        v.push(l(&[Target::Up], f, h, false));
+    }
+    v.push(l(&[Target::Down], h, f, false));
+    Ok(v)
+}
+
+/// The linears LoRA adapts in each layer (a fused linear once, if any of its targets is named).
+pub fn adapted(w: &Workload) -> Result<Vec<Linear>, PlanError> {
+    let Some(lora) = &w.lora else {
+        return Ok(Vec::new());
+    };
+    Ok(linears(w)?
+        .into_iter()
+        .filter(|l| l.targets.iter().any(|&t| lora.adapts(t)))
+        .collect())
+}
+
+/// Adapter parameters (`lora_A` r×in plus `lora_B` out×r per adapted linear) of one layer's
+/// attention and MLP blocks, with their largest tensor and Adafactor's factored count.
+fn adapter_pieces(w: &Workload, i: u64) -> Result<Vec<Piece>, PlanError> {
+    let Some(lora) = &w.lora else {
+        return Ok(Vec::new());
+    };
+    let r = lora.rank;
+    let e = "the adapter parameter count";
+    let ad = adapted(w)?;
+    let mut out = Vec::new();
+    for (attn, block) in [(true, "attn"), (false, "mlp")] {
+        let mut elems = 0u64;
+        let mut largest = 0u64;
+        let mut factored = 0u64;
+        for l in ad.iter().filter(|l| l.attn == attn) {
+            let a = prod(&[r, l.inp], e)?;
+            let b = prod(&[l.out, r], e)?;
+            elems = sum(&[elems, a, b], e)?;
+            largest = largest.max(a).max(b);
+            factored = sum(&[factored, r, l.inp, l.out, r], e)?;
+        }
+        if elems > 0 {
+            let mut p = Piece::new(format!("L{i}.{block}.lora"), elems).largest(largest);
+            p.dtype = Some(DType::F32);
+            p.factored = Some(factored);
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+/// The model's parameter groups (see `base_pieces`) as a fine-tuning run holds them: with
+/// adapters or a quantized base every base piece is frozen (no gradient, no optimizer state);
+/// a 4-bit or 8-bit base stores each layer's linears in bitsandbytes' layout (a `U8` piece of
+/// that many bytes) and, in training, the rest in fp32 (`prepare_model_for_kbit_training`
+/// upcasts every non-quantized parameter, peft 5d602fd `utils/other.py:204-209`); the
+/// adapters, fp32 (`autocast_adapter_dtype`), follow each layer's blocks.
+pub fn pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
+    let base = base_pieces(w)?;
+    if w.lora.is_none() && w.quant.is_none() {
+        return Ok(base);
+    }
+    let upcast = w.quant.is_some() && !w.inference();
+    let lin = if w.quant.is_some() {
+        linears(w)?
+    } else {
+        Vec::new()
+    };
+    let e = "the quantized base";
+    let mut out = Vec::new();
+    for mut p in base {
+        p.frozen = true;
+        if upcast {
+            p.dtype = Some(DType::F32);
+        }
+        if let Some(q) = &w.quant {
+            let block = if p.name.ends_with(".attn") {
+                Some(true)
+            } else if p.name.ends_with(".mlp") {
+                Some(false)
+            } else {
+                None
+            };
+            if let Some(attn) = block {
+                let mine: Vec<&Linear> = lin.iter().filter(|l| l.attn == attn).collect();
+                let mut bytes = 0u64;
+                let mut weights = 0u64;
+                for l in &mine {
+                    bytes = sum(
+                        &[bytes, quantized_bytes(q.kind, q.double_quant, l.out, l.inp)],
+                        e,
+                    )?;
+                    weights = sum(&[weights, prod(&[l.out, l.inp], e)?], e)?;
+                }
+                let rest_t = if upcast {
+                    DType::F32
+                } else {
+                    crate::plan::params::param_dtype(w.precision)
+                };
+                let rest = prod(&[p.elems.saturating_sub(weights), rest_t.bytes()], e)?;
+                p.elems = sum(&[bytes, rest], e)?;
+                p.largest = p.elems;
+                p.dtype = Some(DType::U8);
+            }
+        }
+        let layer = p
+            .name
+            .strip_prefix('L')
+            .and_then(|r| r.strip_suffix(".mlp"))
+            .and_then(|n| n.parse::<u64>().ok());
+        out.push(p);
+        if let Some(i) = layer {
+            out.extend(adapter_pieces(w, i)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Parameters that train: the adapters' under LoRA (none under a bare quantized base), else all.
+pub fn trainable_count(w: &Workload) -> Result<u64, PlanError> {
+    if w.lora.is_none() && w.quant.is_none() {
+        return param_count(w);
+    }
+    let e = "the adapter parameter count";
+    let mut n = 0u64;
+    for i in 0..w.layers.min(1) {
+        for p in adapter_pieces(w, i)? {
+            n = sum(&[n, p.elems], e)?;
+        }
+    }
+    prod(&[n, w.layers], e)
+}
+
 /// The model's parameter groups in backward order of need: `embed` (the token embedding, also
 /// the output head when tied), `embed.rest` (positions, token types, embedding norm, patch
 /// embedding), per layer `L{i}.attn` and `L{i}.mlp`, `head.rest` (final norm, BERT's MLM
 /// transform and decoder bias, ViT's classifier) and `head` (an untied output head).
-pub fn pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
+pub fn base_pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
     let s = spec_of(w)?;
     let (h, v) = (w.hidden, w.vocab);
     let e = "the parameter count";
@@ -140,11 +312,24 @@ pub fn pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
     Ok(out)
 }
 
-/// Total trainable parameters (embeddings, layers, head).
+/// All parameters (embeddings, layers, head, and the adapters under LoRA).
 pub fn param_count(w: &Workload) -> Result<u64, PlanError> {
-    let p = pieces(w)?;
+    let p = base_pieces(w)?;
     let elems: Vec<u64> = p.iter().map(|p| p.elems).collect();
-    sum(&elems, "the parameter count")
+    let base = sum(&elems, "the parameter count")?;
+    if w.lora.is_none() {
+        return Ok(base);
+    }
+    let mut adapters = 0u64;
+    for i in 0..w.layers.min(1) {
+        for p in adapter_pieces(w, i)? {
+            adapters = sum(&[adapters, p.elems], "the parameter count")?;
+        }
+    }
+    sum(
+        &[base, prod(&[adapters, w.layers], "the parameter count")?],
+        "the parameter count",
+    )
 }
 
 /// Parameters of piece `name` that autocast casts to 16 bits (matmul and conv weights, and

@@ -6,7 +6,7 @@ use crate::plan::autocast;
 use crate::plan::build::{prod, PlanError};
 use crate::plan::params::param_dtype;
 use crate::plan::{DType, Role, Step, TensorIx};
-use crate::workload::Gelu;
+use crate::workload::{Gelu, Target};
 
 impl T<'_> {
     /// The MLP's activation over `fc1` ([b,s,f]): pushes what its backward saves and returns
@@ -101,20 +101,60 @@ impl T<'_> {
         let (gate, gu) = if self.spec.fused_gate_up {
             let c = self.c;
             let gu = self.rows_t(&format!("{p}.mlp.gate_up"), Role::Activations, c, 2 * f)?;
-            self.matmul(pm, n2, gu, 2 * f, h);
+            self.linear(pm, n2, gu, 2 * f, h)?;
+            let gu = self.adapt(
+                pm,
+                &format!("{p}.gate_up_proj"),
+                &[Target::Gate, Target::Up],
+                n2,
+                gu,
+                (2 * f, h),
+                sm,
+            )?;
             (gu, vec![gu])
         } else {
+            // gate and up read the same input (see the attention's q, k, v).
+            let live = self.live;
             let gate = self.wide(&format!("{p}.mlp.gate"))?;
+            self.linear(pm, n2, gate, f, h)?;
+            let gate = self.adapt(
+                pm,
+                &format!("{p}.gate_proj"),
+                &[Target::Gate],
+                n2,
+                gate,
+                (f, h),
+                sm,
+            )?;
+            let after = self.live;
+            self.live = live;
             let up = self.wide(&format!("{p}.mlp.up"))?;
-            self.matmul(pm, n2, gate, f, h);
-            self.matmul(pm, n2, up, f, h);
+            self.linear(pm, n2, up, f, h)?;
+            let up = self.adapt(
+                pm,
+                &format!("{p}.up_proj"),
+                &[Target::Up],
+                n2,
+                up,
+                (f, h),
+                sm,
+            )?;
+            self.live |= after;
             (gate, vec![gate, up])
         };
         self.consumed(n2, sm);
+        if self.frozen() && !sm.contains(&n2) {
+            self.b.free(n2);
+        }
         let act = self.wide(&format!("{p}.mlp.act"))?;
         let prod_ = self.wide(&format!("{p}.mlp.prod"))?;
         sm.extend(gu.iter().copied());
-        sm.extend([act, prod_]);
+        sm.push(act);
+        // The product is the down projection's input: a frozen one does not save it.
+        let frozen = self.frozen();
+        if !frozen {
+            sm.push(prod_);
+        }
         self.gated_kernels(gate, act, prod_, elems);
         for t in gu {
             self.consumed(t, sm);
@@ -122,8 +162,20 @@ impl T<'_> {
         self.consumed(act, sm);
         let c = self.c;
         let out = self.hidden_t(&format!("{p}.mlp.out"), Role::Activations, c)?;
-        self.matmul(pm, prod_, out, h, f);
+        self.linear(pm, prod_, out, h, f)?;
+        let out = self.adapt(
+            pm,
+            &format!("{p}.down_proj"),
+            &[Target::Down],
+            prod_,
+            out,
+            (h, f),
+            sm,
+        )?;
         self.consumed(prod_, sm);
+        if frozen && !sm.contains(&prod_) {
+            self.b.free(prod_);
+        }
         Ok(out)
     }
 

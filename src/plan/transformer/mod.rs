@@ -92,6 +92,7 @@ mod count;
 mod gemma;
 mod gpt2;
 mod llama;
+mod lora;
 mod mlp;
 mod moe;
 mod phi3;
@@ -103,12 +104,12 @@ use super::autocast::{self, Autocast};
 use super::build::{prod, Builder, PlanError};
 use super::params::{compute_dtype, param_dtype, States};
 use super::{DType, Phase, Role, Step, TensorIx};
-use crate::workload::{Attention, Checkpoint, Workload};
+use crate::workload::{Attention, Checkpoint, Target, Workload};
 use spec::{Embed, Head, Mlp, Norm, Spec};
 
 pub use attention::{attention_summary, sdpa_backend, SdpaBackend};
 use count::{cast_elems, widths};
-pub use count::{layer_params, param_count, pieces};
+pub use count::{layer_params, param_count, pieces, trainable_count};
 
 /// The spec of a transformer workload (an error for ResNet and a bare parameter count).
 fn spec_of(w: &Workload) -> Result<Spec, PlanError> {
@@ -168,6 +169,12 @@ struct T<'a> {
     layer_tail: Vec<TensorIx>,
     /// Tensors the caller holds until the end of the step (logits, a kept KV cache).
     held: Vec<TensorIx>,
+    /// The residual stream needs a gradient: false over a frozen base until the first adapter
+    /// (no checkpointing: transformers' `enable_input_require_grads` is not called), so the
+    /// ops before it save nothing.
+    live: bool,
+    /// `live` as the layer being built began.
+    live_in: bool,
 }
 
 impl T<'_> {
@@ -291,6 +298,14 @@ impl T<'_> {
         let push = |t: &mut Self, n: &str, dt: DType| {
             t.b.push(&format!("{name}.{n}"), Role::Activations, dt, &shape, width)
         };
+        if !self.live && self.saving {
+            // Nothing before it needs a gradient and its gain is frozen: it saves nothing.
+            self.saving = false;
+            let mut none = Vec::new();
+            let y = self.norm_over(name, x, width, &mut none);
+            self.saving = true;
+            return y;
+        }
         match self.spec.norm {
             Norm::Layer => {
                 if !saved.contains(&x) {
@@ -322,7 +337,7 @@ impl T<'_> {
                     1,
                 )?);
                 let gemma = self.spec.norm == Norm::RmsGemma;
-                own.push(push(self, "xhat", if gemma { DType::F32 } else { xt })?);
+                let xhat = push(self, "xhat", if gemma { DType::F32 } else { xt })?;
                 // LLaMA: weight · x̂ in the weights' and input's promoted type; Gemma: cast back
                 // to the input's type.
                 let out_t = if gemma {
@@ -332,6 +347,12 @@ impl T<'_> {
                 };
                 let y = push(self, "out", out_t)?;
                 self.norm_step(x, y, rows, width);
+                // A frozen gain needs no x̂ for its gradient: it goes with the output.
+                if self.frozen() {
+                    self.b.free(xhat);
+                } else {
+                    own.push(xhat);
+                }
                 if self.saving {
                     saved.extend(own);
                 } else {
@@ -369,7 +390,8 @@ impl T<'_> {
             .ac
             .is_some_and(|a| a.casts_input("linear", self.dtype(src)));
         if !cast {
-            if !src_kept && !saved.contains(&src) {
+            // A frozen linear saves no input (its weight needs no gradient).
+            if !src_kept && !saved.contains(&src) && !self.frozen() {
                 saved.push(src);
             }
             return Ok(src);
@@ -430,6 +452,7 @@ impl T<'_> {
         owned: bool,
     ) -> Result<(Frame, Frame, TensorIx), PlanError> {
         self.saving = saving;
+        self.live_in = self.live;
         let (h, f) = (self.h, self.f);
         let (pa, pm) = (format!("L{i}.attn"), format!("L{i}.mlp"));
         let llm = self.w.is_decoder_llm();
@@ -438,11 +461,21 @@ impl T<'_> {
         let n1 = self.norm(&format!("{p}.ln1"), x, &mut sa)?;
         let readers = if self.spec.fused_qkv { 1 } else { 3 };
         let n1 = self.matmul_input(n1, readers, false, &mut sa)?;
+        // Over a frozen base before any adapter, an attention block without q, k or v
+        // adapters needs no gradient: it saves nothing.
+        let dead = saving && !self.live && !self.adapts(&[Target::Q, Target::K, Target::V]);
+        if dead {
+            self.saving = false;
+        }
         let ctx = if llm {
             self.attention_llm(p, &pa, n1, &mut sa)?
         } else {
             self.attention_gpt(p, &pa, n1, &mut sa)?
         };
+        if self.frozen() && !sa.contains(&n1) {
+            // Nothing saved the projections' input (adapters copied theirs).
+            self.b.free(n1);
+        }
         let ctx = self.matmul_input(ctx, 1, false, &mut sa)?;
         self.mask(&format!("{p}.proj.drop_mask"), &mut sa)?;
         let mut sm = Vec::new();
@@ -461,12 +494,35 @@ impl T<'_> {
                 self.b.free(o);
             }
             x2
+        } else if self.frozen() {
+            // The output projection as the base stores it, its adapter, then the residual add.
+            let c = self.c;
+            let o = self.hidden_t(&format!("{p}.o_proj"), Role::Activations, c)?;
+            self.linear(&pa, ctx, o, h, qw)?;
+            let o = self.adapt(
+                &pa,
+                &format!("{p}.o_proj"),
+                &[Target::O],
+                ctx,
+                o,
+                (h, qw),
+                &mut sa,
+            )?;
+            if !sa.contains(&ctx) {
+                self.b.free(ctx);
+            }
+            let x2 = self.resid(&format!("{p}.ln2.in"))?;
+            self.b.free(o);
+            x2
         } else {
             let x2 = self.resid(&format!("{p}.ln2.in"))?;
             self.matmul(&pa, ctx, x2, h, qw);
             self.consumed(ctx, &mut sa);
             x2
         };
+        if dead {
+            self.saving = saving;
+        }
         // The residual add was the input's last reader, but the model's loop variable keeps it
         // until the layer returns: an owned input goes then, unless a norm saved it (not
         // saving, nothing is kept).
@@ -488,6 +544,10 @@ impl T<'_> {
             _ => 1,
         };
         let n2 = self.matmul_input(n2, readers, false, &mut sm)?;
+        let dead = saving && !self.live && !self.adapts(&[Target::Gate, Target::Up]);
+        if dead {
+            self.saving = false;
+        }
         let mlp_out = match self.spec.mlp {
             Mlp::Gated => Some(self.mlp_gated(p, &pm, n2, &mut sm)?),
             Mlp::Moe => Some(self.mlp_moe(p, &pm, n2, &mut sm)?),
@@ -518,6 +578,9 @@ impl T<'_> {
                 out
             }
         };
+        if dead {
+            self.saving = saving;
+        }
         if !sm.contains(&x2) {
             self.b.free(x2);
         }
@@ -580,6 +643,11 @@ impl T<'_> {
     fn backward(&mut self, fr: Frame, incoming: TensorIx) -> Result<TensorIx, PlanError> {
         let w = self.w;
         self.states.gradient(self.b, &fr.piece, w)?;
+        if self.frozen() {
+            self.adapter_backward(&fr.piece, fr.block == Block::Attn)?;
+            self.states
+                .gradient(self.b, &format!("{}.lora", fr.piece), w)?;
+        }
         let p = &fr.piece;
         let c = self.c;
         // The gradient the block's inner ops end with ([b,s,f] for the MLP, [b,s,3h] for q/k/v).
@@ -685,8 +753,14 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     let (bsz, s, h, a, f, v) = (w.batch, w.seq, w.hidden, w.heads, w.ffn, w.vocab);
     let spec = spec_of(w)?;
     let (qw, kvw, d) = widths(w)?;
-    let c = compute_dtype(w.precision);
     let train = !w.inference();
+    // A quantized base in training runs in fp32 around its 4-bit matmuls: PEFT's
+    // `prepare_model_for_kbit_training` upcasts the embeddings, norms and head.
+    let c = if w.quant.is_some() && train {
+        DType::F32
+    } else {
+        compute_dtype(w.precision)
+    };
     let states = States::setup(b, w, &pieces(w)?)?;
     let zero3 = w.zero == 3 && w.gpus > 1;
     let ac = super::params::autocast(w);
@@ -714,6 +788,10 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         rope: None,
         layer_tail: Vec::new(),
         held: Vec::new(),
+        // Checkpointing calls `enable_input_require_grads` (transformers 5.24
+        // `modeling_utils.py:3190-3198`); PEFT without it does not.
+        live: w.lora.is_none() || !train || segment(w.checkpoint, w.layers).is_some(),
+        live_in: true,
     };
     t.b.phase(Phase::Forward);
     if zero3 {
@@ -955,7 +1033,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
             // The decoder LLMs' head reads `outputs.last_hidden_state`: the normed output
             // stays alive through the head even when autocast casts it.
             let x = t.matmul_input(n, 1, true, &mut head_saved)?;
-            if x != n {
+            if x != n || t.frozen() {
                 head_tail = Some(n);
             } else {
                 head_saved.push(n);

@@ -1,0 +1,283 @@
+//! A fine-tuning run's linears: the frozen base linear as it is stored (bitsandbytes' 4-bit
+//! and 8-bit layers dequantize and cast around the matmul) and PEFT's LoRA adapter beside it,
+//! with what autograd saves and frees (tests/fixtures/finetune/RESEARCH.md cites each rule).
+//!
+//! Rules, measured with PyTorch + PEFT on the CPU (`lora_measured.json`):
+//! - a frozen `F.linear(x, W)` saves only `W` (a parameter): not its input;
+//! - `lora_A(x')` saves `x'` (the layer input, its fp32 copy over a 16-bit base, or the
+//!   dropout's output), `lora_B` saves `lora_A`'s `[n, r]` output; `result + B(A(x))·s` is out
+//!   of place and cast back to the base output's type;
+//! - `nn.Dropout` (p > 0) makes each adapter its own dropped copy; its 1-byte mask is saved
+//!   only where the input needs a gradient (not in the first layer without checkpointing:
+//!   the frozen embedding's output does not);
+//! - a frozen norm saves its input and rstd, not x̂ (no gain gradient).
+
+use super::{DType, PlanError, Role, Step, TensorIx, T};
+use crate::workload::{QuantKind, Target};
+
+impl T<'_> {
+    /// The base is frozen (adapters or a quantized base): its linears save no input for a
+    /// weight gradient and its norms no x̂.
+    pub(super) fn frozen(&self) -> bool {
+        self.w.lora.is_some() || self.w.quant.is_some()
+    }
+
+    /// Whether LoRA adapts one of `targets`.
+    pub(super) fn adapts(&self, targets: &[Target]) -> bool {
+        self.w
+            .lora
+            .as_ref()
+            .is_some_and(|l| targets.iter().any(|&t| l.adapts(t)))
+    }
+
+    /// The 4-bit compute type (`bnb_4bit_compute_dtype`): as given, else the precision's.
+    fn quant_compute(&self) -> DType {
+        self.w
+            .quant
+            .and_then(|q| q.compute)
+            .map(crate::plan::params::compute_dtype)
+            .unwrap_or_else(|| crate::plan::params::compute_dtype(self.w.precision))
+    }
+
+    /// A base linear of `piece`, `y[n, out] = x[n, inp] · Wᵀ`. A 4-bit weight is dequantized
+    /// whole into the compute type first (`_dequant_linear_fallback`, bitsandbytes 95f9af3
+    /// `backends/cuda/ops.py:904-916`, taken above 1536 tokens and on the CPU; with double
+    /// quantization its absmax first to fp32), the input cast to the compute type and the
+    /// output back to the input's (`nn/modules.py:628, 637`); LLM.int8() quantizes the input
+    /// row-wise (int8 and an fp32 scale per row) into an int32 product (`_functions.py:101-199`).
+    /// All of these are transient.
+    pub(super) fn linear(
+        &mut self,
+        piece: &str,
+        x: TensorIx,
+        y: TensorIx,
+        out: u64,
+        inp: u64,
+    ) -> Result<(), PlanError> {
+        let Some(q) = self.w.quant else {
+            self.matmul(piece, x, y, out, inp);
+            return Ok(());
+        };
+        let (bsz, s) = (self.bsz, self.s);
+        let n = out.saturating_mul(inp);
+        let mut tmp = Vec::new();
+        match q.kind {
+            QuantKind::Nf4 | QuantKind::Fp4 => {
+                let qc = self.quant_compute();
+                if q.double_quant {
+                    tmp.push(self.b.push(
+                        &format!("{piece}.absmax32"),
+                        Role::Workspace,
+                        DType::F32,
+                        &[n.div_ceil(64)],
+                        64,
+                    )?);
+                }
+                let wdq = self.b.push(
+                    &format!("{piece}.dequant"),
+                    Role::Workspace,
+                    qc,
+                    &[out, inp],
+                    inp,
+                )?;
+                tmp.push(wdq);
+                let xin = if self.dtype(x) != qc {
+                    let t = self.b.push(
+                        &format!("{piece}.x_cast"),
+                        Role::Workspace,
+                        qc,
+                        &[bsz, s, inp],
+                        inp,
+                    )?;
+                    tmp.push(t);
+                    t
+                } else {
+                    x
+                };
+                let yq = if self.dtype(y) != qc {
+                    let t = self.b.push(
+                        &format!("{piece}.y_cast"),
+                        Role::Workspace,
+                        qc,
+                        &[bsz, s, out],
+                        out,
+                    )?;
+                    tmp.push(t);
+                    t
+                } else {
+                    y
+                };
+                let m = self.rows();
+                self.b.step(Step::Matmul {
+                    a: xin,
+                    b: wdq,
+                    c: yq,
+                    batch: 1,
+                    m,
+                    n: out,
+                    k: inp,
+                });
+            }
+            QuantKind::Int8 => {
+                // CA int8 [n, inp] + SCA fp32 [n]; the int32 product [n, out]; the weight's
+                // int8 columns are read in place (no dequantized copy in forward).
+                let ca = self.b.push(
+                    &format!("{piece}.x_int8"),
+                    Role::Workspace,
+                    DType::U8,
+                    &[bsz, s, inp],
+                    inp,
+                )?;
+                let sca = self.b.push(
+                    &format!("{piece}.x_scale"),
+                    Role::Workspace,
+                    DType::F32,
+                    &[bsz, s],
+                    1,
+                )?;
+                let acc = self.b.push(
+                    &format!("{piece}.acc_i32"),
+                    Role::Workspace,
+                    DType::F32,
+                    &[bsz, s, out],
+                    out,
+                )?;
+                tmp.extend([ca, sca, acc]);
+                self.matmul(piece, x, y, out, inp);
+            }
+        }
+        self.b.free_all(tmp);
+        Ok(())
+    }
+
+    /// PEFT's adapter on a base linear named `name` (`targets`) of block `piece`, over input
+    /// `x` with base output `y` ([b, s, out]): returns the adapted output (a new tensor; `y`
+    /// goes) or `y` when no adapter is there. Saving, pushes what `lora_A`, `lora_B` and the
+    /// dropout keep into `saved`. The input `x` is left to the caller.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn adapt(
+        &mut self,
+        piece: &str,
+        name: &str,
+        targets: &[Target],
+        x: TensorIx,
+        y: TensorIx,
+        (out, inp): (u64, u64),
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let Some(lora) = self.w.lora.clone() else {
+            return Ok(y);
+        };
+        if !self.adapts(targets) {
+            return Ok(y);
+        }
+        let (bsz, s, r) = (self.bsz, self.s, lora.rank);
+        let ad = format!("{piece}.lora");
+        let f32_rows = |t: &mut Self, what: &str, width: u64, dt: DType| {
+            t.b.push(
+                &format!("{name}.lora_{what}"),
+                Role::Activations,
+                dt,
+                &[bsz, s, width],
+                width,
+            )
+        };
+        // QLoRA's forward clones the 4-bit layer's output first (peft bnb.py:533).
+        let mut y = y;
+        if self.w.quant.is_some_and(|q| q.kind.is_4bit()) {
+            let dt = self.dtype(y);
+            let c = f32_rows(self, "result_clone", out, dt)?;
+            self.b.free(y);
+            y = c;
+        }
+        // The adapters' fp32: x itself, or a copy per adapted layer (`_cast_input_dtype`).
+        let mut xin = x;
+        if self.dtype(x) != DType::F32 {
+            xin = f32_rows(self, "x32", inp, DType::F32)?;
+        }
+        if lora.dropout > 0.0 {
+            let dropped = f32_rows(self, "dropout", inp, DType::F32)?;
+            let mask = f32_rows(self, "dropout_mask", inp, DType::U8)?;
+            if self.saving && self.live {
+                saved.push(mask);
+            } else {
+                self.b.free(mask);
+            }
+            if xin != x {
+                self.b.free(xin);
+            }
+            xin = dropped;
+        }
+        let a = f32_rows(self, "a", r, DType::F32)?;
+        self.matmul(&ad, xin, a, r, inp);
+        let bo = f32_rows(self, "b", out, DType::F32)?;
+        self.matmul(&ad, a, bo, out, r);
+        if self.saving {
+            if !saved.contains(&xin) {
+                saved.push(xin);
+            }
+            saved.push(a);
+        } else {
+            if xin != x {
+                self.b.free(xin);
+            }
+            self.b.free(a);
+        }
+        // · scaling, then result + that (fp32), then back to the result's type.
+        let scaled = f32_rows(self, "scaled", out, DType::F32)?;
+        self.b.free(bo);
+        let sum = f32_rows(self, "sum", out, DType::F32)?;
+        self.b.free(scaled);
+        let yt = self.dtype(y);
+        self.b.free(y);
+        let res = if yt != DType::F32 {
+            let t = f32_rows(self, "out", out, yt)?;
+            self.b.free(sum);
+            t
+        } else {
+            sum
+        };
+        // Past an adapter everything needs a gradient.
+        self.live = true;
+        Ok(res)
+    }
+
+    /// The backward transients of block `piece`'s adapters and quantized linears, one linear
+    /// at a time: the fp32 gradients of an adapter's output and input, and the weight
+    /// dequantized again for the input gradient (`_functions.py:384`).
+    pub(super) fn adapter_backward(&mut self, piece: &str, attn: bool) -> Result<(), PlanError> {
+        if !self.frozen() {
+            return Ok(());
+        }
+        let lin = super::count::linears(self.w)?;
+        let (bsz, s) = (self.bsz, self.s);
+        for l in lin.iter().filter(|l| l.attn == attn) {
+            let mut tmp = Vec::new();
+            if self.adapts(&l.targets) {
+                for (what, width) in [("grad_b", l.out), ("grad_x", l.inp)] {
+                    tmp.push(self.b.push(
+                        &format!("{piece}.lora.{what}"),
+                        Role::Workspace,
+                        DType::F32,
+                        &[bsz, s, width],
+                        width,
+                    )?);
+                }
+            }
+            if let Some(q) = self.w.quant {
+                if q.kind.is_4bit() || self.train {
+                    let dt = crate::plan::params::compute_dtype(self.w.precision);
+                    tmp.push(self.b.push(
+                        &format!("{piece}.dequant_bwd"),
+                        Role::Workspace,
+                        dt,
+                        &[l.out, l.inp],
+                        l.inp,
+                    )?);
+                }
+            }
+            self.b.free_all(tmp);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,221 @@
+//! Fine-tuning settings: PEFT LoRA adapters (`--lora`) over a frozen base, and bitsandbytes'
+//! quantized bases (`--quant`), as transformers and PEFT load and run them.
+
+use serde::{Deserialize, Serialize};
+
+/// A linear layer LoRA can adapt, by PEFT's module name in the LLaMA-style decoders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    #[serde(rename = "q_proj")]
+    Q,
+    #[serde(rename = "k_proj")]
+    K,
+    #[serde(rename = "v_proj")]
+    V,
+    #[serde(rename = "o_proj")]
+    O,
+    #[serde(rename = "gate_proj")]
+    Gate,
+    #[serde(rename = "up_proj")]
+    Up,
+    #[serde(rename = "down_proj")]
+    Down,
+}
+
+impl Target {
+    /// Every linear of a layer: PEFT's `all-linear` (which leaves out `lm_head`,
+    /// `tuners_utils.py:2382-2417` at peft 5d602fd).
+    pub const ALL: [Target; 7] = [
+        Target::Q,
+        Target::K,
+        Target::V,
+        Target::O,
+        Target::Gate,
+        Target::Up,
+        Target::Down,
+    ];
+    /// PEFT's default for the LLaMA family (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`:
+    /// `["q_proj", "v_proj"]`, `utils/constants.py:85`).
+    pub const DEFAULT: [Target; 2] = [Target::Q, Target::V];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Q => "q_proj",
+            Target::K => "k_proj",
+            Target::V => "v_proj",
+            Target::O => "o_proj",
+            Target::Gate => "gate_proj",
+            Target::Up => "up_proj",
+            Target::Down => "down_proj",
+        }
+    }
+
+    /// `q`, `q_proj` (and PEFT's fused names for Phi-3: `qkv_proj`, `gate_up_proj`).
+    pub fn parse(v: &str) -> Option<Vec<Target>> {
+        let v = v.trim().to_ascii_lowercase();
+        let one = match v.trim_end_matches("_proj") {
+            "q" => Target::Q,
+            "k" => Target::K,
+            "v" => Target::V,
+            "o" => Target::O,
+            "gate" => Target::Gate,
+            "up" => Target::Up,
+            "down" => Target::Down,
+            "qkv" => return Some(vec![Target::Q, Target::K, Target::V]),
+            "gate_up" => return Some(vec![Target::Gate, Target::Up]),
+            _ => return None,
+        };
+        Some(vec![one])
+    }
+}
+
+/// PEFT `LoraConfig` as it shapes memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Lora {
+    /// `r`: each adapted `[out, in]` linear gains `lora_A` `[r, in]` and `lora_B` `[out, r]`.
+    pub rank: u64,
+    /// The adapted linears of every layer, sorted.
+    pub targets: Vec<Target>,
+    /// `lora_alpha`: a scale only (no memory effect); reported as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alpha: Option<f64>,
+    /// `lora_dropout`: above 0 each adapter drops its own copy of the input (and saves the
+    /// 1-byte mask where the input needs a gradient).
+    #[serde(default)]
+    pub dropout: f64,
+}
+
+impl Lora {
+    pub fn adapts(&self, t: Target) -> bool {
+        self.targets.contains(&t)
+    }
+    /// The targets as `--lora-targets` prints them.
+    pub fn targets_label(&self) -> String {
+        if self.targets.len() == Target::ALL.len() {
+            return "all-linear".into();
+        }
+        let v: Vec<&str> = self.targets.iter().map(|t| t.name()).collect();
+        v.join(",")
+    }
+}
+
+/// How bitsandbytes stores the frozen base's linear weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuantKind {
+    /// 4-bit NormalFloat (`bnb_4bit_quant_type="nf4"`, QLoRA).
+    Nf4,
+    /// 4-bit float (`"fp4"`, transformers' default quant type).
+    Fp4,
+    /// `load_in_8bit`: LLM.int8() with int8 weights and fp32 row scales.
+    Int8,
+}
+
+impl QuantKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantKind::Nf4 => "nf4",
+            QuantKind::Fp4 => "fp4",
+            QuantKind::Int8 => "int8",
+        }
+    }
+    pub fn is_4bit(self) -> bool {
+        self != QuantKind::Int8
+    }
+}
+
+/// A quantized base (`BitsAndBytesConfig`), loaded the way QLoRA recipes load it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quant {
+    pub kind: QuantKind,
+    /// `bnb_4bit_use_double_quant`: the per-64 absmax quantized to 8 bits with an fp32 absmax
+    /// per 256 blocks.
+    #[serde(default)]
+    pub double_quant: bool,
+    /// `bnb_4bit_compute_dtype` (the dequantized weight's type in each matmul); None: the
+    /// workload's precision (fp32 for `fp32`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute: Option<super::Precision>,
+}
+
+/// Bytes of one bitsandbytes-quantized `[out, in]` weight with `n = out·in` elements.
+///
+/// 4-bit (`quantize_4bit`, bitsandbytes 95f9af3 `functional.py:884-987`, `_ops.py:232-235`):
+/// the packed `uint8 [(n+1)/2, 1]`, one absmax per 64-element block (fp32; or with double
+/// quantization uint8 plus an fp32 absmax per 256 blocks, an fp32 offset and the 256-entry fp32
+/// code table copied per weight, `functional.py:677, 939-940`), and the 16-entry fp32 code of
+/// the 4-bit type (`get_4bit_type`, `:854`). 8-bit (`Int8Params._quantize`,
+/// `nn/modules.py:737-747`): int8 `[out, in]` plus an fp32 scale per output row.
+pub fn quantized_bytes(kind: QuantKind, double_quant: bool, out: u64, inp: u64) -> u64 {
+    let n = out.saturating_mul(inp);
+    match kind {
+        QuantKind::Int8 => n.saturating_add(out.saturating_mul(4)),
+        _ => {
+            let blocks = n.div_ceil(64);
+            let packed = n.div_ceil(2);
+            let code = 16 * 4;
+            let stats = if double_quant {
+                // uint8 absmax + fp32 offset + fp32 absmax per 256 blocks + the fp32 map.
+                blocks + 4 + 4 * blocks.div_ceil(256) + 256 * 4
+            } else {
+                4 * blocks
+            };
+            packed.saturating_add(stats).saturating_add(code)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantized_layout_follows_bitsandbytes_source() {
+        // Measured on this CPU (tests/fixtures/finetune/RESEARCH.md §b): a 256×256 nf4 weight
+        // with double quantization is [32768, 1] uint8 + absmax [1024] uint8 + code [16] fp32
+        // + offset [] fp32 + state2.absmax [4] fp32 + state2.code [256] fp32.
+        assert_eq!(
+            quantized_bytes(QuantKind::Nf4, true, 256, 256),
+            32768 + 1024 + 64 + 4 + 16 + 1024
+        );
+        // Without double quantization: fp32 absmax per 64.
+        assert_eq!(
+            quantized_bytes(QuantKind::Nf4, false, 256, 256),
+            32768 + 4096 + 64
+        );
+        // The 28 linears of the 4-layer measured model (h 256, kv 64, ffn 688): quant state
+        // (everything but the packed weights) 74,528 B.
+        let shapes = [
+            (256, 256),
+            (64, 256),
+            (64, 256),
+            (256, 256),
+            (688, 256),
+            (688, 256),
+            (256, 688),
+        ];
+        let state: u64 = shapes
+            .iter()
+            .map(|&(o, i)| quantized_bytes(QuantKind::Nf4, true, o, i) - (o * i).div_ceil(2))
+            .sum::<u64>()
+            * 4;
+        assert_eq!(state, 74_528);
+        // LLM.int8(): int8 weight + fp32 row scale.
+        assert_eq!(
+            quantized_bytes(QuantKind::Int8, false, 4096, 4096),
+            4096 * 4096 + 4096 * 4
+        );
+    }
+
+    #[test]
+    fn targets_parse_as_peft_names() {
+        assert_eq!(Target::parse("q"), Some(vec![Target::Q]));
+        assert_eq!(Target::parse("down_proj"), Some(vec![Target::Down]));
+        assert_eq!(
+            Target::parse("qkv_proj"),
+            Some(vec![Target::Q, Target::K, Target::V])
+        );
+        assert_eq!(Target::parse("lm_head"), None);
+    }
+}

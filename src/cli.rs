@@ -179,6 +179,10 @@ pub struct WorkloadArgs {
     /// bf16 | fp16 | fp32: bnb_4bit_compute_dtype [the precision's 16-bit type, fp32 for fp32].
     #[arg(long, value_name = "T", allow_hyphen_values = true)]
     pub quant_compute: Option<String>,
+    /// on | off: PEFT's prepare_model_for_kbit_training (non-4-bit params in fp32,
+    /// checkpointing) [on]; off as LitGPT and torchtune train a 4-bit base.
+    #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
+    pub kbit_prep: Option<String>,
 }
 
 /// A PyTorch memory snapshot instead of a workload (docs/snapshots.md).

@@ -133,6 +133,7 @@ fn finetune_remedies(w: &Workload, memory: u64) -> Result<Vec<Remedy>, PlanError
     q.quant = Some(Quant {
         kind: QuantKind::Nf4,
         double_quant: true,
+        prepare: true,
         compute: Some(Precision::Bf16),
     });
     q.checkpoint = Checkpoint::Full;

@@ -271,7 +271,8 @@ pub fn describe(w: &Workload) -> String {
     if w.gelu == Gelu::Unfused && w.is_transformer() {
         s.push_str(", unfused gelu_new");
     }
-    if w.kv_cache {
+    // transformers turns the cache off under gradient checkpointing in training.
+    if w.kv_cache && (w.inference() || w.checkpoint == Checkpoint::None) {
         s.push_str(", KV cache kept");
     }
     if w.is_transformer() {

@@ -11,6 +11,7 @@ Examples:
   oomprobe estimate --model llama3-8b --seq 2048 --memory 80GiB   # grouped-query, SDPA, bf16
   oomprobe estimate --config config.json --attention eager      # a Hugging Face config.json
   oomprobe estimate --model mixtral-8x7b --mode inference --memory 96GiB
+  oomprobe estimate --model llama3-8b --lora 16 --quant nf4 --seq 2048 --memory 24GiB   # QLoRA
   oomprobe estimate --model llama-13b --precision mixed --optimizer adam
   oomprobe estimate --model gpt2 --precision fp16 --memory 24GiB --json
   oomprobe estimate --model vit-l16 --batch 32 --precision amp-fp16   # torch.autocast

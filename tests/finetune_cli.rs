@@ -164,6 +164,7 @@ fn adapters_and_quantized_bases_hold_their_closed_forms() {
     w.quant = Some(Quant {
         kind: QuantKind::Nf4,
         double_quant: true,
+        prepare: true,
         compute: Some(Precision::Bf16),
     });
     let q = Plan::for_workload(&w).unwrap();
@@ -348,5 +349,54 @@ fn scaled_down_qlora_probes_its_boundary_on_the_device() {
         run["predicted_max"].as_u64(),
         fit,
         "under --budget the plan is exact"
+    );
+}
+
+#[test]
+fn fine_tuning_optimizers_hold_their_state() {
+    use oomprobe::workload::{presets, Arch, Optimizer};
+    let psi: u64 = 1 << 20;
+    let states = |o: Optimizer| {
+        let mut w = presets::base("dense", Arch::Dense);
+        w.params = Some(psi);
+        w.optimizer = o;
+        Plan::for_workload(&w).unwrap().states_peak()
+    };
+    let base = psi * 4 * 2; // fp32 params and gradients
+    assert_eq!(states(Optimizer::Adam), base + psi * 8);
+    // bitsandbytes 8-bit: two uint8 states and an fp32 absmax per 256 elements for each.
+    assert_eq!(
+        states(Optimizer::AdamW8bit),
+        base + psi * 2 + (psi / 256) * 2 * 4
+    );
+    assert_eq!(
+        states(Optimizer::PagedAdamW8bit),
+        states(Optimizer::AdamW8bit)
+    );
+    // Lion: one momentum; Adafactor without factoring information: one second moment.
+    assert_eq!(states(Optimizer::Lion), base + psi * 4);
+    assert_eq!(states(Optimizer::Adafactor), base + psi * 4);
+    // Adafactor over LoRA adapters: rows + columns of each lora_A [r, in] and lora_B [out, r].
+    let mut w = llama3_workload();
+    w.seq = 256;
+    w.precision = Precision::Bf16;
+    w.lora = Some(Lora {
+        rank: 8,
+        targets: vec![Target::Q, Target::V],
+        alpha: None,
+        dropout: 0.0,
+    });
+    w.optimizer = Optimizer::Adafactor;
+    let plan = Plan::for_workload(&w).unwrap();
+    let opt: u64 = plan
+        .tensors
+        .iter()
+        .filter(|t| t.role == Role::Optimizer)
+        .map(|t| t.bytes)
+        .sum();
+    // q: (8 + 4096) + (4096 + 8); v: (8 + 4096) + (1024 + 8); fp32, 32 layers.
+    assert_eq!(
+        opt,
+        32 * 4 * ((8 + 4096 + 4096 + 8) + (8 + 4096 + 1024 + 8))
     );
 }

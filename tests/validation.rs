@@ -495,6 +495,7 @@ fn lora_workload(r: &Value) -> Workload {
         w.quant = Some(Quant {
             kind: QuantKind::Nf4,
             double_quant: r["double_quant"].as_bool().unwrap(),
+            prepare: true,
             compute: Some(match r["compute_dtype"].as_str().unwrap() {
                 "bfloat16" => Precision::Bf16,
                 _ => Precision::Fp32,

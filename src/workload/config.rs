@@ -210,7 +210,8 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         lora_dropout,
         quant,
         double_quant,
-        quant_compute
+        quant_compute,
+        kbit_prep
     )
 }
 
@@ -660,6 +661,7 @@ fn bnb_quant(
         kind,
         double_quant: kind.is_4bit() && flag("bnb_4bit_use_double_quant"),
         compute: compute.filter(|_| kind.is_4bit()),
+        prepare: true,
     }))
 }
 

@@ -137,6 +137,16 @@ pub struct Quant {
     /// workload's precision (fp32 for `fp32`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute: Option<super::Precision>,
+    /// PEFT's `prepare_model_for_kbit_training` in training (`--kbit-prep`, on by default):
+    /// every non-quantized parameter upcast to fp32, so the residual stream runs in fp32, and
+    /// gradient checkpointing on. Off: as LitGPT and torchtune train a 4-bit base (the rest
+    /// stays in the precision's type).
+    #[serde(default = "yes")]
+    pub prepare: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Bytes of one bitsandbytes-quantized `[out, in]` weight with `n = out·in` elements.

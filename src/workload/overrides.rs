@@ -543,7 +543,16 @@ fn apply_finetune(
             kind,
             double_quant: kind.is_4bit(),
             compute: None,
+            prepare: true,
         });
+    }
+    if let Some(v) = &args.kbit_prep {
+        let on = parse_dropout(v)
+            .map_err(|_| usage("kbit-prep", format!("expected on or off, not '{v}'")))?;
+        match w.quant.as_mut() {
+            Some(q) => q.prepare = on,
+            None => return Err(usage("kbit-prep", "needs --quant nf4|fp4|int8")),
+        }
     }
     if let Some(v) = &args.double_quant {
         let on = parse_dropout(v)
@@ -603,7 +612,7 @@ fn apply_finetune(
             "a quantized base trains only through adapters: add --lora RANK (or --mode inference)",
         ));
     }
-    if w.quant.is_some()
+    if w.quant.is_some_and(|q| q.prepare)
         && !w.inference()
         && args.checkpoint.is_none()
         && w.checkpoint == Checkpoint::None

@@ -181,7 +181,7 @@ pub fn pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
     if w.lora.is_none() && w.quant.is_none() {
         return Ok(base);
     }
-    let upcast = w.quant.is_some() && !w.inference();
+    let upcast = w.quant.is_some_and(|q| q.prepare) && !w.inference();
     let lin = if w.quant.is_some() {
         linears(w)?
     } else {

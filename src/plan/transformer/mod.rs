@@ -756,7 +756,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     let train = !w.inference();
     // A quantized base in training runs in fp32 around its 4-bit matmuls: PEFT's
     // `prepare_model_for_kbit_training` upcasts the embeddings, norms and head.
-    let c = if w.quant.is_some() && train {
+    let c = if w.quant.is_some_and(|q| q.prepare) && train {
         DType::F32
     } else {
         compute_dtype(w.precision)

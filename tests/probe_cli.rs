@@ -671,3 +671,34 @@ fn no_isolate_says_what_it_gives_up() {
         "{err}"
     );
 }
+
+#[test]
+fn a_verify_failure_is_retried_in_a_fresh_child_and_a_corrupting_adapter_is_named() {
+    require_adapter();
+    let (_, boundary) = undisturbed();
+    // Every read-back at the boundary loses its data: retried once, then a failure; the run
+    // ends with exit 0, the boundary below it, and a note naming the adapter as corrupting.
+    let (code, report, err) = hooked("OOMPROBE_TEST_VERIFY_FAIL_AT", boundary, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let run = only_run(&report);
+    let at: Vec<&str> = run["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["value"].as_u64() == Some(boundary))
+        .map(|p| p["outcome"].as_str().unwrap())
+        .collect();
+    assert!(
+        at.len() >= 2 && at.iter().all(|o| *o == "verify_failed"),
+        "{at:?}"
+    );
+    assert!(
+        run["max_fit"].as_u64().is_some_and(|m| m < boundary),
+        "{run}"
+    );
+    let notes = run["notes"].to_string();
+    assert!(
+        notes.contains("twice") && notes.contains("corrupting"),
+        "{notes}"
+    );
+}

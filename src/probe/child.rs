@@ -33,6 +33,10 @@ pub const CRASH_AT_ENV: &str = "OOMPROBE_TEST_CRASH_AT";
 /// Test hook: a child whose probe value equals this panics (as wgpu does on some OOM paths).
 pub const PANIC_AT_ENV: &str = "OOMPROBE_TEST_PANIC_AT";
 
+/// Test hook: a child whose probe value equals this reports a read-back that lost its data
+/// (`verify_failed`), as an adapter that corrupts memory at the edge does.
+pub const VERIFY_FAIL_AT_ENV: &str = "OOMPROBE_TEST_VERIFY_FAIL_AT";
+
 /// The exit status of a child whose probe panicked (set by the child's panic hook).
 pub const PANIC_EXIT: i32 = 101;
 
@@ -102,7 +106,19 @@ pub fn run_child(args: &ProbeChildArgs) -> CliResult<()> {
     let req: ChildRequest = serde_json::from_str(&args.request)
         .map_err(|e| CliError::usage(format!("probe-child: bad request: {e}")))?;
     apply_test_hooks(req.value);
-    let record = probe_in_process(&req);
+    let mut record = probe_in_process(&req);
+    if std::env::var(VERIFY_FAIL_AT_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        == Some(req.value)
+    {
+        record.outcome = Outcome::VerifyFailed;
+        record.detail = Some(format!(
+            "{}: tensor test.hook lost what was written (test hook)",
+            super::readback::VERIFY_FAILED
+        ));
+        record.checksum = None;
+    }
     let line = serde_json::to_string(&record)
         .map_err(|e| CliError::run(format!("probe-child: cannot encode result: {e}")))?;
     println!("{line}");

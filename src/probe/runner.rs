@@ -125,7 +125,8 @@ impl RunContext {
             _ => 8,
         });
         let mut records: Vec<ProbeRecord> = Vec::new();
-        let found = self.find(spec, space, start, &mut records, on_event);
+        let mut verify = Vec::new();
+        let found = self.find(spec, space, start, &mut records, &mut verify, on_event);
         let plan_at = |x: u64| Plan::for_value(&spec.workload, spec.scenario, x).ok();
         let max_plan = found.max_fit.and_then(plan_at);
         let bytes_at_max_fit = max_plan.as_ref().map(|p| p.peak_bytes());
@@ -143,6 +144,14 @@ impl RunContext {
             _ => None,
         };
         let mut notes = spec.notes.clone();
+        for (x, again) in &verify {
+            let dim = spec.scenario.dimension();
+            notes.push(if *again {
+                format!("verify_failed at {dim}={x} twice (in fresh children): the adapter loses written data at the edge of memory (corrupting); the boundary is the last verified fit")
+            } else {
+                format!("verify_failed at {dim}={x}, then fit in a fresh child: counted as the retry's answer")
+            });
+        }
         if found.flaky {
             notes.push("flaky: a value fit above a value that failed; boundary shown is the largest value that always fit below the lowest failure".into());
         }
@@ -196,20 +205,31 @@ impl RunContext {
     }
 
     /// Run the search of this context's mode, each probe through `on_event` into `records`.
+    /// A `verify_failed` probe is retried once in a fresh child; `verify` gets (value, whether
+    /// it failed again) for each.
     fn find(
         &self,
         spec: &RunSpec,
         space: SearchSpace,
         start: u64,
         records: &mut Vec<ProbeRecord>,
+        verify: &mut Vec<(u64, bool)>,
         on_event: &mut dyn FnMut(ProbeEvent<'_>),
     ) -> SearchOutcome {
         let charge = Charge::of(&self.info, self.capacity.budget);
         let plan_at = |x: u64| Plan::for_value(&spec.workload, spec.scenario, x).ok();
         let mut run = |x: u64, room: Option<RoomAsk>| {
             on_event(ProbeEvent::Started(x));
-            let rec = self.probe_measuring(spec, x, room);
+            let mut rec = self.probe_measuring(spec, x, room);
             on_event(ProbeEvent::Finished(&rec));
+            if rec.outcome == crate::report::Outcome::VerifyFailed {
+                // A read-back that lost data: once more in a fresh child before it counts.
+                records.push(rec);
+                on_event(ProbeEvent::Started(x));
+                rec = self.probe_measuring(spec, x, room);
+                on_event(ProbeEvent::Finished(&rec));
+                verify.push((x, rec.outcome == crate::report::Outcome::VerifyFailed));
+            }
             let answer = Answer {
                 outcome: rec.outcome,
                 bounds: plan_at(x).map_or_else(Bounds::default, |p| {

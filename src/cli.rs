@@ -318,6 +318,10 @@ pub struct ProbeArgs {
     /// Use a --budget above the host memory a CPU adapter has (otherwise capped there).
     #[arg(long)]
     pub force: bool,
+    /// After each search, probe max_fit and first_fail N more times in fresh children; a
+    /// max_fit that fails steps down [2 on real OOM, 0 under --budget].
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub repeat: Option<String>,
     /// No progress bar on stderr.
     #[arg(long)]
     pub quiet: bool,

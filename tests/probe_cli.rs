@@ -702,3 +702,43 @@ fn a_verify_failure_is_retried_in_a_fresh_child_and_a_corrupting_adapter_is_name
         "{notes}"
     );
 }
+
+#[test]
+fn repeat_probes_the_boundary_again_in_fresh_children() {
+    require_adapter();
+    let mut args = TINY_BATCH.to_vec();
+    args.extend(["--repeat", "2"]);
+    let report = probe_json(&args);
+    let run = only_run(&report);
+    let (fit, fail) = (
+        run["max_fit"].as_u64().unwrap(),
+        run["first_fail"].as_u64().unwrap(),
+    );
+    let repeats = run["repeats"].as_array().expect("repeats in the JSON");
+    let at = |x: u64| {
+        repeats
+            .iter()
+            .find(|r| r["value"].as_u64() == Some(x))
+            .cloned()
+    };
+    // Under a budget the edge is exact: max_fit fits both times, first_fail fails both times.
+    let f = at(fit).expect("max_fit repeated");
+    assert_eq!(
+        (f["tries"].as_u64(), f["fits"].as_u64()),
+        (Some(2), Some(2)),
+        "{f}"
+    );
+    let ff = at(fail).expect("first_fail repeated");
+    assert_eq!(ff["fits"].as_u64(), Some(0), "{ff}");
+    // The search's own probes are not changed by the repeats.
+    assert!(run["probes"].as_array().unwrap().len() <= 6, "{run}");
+    // Without --repeat, a budget run repeats nothing.
+    let plain = probe_json(&TINY_BATCH);
+    assert!(only_run(&plain).get("repeats").is_none());
+    oomprobe()
+        .arg("probe")
+        .args(TINY_BATCH)
+        .args(["--repeat", "many"])
+        .assert()
+        .code(2);
+}

@@ -70,6 +70,18 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
             SearchArg::Gallop => SearchMode::Gallop,
         },
         force: args.force,
+        repeat: match &args.repeat {
+            Some(v) => Some(
+                v.trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&n| n <= 100)
+                    .ok_or_else(|| {
+                        CliError::usage(format!("--repeat: expected 0 to 100, not '{v}'"))
+                    })?,
+            ),
+            None => None,
+        },
     })?;
     for w in session.warnings() {
         eprintln!("oomprobe: warning: {w}");

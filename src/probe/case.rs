@@ -91,6 +91,7 @@ pub fn replay(case: &CaseFile, memory: u64, opts: &CaseOptions) -> CliResult<Rep
         isolation: isolation(opts.isolate, opts.timeout.clone())?,
         // One probe per expectation: no search.
         search: SearchMode::default(),
+        repeat: 0,
     };
     let mut report = ReplayReport {
         schema_version: SCHEMA_VERSION,

@@ -56,7 +56,20 @@ pub struct RunContext {
     pub compute: Compute,
     pub isolation: Isolation,
     pub search: SearchMode,
+    /// `--repeat N`: after a search, probe `max_fit` and `first_fail` N more times each in
+    /// fresh children (0: not at all).
+    pub repeat: u32,
 }
+
+/// The values a repeat probed: `fit` and the `steps` granules above it.
+fn steps_probed(fit: u64, steps: u32, granularity: u64) -> Vec<u64> {
+    (0..=u64::from(steps))
+        .map(|k| fit.saturating_add(k.saturating_mul(granularity)))
+        .collect()
+}
+
+/// The most steps down a `max_fit` that failed on repeat takes.
+const MAX_REPEAT_STEPS: u32 = 8;
 
 /// The values a scenario may take.
 pub fn search_space(scenario: Scenario) -> SearchSpace {
@@ -144,6 +157,8 @@ impl RunContext {
             _ => None,
         };
         let mut notes = spec.notes.clone();
+        let mut found = found;
+        let repeats = self.repeat_boundary(spec, space, &mut found, &mut notes);
         for (x, again) in &verify {
             let dim = spec.scenario.dimension();
             notes.push(if *again {
@@ -199,6 +214,7 @@ impl RunContext {
             }),
             notes,
             probes: records,
+            repeats,
             seconds: started.elapsed().as_secs_f64(),
             in_progress: false,
         }
@@ -249,6 +265,71 @@ impl RunContext {
         }
     }
 
+    /// `--repeat N`: probe the boundary's two values N times each in fresh children. A
+    /// `max_fit` that fails any repeat steps down (one granule at a time, each value probed N
+    /// times) to one that always fit; a `first_fail` that fits is reported, never moved up.
+    fn repeat_boundary(
+        &self,
+        spec: &RunSpec,
+        space: SearchSpace,
+        found: &mut SearchOutcome,
+        notes: &mut Vec<String>,
+    ) -> Vec<crate::report::Repeat> {
+        let n = self.repeat;
+        let mut out = Vec::new();
+        let Some(mut fit) = found.max_fit.filter(|_| n > 0) else {
+            return out;
+        };
+        let dim = spec.scenario.dimension();
+        let mut probe_n = |x: u64| {
+            let outcomes: Vec<crate::report::Outcome> =
+                (0..n).map(|_| self.probe(spec, x).outcome).collect();
+            let r = crate::report::Repeat {
+                value: x,
+                tries: n,
+                fits: outcomes.iter().filter(|o| o.is_fit()).count() as u32,
+                outcomes,
+            };
+            out.push(r.clone());
+            r
+        };
+        let mut steps = 0;
+        loop {
+            let r = probe_n(fit);
+            if r.fits == n {
+                break;
+            }
+            let lower = fit.saturating_sub(space.granularity);
+            if lower < space.min || steps == MAX_REPEAT_STEPS {
+                notes.push(format!(
+                    "repeat: {dim}={fit} fit {} of {n} times, and no value below it always fit within {MAX_REPEAT_STEPS} steps: the boundary does not repeat",
+                    r.fits
+                ));
+                break;
+            }
+            notes.push(format!(
+                "repeat: {dim}={fit} fit {} of {n} times in fresh children: stepped down",
+                r.fits
+            ));
+            found.first_fail = Some(fit);
+            found.fail_reason = r.outcomes.iter().copied().find(|o| !o.is_fit());
+            fit = lower;
+            found.max_fit = Some(fit);
+            steps += 1;
+        }
+        let probed: Vec<u64> = steps_probed(fit, steps, space.granularity);
+        if let Some(ff) = found.first_fail.filter(|ff| !probed.contains(ff)) {
+            let r = probe_n(ff);
+            if r.fits > 0 {
+                notes.push(format!(
+                    "repeat: {dim}={ff} (the first failure) fit {} of {n} times in fresh children: the edge moves between runs",
+                    r.fits
+                ));
+            }
+        }
+        out
+    }
+
     /// One probe at `value` reported as a run (`--at X`).
     pub fn single(&self, spec: &RunSpec, value: u64) -> RunResult {
         let started = Instant::now();
@@ -283,6 +364,7 @@ impl RunContext {
             device_overhead_bytes: None,
             notes: spec.notes.clone(),
             probes,
+            repeats: Vec::new(),
             seconds: started.elapsed().as_secs_f64(),
             in_progress: false,
         }

@@ -39,7 +39,12 @@ pub struct SessionOptions {
     pub search: SearchMode,
     /// `--force`: a budget above the host memory a CPU adapter has is used as given.
     pub force: bool,
+    /// `--repeat N`; None: 2 on real OOM, 0 under `--budget` (where the budget is exact).
+    pub repeat: Option<u32>,
 }
+
+/// `--repeat`'s default on real OOM: each boundary value probed twice more.
+pub const DEFAULT_REPEAT: u32 = 2;
 
 /// What a session tells its sinks.
 #[derive(Debug, Clone, Copy)]
@@ -157,6 +162,11 @@ impl Session {
                 compute,
                 isolation,
                 search: opts.search,
+                repeat: opts.repeat.unwrap_or(if opts.budget.is_some() {
+                    0
+                } else {
+                    DEFAULT_REPEAT
+                }),
             },
             runs,
             at: opts.at,
@@ -300,6 +310,7 @@ fn partial_run(spec: &RunSpec, probes: &[ProbeRecord]) -> RunResult {
         device_overhead_bytes: None,
         notes: vec![report::IN_PROGRESS_NOTE.into()],
         probes: probes.to_vec(),
+        repeats: Vec::new(),
         seconds: probes.iter().map(|p| p.seconds).sum(),
         in_progress: true,
     }
@@ -441,6 +452,7 @@ mod tests {
             workload: Some(crate::workload::presets::get("tiny-gpt").expect("preset")),
             search: SearchMode::default(),
             force: false,
+            repeat: None,
         };
         Session::prepare(&opts).expect("a mock session")
     }
@@ -499,6 +511,7 @@ mod tests {
                 workload: Some(crate::workload::presets::get("tiny-gpt").expect("preset")),
                 search: SearchMode::default(),
                 force: false,
+                repeat: None,
             }
         };
         let err = Session::prepare(&opts).err().expect("usage error");

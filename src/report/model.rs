@@ -211,11 +211,25 @@ pub struct RunResult {
     #[serde(default)]
     pub notes: Vec<String>,
     pub probes: Vec<ProbeRecord>,
+    /// Additive (`--repeat N`): the boundary's values probed again in fresh children after
+    /// the search, with how often each fit.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repeats: Vec<Repeat>,
     pub seconds: f64,
     /// True in a snapshot written while the run was still searching (`--out` of a run that was
     /// stopped half way): its max fit is only the largest fit seen so far, not a boundary.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub in_progress: bool,
+}
+
+/// One value probed again after a search (`--repeat`): of `tries` fresh probes, `fits` fit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Repeat {
+    pub value: u64,
+    pub tries: u32,
+    pub fits: u32,
+    /// Each probe's outcome, in order.
+    pub outcomes: Vec<Outcome>,
 }
 
 impl RunResult {

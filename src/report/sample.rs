@@ -144,6 +144,7 @@ pub fn simulate(spec: &SimSpec<'_>, capacity: u64) -> RunResult {
         device_overhead_bytes: None,
         notes: Vec::new(),
         seconds: probes.iter().map(|p| p.seconds).sum(),
+        repeats: Vec::new(),
         probes,
         in_progress: false,
     }

@@ -40,6 +40,33 @@ json_field() { # FILE EXPR: a python expression over `r` (the report)
 }
 
 bad=0
+# Faults that must be refused or survived the same way every time (issue 23): each line is
+# "name|expected exit|environment|command". Printed as a table first; a wrong exit fails the soak.
+mkfifo "$work/fifo"
+ln -s /proc/self/fd/1 "$work/stdout-link"
+head -c $((17 << 20)) /dev/zero | tr '\0' ' ' >"$work/huge.json"
+tiny="--model tiny-gpt --scenario batch --budget 24MiB --quiet"
+echo "| fault | expected exit | exit |"
+echo "|---|---|---|"
+while IFS='|' read -r name want envs cmd; do
+  # shellcheck disable=SC2086
+  eval timeout 300 env $envs "$bin" $cmd >/dev/null 2>"$work/fault.err" </dev/null
+  code=$?
+  echo "| $name | $want | $code |"
+  if [ "$code" != "$want" ]; then
+    echo "soak: fault '$name' exited $code, not $want: $(tail -n1 "$work/fault.err")" >&2
+    bad=1
+  fi
+done <<EOF_FAULTS
+--out a device (/dev/null)|2|SOAK=1|probe $tiny --out /dev/null
+--out a FIFO|2|SOAK=1|probe $tiny --out $work/fifo
+--out a symlink to stdout|2|SOAK=1|probe $tiny --out $work/stdout-link
+--out in a missing folder|2|SOAK=1|probe $tiny --out $work/missing/run.json
+a 17 MiB config.json|2|SOAK=1|estimate --config $work/huge.json
+verify_failed at every probe of one value|0|OOMPROBE_TEST_VERIFY_FAIL_AT=40|probe $tiny --json
+EOF_FAULTS
+echo
+
 results="$work/results.tsv" # case limit value outcome exit seconds detail
 searches="$work/searches.tsv"
 : >"$results"
@@ -58,7 +85,9 @@ for limit in $limits; do
     max_fit=$(json_field "$out" 'r["runs"][0]["max_fit"]')
     reason=$(json_field "$out" 'r["runs"][0]["fail_reason"]')
     step=$([ "$c" = params ] && echo 65536 || echo 1)
-    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$limit" "${max_fit:-none}" "${reason:-none}" "$code" "$secs" >>"$searches"
+    # --repeat (2 by default on real OOM): how often max_fit and first_fail fit again.
+    repeat=$(json_field "$out" '" ".join("%d:%d/%d" % (x["value"], x["fits"], x["tries"]) for x in r["runs"][0].get("repeats", [])) or "-"')
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$limit" "${max_fit:-none}" "${reason:-none}" "$code" "$secs" "${repeat:--}" >>"$searches"
     if [ -n "$max_fit" ] && [ "$max_fit" != None ] && [ "$code" != 0 ]; then
       echo "soak: $c under $limit found max_fit $max_fit and exited $code" >&2
       bad=1
@@ -108,10 +137,10 @@ for (c, limit), n in sorted(by.items()):
     print(f"| {c} | {limit / 2**30:.1f} GiB | " + " | ".join(str(n[o]) for o in outcomes) + " |")
 print("| all | | " + " | ".join(str(total[o]) for o in outcomes) + " |")
 print()
-print("| case | as limit | max fit | reason | exit | seconds |")
-print("|---|---|---|---|---|---|")
-for c, limit, m, r, code, secs in searches:
-    print(f"| {c} | {int(limit) / 2**30:.1f} GiB | {m} | {r} | {code} | {secs} |")
+print("| case | as limit | max fit | reason | exit | seconds | repeats (value:fits/tries) |")
+print("|---|---|---|---|---|---|---|")
+for c, limit, m, r, code, secs, rep in searches:
+    print(f"| {c} | {int(limit) / 2**30:.1f} GiB | {m} | {r} | {code} | {secs} | {rep} |")
 crashes = collections.Counter(r[6][:80] for r in rows if r[3] == "crashed" and len(r) > 6)
 if crashes:
     print()

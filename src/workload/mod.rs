@@ -5,6 +5,7 @@ pub mod config;
 pub mod hub;
 pub mod overrides;
 pub mod presets;
+pub mod serve;
 
 use serde::{Deserialize, Serialize};
 
@@ -164,6 +165,9 @@ pub enum Mode {
     #[default]
     Train,
     Inference,
+    /// A serving engine's startup (`--mode serve`): weights, one profiling forward at
+    /// `max_num_batched_tokens`, then the KV cache in what is left (`crate::serve`).
+    Serve,
 }
 
 /// What happens to weight gradients between steps.
@@ -293,6 +297,9 @@ pub struct Workload {
     /// attention only).
     #[serde(default, skip_serializing_if = "is_false")]
     pub attn_softcap: bool,
+    /// The serving engine's settings (`--mode serve`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<serve::Serve>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -306,7 +313,7 @@ fn is_cuda(d: &crate::plan::autocast::Device) -> bool {
 impl Workload {
     /// An inference forward (`--mode inference`, or `--optimizer none`).
     pub fn inference(&self) -> bool {
-        self.mode == Mode::Inference || self.optimizer == Optimizer::None
+        matches!(self.mode, Mode::Inference | Mode::Serve) || self.optimizer == Optimizer::None
     }
     /// The optimizer implementation in effect.
     pub fn optimizer_impl(&self) -> OptimizerImpl {

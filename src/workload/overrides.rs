@@ -177,7 +177,11 @@ pub fn parse_mode(v: &str) -> Result<Mode, CliError> {
     choice(
         "mode",
         v,
-        &[("train", Mode::Train), ("inference", Mode::Inference)],
+        &[
+            ("train", Mode::Train),
+            ("inference", Mode::Inference),
+            ("serve", Mode::Serve),
+        ],
     )
 }
 
@@ -425,6 +429,7 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
         w.kv_cache = parse_dropout(v)
             .map_err(|_| usage("kv-cache", format!("expected on or off, not '{v}'")))?;
     }
+    super::serve::apply(&mut w, &args.serve, args.config.as_deref())?;
     validate(&w).map_err(|e| CliError::usage(format!("invalid workload {name}: {e}")))?;
     if text && w.max_positions > 0 && w.seq > w.max_positions {
         warnings.push(format!(

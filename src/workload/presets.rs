@@ -88,6 +88,7 @@ pub fn base(name: &str, arch: Arch) -> Workload {
         moe: None,
         logit_softcap: false,
         attn_softcap: false,
+        serve: None,
     }
 }
 

@@ -11,6 +11,7 @@
 //! plan of the profiling forward (`gpu_model_runner.py:4713-4776`): weights are its params, the
 //! peak above them is what PyTorch's peak counter sees.
 
+pub mod pool;
 pub mod render;
 
 use serde::Serialize;
@@ -252,6 +253,15 @@ fn serve_of(w: &Workload) -> Result<&Serve, PlanError> {
 /// vLLM's startup sizing of `w` (a `--mode serve` workload) on one GPU of `total` bytes, with
 /// the profiling forward's plan.
 pub fn size(w: &Workload, total: u64) -> Result<(ServeSizing, Plan), PlanError> {
+    size_with(w, total, NON_TORCH_GROWTH)
+}
+
+/// [`size`] with `non_torch` bytes of Δnon_torch (a probe has none: no PyTorch, no cuBLAS).
+pub fn size_with(
+    w: &Workload,
+    total: u64,
+    non_torch: u64,
+) -> Result<(ServeSizing, Plan), PlanError> {
     let s = serve_of(w)?;
     let limits = resolve_limits(s, total);
     let pw = profile_workload(w, s, limits);
@@ -271,17 +281,25 @@ pub fn size(w: &Workload, total: u64) -> Result<(ServeSizing, Plan), PlanError> 
         s.gpu_memory_utilization,
         weights,
         profile_peak,
-        NON_TORCH_GROWTH,
+        non_torch,
         page,
         layers,
         s.max_model_len,
         s.block_size,
     );
     let mut notes = vec![
-        format!(
-            "Δnon_torch {} GiB is modelled (cuBLAS and kernel growth during the profile run; V0 printed 0.03 to 0.35 GiB)",
-            render::gib(NON_TORCH_GROWTH as i64)
-        ),
+        if non_torch == NON_TORCH_GROWTH {
+            format!(
+                "Δnon_torch {} GiB is modelled (cuBLAS and kernel growth during the profile run; V0 printed 0.03 to 0.35 GiB)",
+                render::gib(NON_TORCH_GROWTH as i64)
+            )
+        } else {
+            format!(
+                "Δnon_torch {} GiB (PyTorch's cuBLAS and kernel growth has no part in a probe; estimate models {} GiB)",
+                render::gib(non_torch as i64),
+                render::gib(NON_TORCH_GROWTH as i64)
+            )
+        },
         "outside total × utilization (not charged by vLLM, but on the card): the CUDA context and NCCL buffers (before the snapshot) and CUDA graphs (captured after the KV cache is allocated, gpu_worker.py:449-451; not modelled: run with --enforce-eager or leave room)".to_string(),
     ];
     if limits.batched_tokens_default || limits.num_seqs_default {
@@ -307,7 +325,7 @@ pub fn size(w: &Workload, total: u64) -> Result<(ServeSizing, Plan), PlanError> 
         requested_bytes: (total as f64 * s.gpu_memory_utilization).ceil() as u64,
         weights_bytes: weights,
         profile_peak_bytes: profile_peak,
-        non_torch_bytes: NON_TORCH_GROWTH,
+        non_torch_bytes: non_torch,
         kv_bytes: kv,
         limits,
         max_model_len: s.max_model_len,

@@ -195,3 +195,35 @@ fn probe_serve_on_lavapipe_measures_the_pool() {
         m["blocks"].as_u64().unwrap() * 16
     );
 }
+
+#[test]
+fn diagnose_serve_gives_the_verdict_and_remedies() {
+    let out = oomprobe()
+        .args([
+            "diagnose", "--config", LLAMA, "--mode", "serve", "--memory", "34GiB", "--json",
+        ])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["cause"], "refuses_to_start");
+    let names: Vec<&str> = v["remedies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("--max-model-len ")),
+        "{names:?}"
+    );
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with("--gpu-memory-utilization ")),
+        "{names:?}"
+    );
+    assert!(names.contains(&"--kv-cache-dtype fp8"), "{names:?}");
+}

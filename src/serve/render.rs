@@ -132,3 +132,114 @@ pub fn text(z: &ServeSizing) -> String {
     }
     t
 }
+
+/// `diagnose --mode serve`: the verdict and what each remedy gives.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ServeDiagnosis {
+    pub schema_version: u32,
+    pub workload: crate::workload::Workload,
+    /// fits | refuses_to_start
+    pub cause: &'static str,
+    pub sizing: super::ServeSizing,
+    pub remedies: Vec<Remedy>,
+}
+
+/// One remedy and what it gives (diagnose's contract: `name`, `effect`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Remedy {
+    pub name: String,
+    pub effect: String,
+}
+
+/// Diagnose serving workload `w` on a card of `total` bytes.
+pub fn diagnose(
+    w: &crate::workload::Workload,
+    total: u64,
+) -> Result<ServeDiagnosis, crate::plan::build::PlanError> {
+    use crate::workload::serve::KvDtype;
+    let (z, _) = super::size(w, total)?;
+    let gives = |v: &super::ServeSizing| match v.refusal {
+        None => format!(
+            "{} blocks, {} tokens, {:.2}x at {} tokens",
+            v.blocks,
+            thousands(v.tokens),
+            v.concurrency,
+            thousands(v.max_model_len)
+        ),
+        Some(_) => "still refuses to start".into(),
+    };
+    let mut remedies = Vec::new();
+    if let Some(Refusal::TooShort {
+        estimated_max_model_len,
+        ..
+    }) = z.refusal
+    {
+        if estimated_max_model_len > 0 {
+            let (v, _) = super::size(
+                &super::with(w, |s| s.max_model_len = estimated_max_model_len),
+                total,
+            )?;
+            remedies.push(Remedy {
+                name: format!("--max-model-len {estimated_max_model_len}"),
+                effect: gives(&v),
+            });
+        }
+    }
+    if z.refusal.is_some() {
+        if let Some(u) = z.util_to_fit {
+            let (v, _) = super::size(&super::with(w, |s| s.gpu_memory_utilization = u), total)?;
+            remedies.push(Remedy {
+                name: format!("--gpu-memory-utilization {u:.3}"),
+                effect: gives(&v),
+            });
+        }
+    }
+    if z.kv_dtype_bytes > 1 {
+        let (v, _) = super::size(&super::with(w, |s| s.kv_cache_dtype = KvDtype::Fp8), total)?;
+        remedies.push(Remedy {
+            name: "--kv-cache-dtype fp8".into(),
+            effect: gives(&v),
+        });
+    }
+    let tp = z.tp * 2;
+    if w.heads.is_multiple_of(tp) {
+        let (v, _) = super::size(&super::with(w, |s| s.tp = tp), total)?;
+        remedies.push(Remedy {
+            name: format!("--tp {tp}"),
+            effect: format!("per GPU: {}", gives(&v)),
+        });
+    }
+    Ok(ServeDiagnosis {
+        schema_version: crate::report::SCHEMA_VERSION,
+        workload: w.clone(),
+        cause: if z.refusal.is_some() {
+            "refuses_to_start"
+        } else {
+            "fits"
+        },
+        sizing: z,
+        remedies,
+    })
+}
+
+/// The diagnosis as text.
+pub fn diagnosis_text(d: &ServeDiagnosis) -> String {
+    let z = &d.sizing;
+    let mut t = format!("{}\n", model_line(&d.workload));
+    match refusal_line(z) {
+        Some(r) => t.push_str(&format!("{r}\n{}\n", fit_line(z))),
+        None => t.push_str(&format!(
+            "fits: {} GiB of KV cache, {} blocks, {} tokens, {:.2}x concurrency at {} tokens\n",
+            gib(z.kv_bytes),
+            z.blocks,
+            thousands(z.tokens),
+            z.concurrency,
+            thousands(z.max_model_len)
+        )),
+    }
+    t.push_str("remedies:\n");
+    for r in &d.remedies {
+        t.push_str(&format!("  {:<34} {}\n", r.name, r.effect));
+    }
+    t
+}

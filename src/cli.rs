@@ -139,7 +139,8 @@ pub struct WorkloadArgs {
     /// Data-parallel devices ZeRO shards over.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub gpus: Option<String>,
-    /// train | inference (a forward under no_grad: weights, one layer's intermediates, outputs).
+    /// train | inference (a forward under no_grad: weights, one layer's intermediates, outputs)
+    /// | serve (a serving engine's KV cache: see --engine).
     #[arg(long, value_name = "M", allow_hyphen_values = true)]
     pub mode: Option<String>,
     /// free | keep: gradients freed by zero_grad(set_to_none=True) (PyTorch's default) or kept
@@ -183,6 +184,8 @@ pub struct WorkloadArgs {
     /// checkpointing) [on]; off as LitGPT and torchtune train a 4-bit base.
     #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
     pub kbit_prep: Option<String>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
 }
 
 /// A PyTorch memory snapshot instead of a workload (docs/snapshots.md).
@@ -397,4 +400,35 @@ pub fn one_line_error(e: &clap::Error) -> String {
     } else {
         msg
     }
+}
+
+/// `--mode serve`'s engine arguments (vLLM's names; see README "Serving").
+#[derive(Debug, Args, Clone, Default, PartialEq, Eq)]
+pub struct ServeArgs {
+    /// vllm | sglang | trtllm: whose startup sizing is followed (default vllm).
+    #[arg(long, value_name = "E", allow_hyphen_values = true)]
+    pub engine: Option<String>,
+    /// vLLM's --gpu-memory-utilization: the share of the card's total the engine may use (0, 1],
+    /// default 0.9.
+    #[arg(long, value_name = "F", allow_hyphen_values = true)]
+    pub gpu_memory_utilization: Option<String>,
+    /// Tokens per request (default: the config's max_position_embeddings, rope scaling applied).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub max_model_len: Option<String>,
+    /// Sequences per scheduler step (default: vLLM's API-server default for the card).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub max_num_seqs: Option<String>,
+    /// Tokens per scheduler step, the profiling forward's size (default: vLLM's API-server
+    /// default for the card).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub max_num_batched_tokens: Option<String>,
+    /// Tokens per KV block: 1 8 16 32 64 128 256 (default 16).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub block_size: Option<String>,
+    /// auto (the model's dtype) | fp8 (1 byte per element).
+    #[arg(long, value_name = "D", allow_hyphen_values = true)]
+    pub kv_cache_dtype: Option<String>,
+    /// Tensor-parallel GPUs: weights and KV heads split over them (sizes are per GPU).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub tp: Option<String>,
 }

@@ -17,6 +17,7 @@ pub mod probe;
 pub mod report;
 pub mod scenario;
 pub mod search;
+pub mod serve;
 pub mod snapshot;
 pub mod tensor;
 pub mod term;

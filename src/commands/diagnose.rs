@@ -29,6 +29,14 @@ pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
     if crate::commands::snapshot::wanted(&args.snapshot) {
         return crate::commands::snapshot::diagnose(&args.snapshot, memory, args.json);
     }
+    if r.workload.mode == crate::workload::Mode::Serve {
+        let d = crate::serve::render::diagnose(&r.workload, memory).map_err(plan_error)?;
+        if args.json {
+            let s = serde_json::to_string_pretty(&d).map_err(|e| CliError::run(e.to_string()))?;
+            return out(&format!("{s}\n"));
+        }
+        return out(&crate::serve::render::diagnosis_text(&d));
+    }
     let d = diagnose(&r.workload, memory).map_err(plan_error)?;
     for w in &r.warnings {
         eprintln!("oomprobe: warning: {w}");

@@ -32,6 +32,10 @@ pub struct EstimateReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boundaries: Option<Vec<Boundary>>,
     pub notes: Vec<String>,
+    /// Additive (`--mode serve`): the serving engine's KV-cache sizing; the breakdown and
+    /// timeline are then its profiling forward's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serving: Option<crate::serve::ServeSizing>,
 }
 
 /// A plan error at the command boundary: always bad input (exit 2).
@@ -94,6 +98,17 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
             }),
         },
     };
+    if w.mode == crate::workload::Mode::Serve {
+        let m = memory.ok_or_else(|| {
+            CliError::usage(
+                "--mode serve needs the card's memory: pass --memory SIZE (no GPU detected)",
+            )
+        })?;
+        for w in &r.warnings {
+            eprintln!("oomprobe: warning: {w}");
+        }
+        return serve(w, m, detected, args.json);
+    }
     let plan = Plan::for_workload(&w).map_err(plan_error)?;
     if let Some(path) = &args.export_snapshot {
         crate::commands::snapshot::export(&plan, path)?;
@@ -116,6 +131,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         memory_detected_on: detected.clone(),
         boundaries: bounds,
         notes: plan.notes.clone(),
+        serving: None,
     };
     if args.json {
         let s = serde_json::to_string_pretty(&report).map_err(|e| CliError::run(e.to_string()))?;
@@ -161,6 +177,36 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
                 bd.dimension
             ));
         }
+    }
+    out(&text)
+}
+
+/// `estimate --mode serve`: the serving sizing on a card of `memory` bytes.
+fn serve(w: Workload, memory: u64, detected: Option<String>, json: bool) -> CliResult<()> {
+    let (z, plan) = crate::serve::size(&w, memory).map_err(plan_error)?;
+    let report = EstimateReport {
+        schema_version: crate::report::SCHEMA_VERSION,
+        param_count: param_count(&w).map_err(plan_error)?,
+        workload: w,
+        breakdown: breakdown(&plan),
+        timeline: timeline_summary(&plan),
+        memory_bytes: Some(memory),
+        memory_detected_on: detected.clone(),
+        boundaries: None,
+        notes: plan.notes.clone(),
+        serving: Some(z),
+    };
+    if json {
+        let s = serde_json::to_string_pretty(&report).map_err(|e| CliError::run(e.to_string()))?;
+        return out(&format!("{s}\n"));
+    }
+    let on = detected.map_or(String::new(), |n| format!(" (detected: {n})"));
+    let mut text = format!(
+        "{}{on}\n",
+        crate::serve::render::model_line(&report.workload)
+    );
+    if let Some(z) = &report.serving {
+        text.push_str(&crate::serve::render::text(z));
     }
     out(&text)
 }

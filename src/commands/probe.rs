@@ -52,6 +52,13 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
             return crate::commands::replay::run(args, budget, timeout);
         }
     }
+    let workload = user_workload(args)?;
+    if let Some(w) = workload
+        .as_ref()
+        .filter(|w| w.mode == crate::workload::Mode::Serve)
+    {
+        return crate::probe::serve::run(args, w.clone(), budget, timeout);
+    }
     let session = Session::prepare(&SessionOptions {
         backend: args.device.backend.clone(),
         device: args.device.device.clone(),
@@ -64,7 +71,7 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
             ComputeMode::Touch => Compute::Touch,
         }),
         scenarios: args.scenario.clone(),
-        workload: user_workload(args)?,
+        workload,
         search: match args.search {
             SearchArg::Measure => SearchMode::Measure,
             SearchArg::Gallop => SearchMode::Gallop,

@@ -62,6 +62,12 @@ pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
     let started = Instant::now();
     let plan = match &req.snapshot {
         Some(s) => s.plan_at(req.value).map_err(|e| e.to_string()),
+        // A serving probe: `value` is the card's bytes (`probe::serve`).
+        None if req.workload.mode == crate::workload::Mode::Serve => {
+            crate::serve::pool::probe_plan(&req.workload, req.value)
+                .map(|(p, ..)| p)
+                .map_err(|e| e.to_string())
+        }
         None => Plan::for_value(&req.workload, req.scenario, req.value).map_err(|e| e.to_string()),
     };
     let plan = match plan {

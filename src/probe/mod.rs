@@ -10,6 +10,7 @@ pub mod fleet;
 pub mod readback;
 pub mod room;
 pub mod runner;
+pub mod serve;
 pub mod session;
 pub mod sinks;
 pub mod spill;

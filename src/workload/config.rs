@@ -172,7 +172,7 @@ impl CaseFile {
 /// `over`'s fields where set, else `base`'s.
 pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
     macro_rules! pick {
-        ($($f:ident),*) => { WorkloadArgs { $($f: over.$f.clone().or_else(|| base.$f.clone()),)* } };
+        ($($f:ident),*) => { WorkloadArgs { $($f: over.$f.clone().or_else(|| base.$f.clone()),)* serve: super::serve::merge(&base.serve, &over.serve) } };
     }
     pick!(
         model,

@@ -6,6 +6,7 @@ pub mod finetune;
 pub mod hub;
 pub mod overrides;
 pub mod presets;
+pub mod serve;
 
 use serde::{Deserialize, Serialize};
 
@@ -196,6 +197,9 @@ pub enum Mode {
     #[default]
     Train,
     Inference,
+    /// A serving engine's startup (`--mode serve`): weights, one profiling forward at
+    /// `max_num_batched_tokens`, then the KV cache in what is left (`crate::serve`).
+    Serve,
 }
 
 /// What happens to weight gradients between steps.
@@ -331,6 +335,9 @@ pub struct Workload {
     /// A bitsandbytes-quantized frozen base (`--quant`, a config's `quantization_config`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quant: Option<Quant>,
+    /// The serving engine's settings (`--mode serve`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<serve::Serve>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -344,7 +351,7 @@ fn is_cuda(d: &crate::plan::autocast::Device) -> bool {
 impl Workload {
     /// An inference forward (`--mode inference`, or `--optimizer none`).
     pub fn inference(&self) -> bool {
-        self.mode == Mode::Inference || self.optimizer == Optimizer::None
+        matches!(self.mode, Mode::Inference | Mode::Serve) || self.optimizer == Optimizer::None
     }
     /// The optimizer implementation in effect.
     pub fn optimizer_impl(&self) -> OptimizerImpl {

@@ -185,7 +185,11 @@ pub fn parse_mode(v: &str) -> Result<Mode, CliError> {
     choice(
         "mode",
         v,
-        &[("train", Mode::Train), ("inference", Mode::Inference)],
+        &[
+            ("train", Mode::Train),
+            ("inference", Mode::Inference),
+            ("serve", Mode::Serve),
+        ],
     )
 }
 
@@ -434,6 +438,7 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
             .map_err(|_| usage("kv-cache", format!("expected on or off, not '{v}'")))?;
     }
     apply_finetune(args, &mut w, &mut warnings)?;
+    super::serve::apply(&mut w, &args.serve, args.config.as_deref())?;
     validate(&w).map_err(|e| CliError::usage(format!("invalid workload {name}: {e}")))?;
     if text && w.max_positions > 0 && w.seq > w.max_positions {
         warnings.push(format!(
@@ -583,6 +588,12 @@ fn apply_finetune(
         return Ok(());
     }
     let what = if w.lora.is_some() { "lora" } else { "quant" };
+    if w.mode == Mode::Serve {
+        return Err(usage(
+            what,
+            "serving adapters or a bitsandbytes base is not modelled (--mode serve sizes a 16-bit or fp8-KV model)",
+        ));
+    }
     let name = w.name.clone();
     let not_for = |flag: &str, why: &str| usage(flag, format!("does not apply to {name}: {why}"));
     if !w.is_decoder_llm() {

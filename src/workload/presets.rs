@@ -90,6 +90,7 @@ pub fn base(name: &str, arch: Arch) -> Workload {
         attn_softcap: false,
         lora: None,
         quant: None,
+        serve: None,
     }
 }
 

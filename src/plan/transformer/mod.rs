@@ -97,6 +97,7 @@ mod mlp;
 mod moe;
 mod phi3;
 mod qwen;
+mod sample;
 pub mod spec;
 mod vit;
 
@@ -1043,11 +1044,27 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
             t.matmul_input(n, 1, false, &mut head_saved)?
         }
     };
-    let (logit_rows, logit_shape): (u64, Vec<u64>) = if classes_only {
+    let (mut logit_rows, mut logit_shape): (u64, Vec<u64>) = if classes_only {
         (bsz, vec![bsz, v])
     } else {
         (bsz.saturating_mul(s), vec![bsz, s, v])
     };
+    // A serving profile: the head reads each request's last hidden state only.
+    let sampled = sample::rows(w, logit_rows).filter(|_| !train && llm);
+    let mut head_x = head_x;
+    if let Some(r) = sampled {
+        let dt = t.dtype(head_x);
+        let rows_in =
+            t.b.push("head.sampled_rows", Role::Activations, dt, &[r, h], h)?;
+        // The profile run keeps the hidden states through the sampler.
+        for x in head_tail.take().into_iter().chain([head_x, rows_in]) {
+            if !head_saved.contains(&x) {
+                head_saved.push(x);
+            }
+        }
+        head_x = rows_in;
+        (logit_rows, logit_shape) = (r, vec![r, v]);
+    }
     let logits = t.b.push("logits", Role::Activations, c, &logit_shape, v)?;
     let wt = t.weights(head_piece);
     t.b.step(Step::Matmul {
@@ -1060,6 +1077,9 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         k: h,
     });
     t.b.free_all(head_tail);
+    if let Some(r) = sampled {
+        sample::sampler(t.b, r, v)?;
+    }
     let logits = if w.logit_softcap {
         // Gemma 2: logits / cap, tanh (which saves its output), · cap: new [b, s, V] tensors.
         let tanh =

@@ -1,0 +1,361 @@
+//! Serving capacity: how many KV-cache blocks, tokens and max-length sequences fit on a card,
+//! following vLLM's own startup sizing (vllm-project/vllm@e675dda67be278d21c4ec177b2baa8b7a0550920;
+//! research with line citations in tests/fixtures/serving/VLLM_SIZING.md).
+//!
+//! `requested = ceil(total × gpu_memory_utilization)` (`vllm/v1/worker/utils.py:250-270`);
+//! `KV = requested − weights − profile peak − Δnon_torch` (`vllm/v1/worker/gpu_worker.py:317-340`,
+//! `vllm/utils/mem_utils.py:271-281`); `page = 2 × block_size × kv_heads_per_gpu × head_dim ×
+//! dtype bytes` per layer (`vllm/v1/kv_cache_interface.py:79-87`); `blocks = ⌊⌊KV / page⌋ / L⌋`
+//! (`vllm/v1/core/kv_cache_utils.py:829-844`); `tokens = blocks × block_size`; `concurrency =
+//! blocks / ⌈max_model_len / block_size⌉` (`kv_cache_utils.py:792-810`). The profile peak is the
+//! plan of the profiling forward (`gpu_model_runner.py:4713-4776`): weights are its params, the
+//! peak above them is what PyTorch's peak counter sees.
+
+pub mod pool;
+pub mod render;
+
+use serde::Serialize;
+
+use crate::plan::build::PlanError;
+use crate::plan::{Plan, Role};
+use crate::workload::serve::{Engine, KvDtype, Serve};
+use crate::workload::{Attention, Checkpoint, Mode, Optimizer, Precision, Workload};
+
+/// The vLLM commit the sizing follows.
+pub const VLLM_COMMIT: &str = "e675dda67be278d21c4ec177b2baa8b7a0550920";
+
+const GIB: u64 = 1 << 30;
+
+/// Δnon_torch: non-PyTorch memory that grows during the profiling run (cuBLAS workspaces, kernel
+/// images loaded at first launch). vLLM HEAD snapshots after the CUDA context and NCCL exist
+/// (`gpu_worker.py:213-234`), so only this growth is charged. Not measurable without CUDA:
+/// **modelled** as 0.10 GiB, the value V0 printed for Llama-3-8B on one A100
+/// (`vllm_logs.json` `v0-llama3-8b-a100-40gb`; the other TP = 1 prints were 0.35, 0.16 and
+/// 0.03 GiB, and V0's counted more than HEAD's: its baseline preceded NCCL init).
+pub const NON_TORCH_GROWTH: u64 = GIB / 10;
+
+/// The scheduler limits the profiling forward runs at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Limits {
+    pub max_num_batched_tokens: u64,
+    pub max_num_seqs: u64,
+    /// Which of them came from vLLM's defaults (not the command line).
+    pub batched_tokens_default: bool,
+    pub num_seqs_default: bool,
+}
+
+/// vLLM's V1 engine defaults for `vllm serve` (the API server, what people run; the `LLM`
+/// class's are larger): cards of 70 GiB and more (not A100) 8192 tokens / 1024 sequences,
+/// others 2048 / 256; then `max_num_batched_tokens = min(max_num_seqs × max_model_len, ·)` and
+/// `max_num_seqs = min(max_num_seqs, max_num_batched_tokens)` (`vllm/engine/arg_utils.py:1831-1850,
+/// 1974-2010`). The card is taken as not an A100 (its name is not known from `--memory`).
+pub fn resolve_limits(s: &Serve, total: u64) -> Limits {
+    let big = total >= 70 * GIB;
+    let (dt, ds) = if big { (8192, 1024) } else { (2048, 256) };
+    let mut seqs = s.max_num_seqs.unwrap_or(ds);
+    let tokens = match s.max_num_batched_tokens {
+        Some(t) => t,
+        None => dt.min(seqs.saturating_mul(s.max_model_len)),
+    };
+    if s.max_num_seqs.is_none() {
+        seqs = seqs.min(tokens);
+    }
+    Limits {
+        max_num_batched_tokens: tokens,
+        max_num_seqs: seqs,
+        batched_tokens_default: s.max_num_batched_tokens.is_none(),
+        num_seqs_default: s.max_num_seqs.is_none(),
+    }
+}
+
+/// vLLM runs fp32 checkpoints in its preferred 16-bit type (`dtype=auto`,
+/// `vllm/config/model.py:1814-1816`): bf16 on CUDA cards that have it.
+pub fn serving_precision(p: Precision) -> Precision {
+    match p {
+        Precision::Fp16 | Precision::Mixed | Precision::AmpFp16 => Precision::Fp16,
+        _ => Precision::Bf16,
+    }
+}
+
+/// The vocabulary rounded up to vLLM's padding of 64 (`DEFAULT_VOCAB_PADDING_SIZE`,
+/// `vllm/model_executor/layers/vocab_parallel_embedding.py:28, 75, 243-250`), then split over TP.
+pub fn vocab_per_gpu(vocab: u64, tp: u64) -> u64 {
+    vocab.div_ceil(64).saturating_mul(64).div_ceil(tp.max(1))
+}
+
+/// KV heads per GPU: `max(1, kv_heads // tp)` (`vllm/config/model.py:1156-1167`).
+pub fn kv_heads_per_gpu(kv_heads: u64, tp: u64) -> u64 {
+    (kv_heads / tp.max(1)).max(1)
+}
+
+/// One layer's bytes per block: `2 × block × kv_heads × head_dim × dtype bytes`.
+pub fn page_bytes(block: u64, kv_heads: u64, head_dim: u64, dtype_bytes: u64) -> u64 {
+    2 * block * kv_heads * head_dim * dtype_bytes
+}
+
+/// Blocks in `kv_bytes` of KV cache: `⌊⌊KV / page⌋ / L⌋`, 0 when there is none.
+pub fn blocks_in(kv_bytes: i128, page: u64, layers: u64) -> u64 {
+    if kv_bytes <= 0 || page == 0 || layers == 0 {
+        return 0;
+    }
+    ((kv_bytes as u128 / page as u128) / layers as u128) as u64
+}
+
+/// vLLM's concurrency: `blocks / ⌈max_model_len / block⌉`.
+pub fn concurrency(blocks: u64, max_model_len: u64, block: u64) -> f64 {
+    blocks as f64 / max_model_len.div_ceil(block).max(1) as f64
+}
+
+/// The workload of one GPU's profiling forward: the tensor-parallel shard of the model (heads,
+/// KV heads, MLP width and vocabulary split; norms and the residual width whole) over
+/// `[1, max_num_batched_tokens]` tokens (vLLM flattens the batch), under no_grad, with flash
+/// attention and no KV cache (the profile runs before the cache exists), its head computing
+/// `min(tokens, max_num_seqs)` rows and the sampler after it.
+pub fn profile_workload(w: &Workload, s: &Serve, limits: Limits) -> Workload {
+    let tp = s.tp.max(1);
+    let mut p = w.clone();
+    p.mode = Mode::Inference;
+    p.optimizer = Optimizer::None;
+    p.precision = serving_precision(w.precision);
+    p.batch = 1;
+    p.seq = limits.max_num_batched_tokens;
+    p.attention = Attention::Flash;
+    p.kv_cache = false;
+    p.checkpoint = Checkpoint::None;
+    p.dropout = false;
+    p.zero = 0;
+    p.gpus = 1;
+    p.head_dim = Some(w.head_dim());
+    p.heads = w.heads / tp;
+    p.kv_heads = Some(kv_heads_per_gpu(w.kv_heads(), tp));
+    p.ffn = w.ffn.div_ceil(tp);
+    if let Some(m) = p.moe.as_mut() {
+        m.expert_ffn = m.expert_ffn.div_ceil(tp);
+        m.shared_ffn = m.shared_ffn.div_ceil(tp);
+    }
+    p.vocab = vocab_per_gpu(w.vocab, tp);
+    p.serve = Some(Serve {
+        max_num_batched_tokens: Some(limits.max_num_batched_tokens),
+        max_num_seqs: Some(limits.max_num_seqs),
+        ..s.clone()
+    });
+    p
+}
+
+/// Why vLLM would not start.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Refusal {
+    /// `available_memory <= 0`: "No available memory for the cache blocks."
+    NoMemory,
+    /// One `max_model_len` sequence needs more KV cache than there is
+    /// (`kv_cache_utils.py:609-643`).
+    TooShort {
+        needed_bytes: u64,
+        /// vLLM's estimate: the longest length that fits, a multiple of the block size.
+        estimated_max_model_len: u64,
+    },
+}
+
+/// A serving engine's startup sizing on one GPU of `total` bytes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServeSizing {
+    pub engine: Engine,
+    pub vllm_commit: &'static str,
+    pub total_bytes: u64,
+    pub gpu_memory_utilization: f64,
+    /// `ceil(total × utilization)`.
+    pub requested_bytes: u64,
+    /// The model's weights on one GPU (its TP shard).
+    pub weights_bytes: u64,
+    /// The profiling forward's peak above the weights (activations, logits, sampler).
+    pub profile_peak_bytes: u64,
+    /// Δnon_torch (modelled: [`NON_TORCH_GROWTH`]).
+    pub non_torch_bytes: u64,
+    /// What is left for the KV cache (negative: nothing, vLLM refuses).
+    pub kv_bytes: i64,
+    pub limits: Limits,
+    pub max_model_len: u64,
+    pub block_size: u64,
+    pub tp: u64,
+    pub layers: u64,
+    pub kv_heads_per_gpu: u64,
+    pub head_dim: u64,
+    pub kv_dtype_bytes: u64,
+    /// One layer's bytes per block.
+    pub page_bytes_per_layer: u64,
+    /// KV bytes per token over all layers.
+    pub bytes_per_token: u64,
+    pub blocks: u64,
+    pub tokens: u64,
+    pub blocks_per_request: u64,
+    pub concurrency: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<Refusal>,
+    /// The smallest utilization at which one `max_model_len` sequence fits (None: not even 1.0).
+    pub util_to_fit: Option<f64>,
+    pub notes: Vec<String>,
+}
+
+/// Size the KV cache from the parts, as vLLM does once it has measured them.
+#[allow(clippy::too_many_arguments)]
+pub fn size_from_parts(
+    total: u64,
+    util: f64,
+    weights: u64,
+    profile_peak: u64,
+    non_torch: u64,
+    page: u64,
+    layers: u64,
+    max_model_len: u64,
+    block: u64,
+) -> (i64, u64, Option<Refusal>, Option<f64>) {
+    let requested = (total as f64 * util).ceil() as u64;
+    let kv = requested as i128 - weights as i128 - profile_peak as i128 - non_torch as i128;
+    let blocks = blocks_in(kv, page, layers);
+    let per_request = max_model_len.div_ceil(block);
+    let needed = (layers as u128 * page as u128 * per_request as u128) as u64;
+    let refusal = if kv <= 0 {
+        Some(Refusal::NoMemory)
+    } else if needed as i128 > kv {
+        let fit_blocks = blocks_in(kv, page, layers);
+        Some(Refusal::TooShort {
+            needed_bytes: needed,
+            estimated_max_model_len: (fit_blocks * block).min(max_model_len),
+        })
+    } else {
+        None
+    };
+    let least = weights as f64 + profile_peak as f64 + non_torch as f64 + needed as f64;
+    // Three decimals, rounded up (a utilization that is printed must fit).
+    let u = (least / total.max(1) as f64 * 1000.0).ceil() / 1000.0;
+    (
+        kv.clamp(i64::MIN as i128, i64::MAX as i128) as i64,
+        blocks,
+        refusal,
+        (u <= 1.0).then_some(u),
+    )
+}
+
+/// The profiling forward's plan on one GPU (a serving workload at `total` bytes).
+pub fn profile_plan(w: &Workload, total: u64) -> Result<Plan, PlanError> {
+    let s = serve_of(w)?;
+    let limits = resolve_limits(s, total);
+    Plan::for_workload(&profile_workload(w, s, limits))
+}
+
+fn serve_of(w: &Workload) -> Result<&Serve, PlanError> {
+    w.serve
+        .as_ref()
+        .ok_or_else(|| PlanError::Invalid("serving sizing needs --mode serve".into()))
+}
+
+/// vLLM's startup sizing of `w` (a `--mode serve` workload) on one GPU of `total` bytes, with
+/// the profiling forward's plan.
+pub fn size(w: &Workload, total: u64) -> Result<(ServeSizing, Plan), PlanError> {
+    size_with(w, total, NON_TORCH_GROWTH)
+}
+
+/// [`size`] with `non_torch` bytes of Δnon_torch (a probe has none: no PyTorch, no cuBLAS).
+pub fn size_with(
+    w: &Workload,
+    total: u64,
+    non_torch: u64,
+) -> Result<(ServeSizing, Plan), PlanError> {
+    let s = serve_of(w)?;
+    let limits = resolve_limits(s, total);
+    let pw = profile_workload(w, s, limits);
+    let plan = Plan::for_workload(&pw)?;
+    let weights = plan.bytes_by_role(Role::Params);
+    let profile_peak = plan.peak_bytes().saturating_sub(weights);
+    let dtype_bytes = match s.kv_cache_dtype {
+        KvDtype::Fp8 => 1,
+        KvDtype::Auto => crate::plan::params::compute_dtype(pw.precision).bytes(),
+    };
+    let kvh = kv_heads_per_gpu(w.kv_heads(), s.tp);
+    let d = w.head_dim();
+    let page = page_bytes(s.block_size, kvh, d, dtype_bytes);
+    let layers = w.layers;
+    let (kv, blocks, refusal, util_to_fit) = size_from_parts(
+        total,
+        s.gpu_memory_utilization,
+        weights,
+        profile_peak,
+        non_torch,
+        page,
+        layers,
+        s.max_model_len,
+        s.block_size,
+    );
+    let mut notes = vec![
+        if non_torch == NON_TORCH_GROWTH {
+            format!(
+                "Δnon_torch {} GiB is modelled (cuBLAS and kernel growth during the profile run; V0 printed 0.03 to 0.35 GiB)",
+                render::gib(NON_TORCH_GROWTH as i64)
+            )
+        } else {
+            format!(
+                "Δnon_torch {} GiB (PyTorch's cuBLAS and kernel growth has no part in a probe; estimate models {} GiB)",
+                render::gib(non_torch as i64),
+                render::gib(NON_TORCH_GROWTH as i64)
+            )
+        },
+        "outside total × utilization (not charged by vLLM, but on the card): the CUDA context and NCCL buffers (before the snapshot) and CUDA graphs (captured after the KV cache is allocated, gpu_worker.py:449-451; not modelled: run with --enforce-eager or leave room)".to_string(),
+    ];
+    if limits.batched_tokens_default || limits.num_seqs_default {
+        notes.push(format!(
+            "max_num_batched_tokens {} and max_num_seqs {}: vLLM's `vllm serve` defaults for a card {} 70 GiB (the LLM class uses {}); the profile forward runs at that many tokens",
+            limits.max_num_batched_tokens,
+            limits.max_num_seqs,
+            if total >= 70 * GIB { "of at least" } else { "under" },
+            if total >= 70 * GIB { "16384 / 1024" } else { "8192 / 256" },
+        ));
+    }
+    if s.tp > 1 {
+        notes.push(format!(
+            "tensor parallel {}: sizes are per GPU (weights sharded, norms replicated, {kvh} KV head(s) per GPU); the sampler is modelled over the GPU's vocabulary shard",
+            s.tp
+        ));
+    }
+    let sizing = ServeSizing {
+        engine: s.engine,
+        vllm_commit: VLLM_COMMIT,
+        total_bytes: total,
+        gpu_memory_utilization: s.gpu_memory_utilization,
+        requested_bytes: (total as f64 * s.gpu_memory_utilization).ceil() as u64,
+        weights_bytes: weights,
+        profile_peak_bytes: profile_peak,
+        non_torch_bytes: non_torch,
+        kv_bytes: kv,
+        limits,
+        max_model_len: s.max_model_len,
+        block_size: s.block_size,
+        tp: s.tp,
+        layers,
+        kv_heads_per_gpu: kvh,
+        head_dim: d,
+        kv_dtype_bytes: dtype_bytes,
+        page_bytes_per_layer: page,
+        bytes_per_token: page / s.block_size * layers,
+        blocks,
+        tokens: blocks * s.block_size,
+        blocks_per_request: s.max_model_len.div_ceil(s.block_size),
+        concurrency: concurrency(blocks, s.max_model_len, s.block_size),
+        refusal,
+        util_to_fit,
+        notes,
+    };
+    Ok((sizing, plan))
+}
+
+/// The same workload with some serving settings changed (diagnose's remedies).
+pub fn with(w: &Workload, f: impl FnOnce(&mut Serve)) -> Workload {
+    let mut w = w.clone();
+    if let Some(s) = w.serve.as_mut() {
+        f(s);
+    }
+    w
+}
+
+#[cfg(test)]
+mod tests;

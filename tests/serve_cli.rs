@@ -227,3 +227,78 @@ fn diagnose_serve_gives_the_verdict_and_remedies() {
     );
     assert!(names.contains(&"--kv-cache-dtype fp8"), "{names:?}");
 }
+
+#[test]
+fn sglang_and_trtllm_size_their_pools_their_own_way() {
+    let text = |engine: &str| {
+        let out = oomprobe()
+            .args(serve(&[
+                "--memory",
+                "80GiB",
+                "--max-model-len",
+                "8192",
+                "--engine",
+                engine,
+            ]))
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        String::from_utf8(out).unwrap()
+    };
+    let sg = text("sglang");
+    assert!(sg.contains("KV Cache is allocated. #tokens: "), "{sg}");
+    assert!(sg.contains("mem_fraction_static 0.875"), "{sg}");
+    let tr = text("trtllm");
+    assert!(tr.contains("[MemUsageChange] Allocated"), "{tr}");
+    assert!(tr.contains("block_size 32"), "{tr}");
+    let json = |engine: &str| -> Value {
+        let out = oomprobe()
+            .args(serve(&[
+                "--memory",
+                "80GiB",
+                "--max-model-len",
+                "8192",
+                "--engine",
+                engine,
+                "--json",
+            ]))
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        serde_json::from_slice(&out).unwrap()
+    };
+    let z = |v: &Value| v["serving"].clone();
+    let (v, s, t) = (json("vllm"), json("sglang"), json("trtllm"));
+    let per_token = 131_072u64; // Llama-3-8B: 2 x 8 KV heads x 128 x 32 layers x 2 B
+                                // SGLang: f x total − weights over the cell, one token per page.
+    let sz = z(&s);
+    let f = sz["gpu_memory_utilization"].as_f64().unwrap();
+    let weights = sz["weights_bytes"].as_u64().unwrap();
+    let expect = ((80u64 << 30) as f64 * f) as u64 - weights;
+    assert_eq!(sz["tokens"].as_u64().unwrap(), expect / per_token, "{sz}");
+    // TensorRT-LLM: tokens a whole number of 32-token blocks.
+    let tz = z(&t);
+    assert_eq!(tz["tokens"].as_u64().unwrap() % 32, 0, "{tz}");
+    // All three hold the same weights.
+    assert_eq!(z(&v)["weights_bytes"], sz["weights_bytes"]);
+    assert_eq!(z(&v)["weights_bytes"], tz["weights_bytes"]);
+    // TensorRT-LLM's fraction must stay below 1.
+    bad(
+        &serve(&[
+            "--memory",
+            "80GiB",
+            "--engine",
+            "trtllm",
+            "--gpu-memory-utilization",
+            "1",
+        ])
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>(),
+        "below 1",
+    );
+}

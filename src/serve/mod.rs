@@ -11,6 +11,7 @@
 //! plan of the profiling forward (`gpu_model_runner.py:4713-4776`): weights are its params, the
 //! peak above them is what PyTorch's peak counter sees.
 
+pub mod engines;
 pub mod pool;
 pub mod render;
 
@@ -51,7 +52,16 @@ pub struct Limits {
 /// 1974-2010`). The card is taken as not an A100 (its name is not known from `--memory`).
 pub fn resolve_limits(s: &Serve, total: u64) -> Limits {
     let big = total >= 70 * GIB;
-    let (dt, ds) = if big { (8192, 1024) } else { (2048, 256) };
+    let (dt, ds) = match s.engine {
+        // TensorRT-LLM's `max_num_tokens` 8192 and `max_batch_size` 2048 (its profiling run);
+        // SGLang's `chunked_prefill_size` 8192 (2048 under 25,000 MiB) bounds its largest
+        // forward (it runs no profile before sizing).
+        Engine::Trtllm => (8192, 2048),
+        Engine::Sglang if total < 25_000 << 20 => (2048, 1024),
+        Engine::Sglang => (8192, 1024),
+        Engine::Vllm if big => (8192, 1024),
+        Engine::Vllm => (2048, 256),
+    };
     let mut seqs = s.max_num_seqs.unwrap_or(ds);
     let tokens = match s.max_num_batched_tokens {
         Some(t) => t,
@@ -59,6 +69,12 @@ pub fn resolve_limits(s: &Serve, total: u64) -> Limits {
     };
     if s.max_num_seqs.is_none() {
         seqs = seqs.min(tokens);
+        if s.engine == Engine::Trtllm {
+            // TensorRT-LLM's estimation requests are each min(max_num_tokens, max_seq_len − 1)
+            // tokens long, as many as cover max_num_tokens (`_get_token_num_for_estimation`).
+            let each = tokens.min(s.max_model_len.saturating_sub(1)).max(1);
+            seqs = seqs.min(tokens.div_ceil(each));
+        }
     }
     Limits {
         max_num_batched_tokens: tokens,
@@ -276,17 +292,59 @@ pub fn size_with(
     let d = w.head_dim();
     let page = page_bytes(s.block_size, kvh, d, dtype_bytes);
     let layers = w.layers;
-    let (kv, blocks, refusal, util_to_fit) = size_from_parts(
-        total,
-        s.gpu_memory_utilization,
-        weights,
-        profile_peak,
-        non_torch,
-        page,
-        layers,
-        s.max_model_len,
-        s.block_size,
-    );
+    let per_token = page / s.block_size.max(1) * layers;
+    let util = if s.engine == Engine::Sglang && s.util_default {
+        engines::sglang_default_fraction(total, s.tp)
+    } else {
+        s.gpu_memory_utilization
+    };
+    let (requested, kv, blocks, tokens, refusal, util_to_fit) = match s.engine {
+        Engine::Vllm => {
+            let (kv, blocks, refusal, u) = size_from_parts(
+                total,
+                util,
+                weights,
+                profile_peak,
+                non_torch,
+                page,
+                layers,
+                s.max_model_len,
+                s.block_size,
+            );
+            let requested = (total as f64 * util).ceil() as u64;
+            (requested, kv, blocks, blocks * s.block_size, refusal, u)
+        }
+        Engine::Sglang => {
+            let z = engines::sglang(
+                total,
+                util,
+                weights,
+                per_token,
+                s.block_size,
+                s.max_model_len,
+            );
+            (
+                z.requested,
+                z.kv,
+                z.blocks,
+                z.tokens,
+                z.refusal,
+                z.fraction_to_fit,
+            )
+        }
+        Engine::Trtllm => {
+            let rest = weights + profile_peak + non_torch;
+            let z = engines::trtllm(total, util, rest, per_token, s.block_size, s.max_model_len);
+            (
+                z.requested,
+                z.kv,
+                z.blocks,
+                z.tokens,
+                z.refusal,
+                z.fraction_to_fit,
+            )
+        }
+    };
     let mut notes = vec![
         if non_torch == NON_TORCH_GROWTH {
             format!(
@@ -302,7 +360,7 @@ pub fn size_with(
         },
         "outside total × utilization (not charged by vLLM, but on the card): the CUDA context and NCCL buffers (before the snapshot) and CUDA graphs (captured after the KV cache is allocated, gpu_worker.py:449-451; not modelled: run with --enforce-eager or leave room)".to_string(),
     ];
-    if limits.batched_tokens_default || limits.num_seqs_default {
+    if s.engine == Engine::Vllm && (limits.batched_tokens_default || limits.num_seqs_default) {
         notes.push(format!(
             "max_num_batched_tokens {} and max_num_seqs {}: vLLM's `vllm serve` defaults for a card {} 70 GiB (the LLM class uses {}); the profile forward runs at that many tokens",
             limits.max_num_batched_tokens,
@@ -310,6 +368,46 @@ pub fn size_with(
             if total >= 70 * GIB { "of at least" } else { "under" },
             if total >= 70 * GIB { "16384 / 1024" } else { "8192 / 256" },
         ));
+    }
+    match s.engine {
+        Engine::Vllm => {}
+        Engine::Sglang => {
+            notes.remove(0);
+            notes[0] = format!(
+                "SGLang: KV = mem_fraction_static {util} x the free memory before the weights (taken as the whole card: the CUDA context and other processes not counted) − weights; no profiling forward: activations, CUDA graphs and the req_to_token pool must fit in the other {:.1}%",
+                (1.0 - util) * 100.0
+            );
+            if s.util_default {
+                notes.push(format!(
+                    "mem_fraction_static {util}: SGLang 0.5.2's default for a card of this size (server_args.py:452-498; other versions differ, see SGLANG_TRTLLM_SIZING.md)"
+                ));
+            }
+            let reserve = total as f64 * (1.0 - util);
+            if profile_peak as f64 > reserve {
+                notes.push(format!(
+                    "the largest forward ({} tokens) peaks at {} GiB above the weights, more than the {} GiB SGLang leaves outside the pool: it would run out of memory at run time",
+                    limits.max_num_batched_tokens,
+                    render::gib(profile_peak as i64),
+                    render::gib(reserve as i64)
+                ));
+            }
+        }
+        Engine::Trtllm => {
+            notes.push(format!(
+                "the profiling run is modelled as vLLM's forward ({} tokens in {} requests, each request's last token sampled through a top-k/top-p sort); TensorRT-LLM's own sampler may hold less",
+                limits.max_num_batched_tokens, limits.max_num_seqs
+            ));
+            notes[1] = format!(
+                "TensorRT-LLM (PyTorch backend): KV = free_gpu_memory_fraction {util} x (total − weights − the profiling run's peak at {} tokens − non-torch); CUDA graphs, NCCL and the CUDA context fall in its non-torch part (only the modelled growth is counted); blocks = ceil(tokens / {}), so the pool may exceed the fraction by one block",
+                limits.max_num_batched_tokens, s.block_size
+            );
+            if tokens < s.max_model_len {
+                notes.push(format!(
+                    "TensorRT-LLM would not refuse: it shrinks max_seq_len to {} (what the blocks hold)",
+                    tokens
+                ));
+            }
+        }
     }
     if s.tp > 1 {
         notes.push(format!(
@@ -321,8 +419,8 @@ pub fn size_with(
         engine: s.engine,
         vllm_commit: VLLM_COMMIT,
         total_bytes: total,
-        gpu_memory_utilization: s.gpu_memory_utilization,
-        requested_bytes: (total as f64 * s.gpu_memory_utilization).ceil() as u64,
+        gpu_memory_utilization: util,
+        requested_bytes: requested,
         weights_bytes: weights,
         profile_peak_bytes: profile_peak,
         non_torch_bytes: non_torch,
@@ -336,9 +434,9 @@ pub fn size_with(
         head_dim: d,
         kv_dtype_bytes: dtype_bytes,
         page_bytes_per_layer: page,
-        bytes_per_token: page / s.block_size * layers,
+        bytes_per_token: per_token,
         blocks,
-        tokens: blocks * s.block_size,
+        tokens,
         blocks_per_request: s.max_model_len.div_ceil(s.block_size),
         concurrency: concurrency(blocks, s.max_model_len, s.block_size),
         refusal,

@@ -23,6 +23,22 @@ pub fn thousands(n: u64) -> String {
 
 /// The line vLLM would fail with, if it refuses to start.
 pub fn refusal_line(z: &ServeSizing) -> Option<String> {
+    use crate::workload::serve::Engine;
+    match (z.engine, z.refusal.as_ref()?) {
+        (Engine::Sglang, _) => {
+            return Some(
+                "SGLang would not start: Not enough memory. Please try to increase --mem-fraction-static."
+                    .into(),
+            )
+        }
+        (Engine::Trtllm, _) => {
+            return Some(
+                "TensorRT-LLM would not start: not one KV-cache block fits after the weights and the profiling run"
+                    .into(),
+            )
+        }
+        (Engine::Vllm, _) => {}
+    }
     Some(match z.refusal.as_ref()? {
         Refusal::NoMemory => "vLLM would not start: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.".to_string(),
         Refusal::TooShort {
@@ -40,9 +56,15 @@ pub fn refusal_line(z: &ServeSizing) -> Option<String> {
 
 /// What it would take to start: the utilization that fits, or that none does.
 pub fn fit_line(z: &ServeSizing) -> String {
+    use crate::workload::serve::Engine;
+    let flag = match z.engine {
+        Engine::Vllm => "--gpu-memory-utilization",
+        Engine::Sglang => "--mem-fraction-static (oomprobe's --gpu-memory-utilization)",
+        Engine::Trtllm => "free_gpu_memory_fraction (oomprobe's --gpu-memory-utilization)",
+    };
     match z.util_to_fit {
         Some(u) => format!(
-            "one {}-token request fits at --gpu-memory-utilization {u:.3} or more",
+            "one {}-token request fits at {flag} {u:.3} or more",
             z.max_model_len
         ),
         None => format!(
@@ -74,11 +96,16 @@ pub fn model_line(w: &crate::workload::Workload) -> String {
 
 /// The serving block of `estimate --mode serve`.
 pub fn text(z: &ServeSizing) -> String {
+    use crate::workload::serve::Engine;
     let l = &z.limits;
+    let source = match z.engine {
+        Engine::Vllm => format!("vllm@{}", &z.vllm_commit[..7]),
+        Engine::Sglang => "sglang 0.4.3-0.5.23's profile_max_num_token".into(),
+        Engine::Trtllm => "TensorRT-LLM's PyTorch-backend KvCacheCreator".into(),
+    };
     let mut t = format!(
-        "serving with {} (sizing of vllm@{}), per GPU of {} GiB, tp {}:\n",
+        "serving with {} (sizing of {source}), per GPU of {} GiB, tp {}:\n",
         z.engine.name(),
-        &z.vllm_commit[..7],
         gib(z.total_bytes as i64),
         z.tp
     );
@@ -86,20 +113,43 @@ pub fn text(z: &ServeSizing) -> String {
         "  max_model_len {}, max_num_batched_tokens {}, max_num_seqs {}, block_size {}, KV dtype {} B\n",
         z.max_model_len, l.max_num_batched_tokens, l.max_num_seqs, z.block_size, z.kv_dtype_bytes
     ));
+    t.push_str(&match z.engine {
+        Engine::Vllm => format!(
+            "  requested memory   {:>9} GiB  = ceil({} GiB x {})\n",
+            gib(z.requested_bytes as i64),
+            gib(z.total_bytes as i64),
+            z.gpu_memory_utilization
+        ),
+        Engine::Sglang => format!(
+            "  weights + KV pool  {:>9} GiB  = {} GiB x mem_fraction_static {}\n",
+            gib(z.requested_bytes as i64),
+            gib(z.total_bytes as i64),
+            z.gpu_memory_utilization
+        ),
+        Engine::Trtllm => format!(
+            "  KV budget          {:>9} GiB  = free_gpu_memory_fraction {} x what the profile left\n",
+            gib(z.requested_bytes as i64),
+            z.gpu_memory_utilization
+        ),
+    });
+    let charged = if z.engine == Engine::Sglang {
+        "not charged: SGLang runs no profile"
+    } else {
+        "charged"
+    };
     t.push_str(&format!(
-        "  requested memory   {:>9} GiB  = ceil({} GiB x {})\n",
-        gib(z.requested_bytes as i64),
-        gib(z.total_bytes as i64),
-        z.gpu_memory_utilization
-    ));
-    t.push_str(&format!(
-        "  model weights      {:>9} GiB\n  profile peak       {:>9} GiB  (forward at {} tokens, logits and sampler for {} rows)\n  non-torch growth   {:>9} GiB  (modelled)\n",
+        "  model weights      {:>9} GiB\n  profile peak       {:>9} GiB  (forward at {} tokens, logits and sampler for {} rows; {charged})\n",
         gib(z.weights_bytes as i64),
         gib(z.profile_peak_bytes as i64),
         l.max_num_batched_tokens,
         l.max_num_batched_tokens.min(l.max_num_seqs),
-        gib(z.non_torch_bytes as i64),
     ));
+    if z.engine != Engine::Sglang {
+        t.push_str(&format!(
+            "  non-torch growth   {:>9} GiB  (modelled)\n",
+            gib(z.non_torch_bytes as i64)
+        ));
+    }
     t.push_str(&format!(
         "  KV per block       {} per layer = 2 x {} tokens x {} KV heads x {} x {} B; {} per token over {} layers\n",
         fmt_bytes(z.page_bytes_per_layer),
@@ -110,6 +160,46 @@ pub fn text(z: &ServeSizing) -> String {
         fmt_bytes(z.bytes_per_token),
         z.layers
     ));
+    match z.engine {
+        Engine::Vllm => {}
+        Engine::Sglang => {
+            // model_runner.py: K and V each hold (tokens + page_size) slots.
+            let half = (z.tokens + z.block_size) as f64 * (z.bytes_per_token / 2) as f64
+                / (1u64 << 30) as f64;
+            t.push_str(&format!(
+                "KV Cache is allocated. #tokens: {}, K size: {half:.2} GB, V size: {half:.2} GB\nmax_total_num_tokens={}\nMaximum concurrency for {} tokens per request: {:.2}x (oomprobe's: tokens / length)\n",
+                z.tokens,
+                z.tokens,
+                thousands(z.max_model_len),
+                z.tokens as f64 / z.max_model_len.max(1) as f64
+            ));
+            if let Some(r) = refusal_line(z) {
+                t.push_str(&format!("{r}\n{}\n", fit_line(z)));
+            }
+            for n in &z.notes {
+                t.push_str(&format!("note: {n}\n"));
+            }
+            return t;
+        }
+        Engine::Trtllm => {
+            let bytes = z.tokens as f64 * z.bytes_per_token as f64 / (1u64 << 30) as f64;
+            t.push_str(&format!(
+                "[MemUsageChange] Allocated {bytes:.2} GiB for max tokens in paged KV cache ({}).\n# blocks: {} of {} tokens\nMaximum concurrency for {} tokens per request: {:.2}x (oomprobe's: blocks / blocks per request)\n",
+                z.tokens,
+                z.blocks,
+                z.block_size,
+                thousands(z.max_model_len),
+                z.concurrency
+            ));
+            if let Some(r) = refusal_line(z) {
+                t.push_str(&format!("{r}\n{}\n", fit_line(z)));
+            }
+            for n in &z.notes {
+                t.push_str(&format!("note: {n}\n"));
+            }
+            return t;
+        }
+    }
     t.push_str(&format!(
         "Available KV cache memory: {} GiB\n",
         gib(z.kv_bytes)

@@ -80,6 +80,7 @@ fn limits_follow_vllm_serve_defaults_and_clamps() {
         block_size: 16,
         kv_cache_dtype: KvDtype::Auto,
         tp: 1,
+        util_default: false,
     };
     let l = resolve_limits(&s(8192, None, None), 40 * GIB);
     assert_eq!((l.max_num_batched_tokens, l.max_num_seqs), (2048, 256));
@@ -155,6 +156,7 @@ fn llama3_8b() -> Workload {
         block_size: 16,
         kv_cache_dtype: KvDtype::Auto,
         tp: 1,
+        util_default: false,
     });
     w
 }

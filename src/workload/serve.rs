@@ -56,6 +56,10 @@ pub struct Serve {
     pub kv_cache_dtype: KvDtype,
     /// Tensor-parallel degree: weights and KV heads split over this many GPUs.
     pub tp: u64,
+    /// The fraction was not given: SGLang's default `mem_fraction_static` is sized from the
+    /// card (`serve::engines`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub util_default: bool,
 }
 
 /// Block sizes vLLM accepts (`vllm/config/cache.py@e675dda:23`).
@@ -165,12 +169,8 @@ pub fn apply(
             ))
         }
     };
-    if engine != Engine::Vllm {
-        return Err(usage(
-            "engine",
-            format!("{}'s sizing is not modelled yet (vllm is)", engine.name()),
-        ));
-    }
+    // The fraction flag is each engine's own: vLLM's gpu_memory_utilization, SGLang's
+    // mem_fraction_static, TensorRT-LLM's free_gpu_memory_fraction (which must stay below 1).
     let util = match &a.gpu_memory_utilization {
         None => 0.9,
         Some(v) => {
@@ -184,6 +184,12 @@ pub fn apply(
                 return Err(usage(
                     "gpu-memory-utilization",
                     format!("{v} is outside (0, 1] (vLLM validates gt=0, le=1)"),
+                ));
+            }
+            if engine == Engine::Trtllm && u >= 1.0 {
+                return Err(usage(
+                    "gpu-memory-utilization",
+                    "TensorRT-LLM's free_gpu_memory_fraction must be below 1",
                 ));
             }
             u
@@ -219,8 +225,13 @@ pub fn apply(
     };
     let max_num_seqs = opt_count("max-num-seqs", &a.max_num_seqs)?;
     let max_num_batched_tokens = opt_count("max-num-batched-tokens", &a.max_num_batched_tokens)?;
-    let block_size = opt_count("block-size", &a.block_size)?.unwrap_or(16);
-    if !BLOCK_SIZES.contains(&block_size) {
+    // SGLang's page_size 1; TensorRT-LLM's tokens_per_block 32 (PyTorch backend); vLLM's 16.
+    let block_size = opt_count("block-size", &a.block_size)?.unwrap_or(match engine {
+        Engine::Vllm => 16,
+        Engine::Sglang => 1,
+        Engine::Trtllm => 32,
+    });
+    if engine == Engine::Vllm && !BLOCK_SIZES.contains(&block_size) {
         return Err(usage(
             "block-size",
             format!("{block_size} is not one of vLLM's block sizes (1, 8, 16, 32, 64, 128, 256)"),
@@ -257,6 +268,7 @@ pub fn apply(
         block_size,
         kv_cache_dtype,
         tp,
+        util_default: a.gpu_memory_utilization.is_none(),
     });
     Ok(())
 }

@@ -641,7 +641,15 @@ impl T<'_> {
         Ok((frames, cur))
     }
 
-    fn backward(&mut self, fr: Frame, incoming: TensorIx) -> Result<TensorIx, PlanError> {
+    /// Free the saved tensors of a backward frame whose names `pred` picks (their node ran).
+    fn release_saved(&mut self, saved: &mut Vec<TensorIx>, pred: impl Fn(&str) -> bool) {
+        let (gone, kept): (Vec<TensorIx>, Vec<TensorIx>) =
+            saved.iter().partition(|&&t| pred(&self.b.tensor(t).name));
+        *saved = kept;
+        self.b.free_all(gone);
+    }
+
+    fn backward(&mut self, mut fr: Frame, incoming: TensorIx) -> Result<TensorIx, PlanError> {
         let w = self.w;
         self.states.gradient(self.b, &fr.piece, w)?;
         if self.frozen() {
@@ -674,6 +682,29 @@ impl T<'_> {
                 )?;
                 self.b.free(g1);
                 g2
+            }
+            Block::Mlp if self.spec.mlp == Mlp::Gated && !self.spec.fused_gate_up => {
+                // Node by node, as autograd runs them (measured: `MulBackward0` holds three
+                // [b,s,f] gradients): the down projection's input gradient, after which its
+                // saved input (the product, or an adapter's copy of it) goes; act·up's backward
+                // the gradients of both factors, then its saved factors go; the activation's
+                // backward the gate's, then its saved input goes.
+                let lname = fr.piece.trim_end_matches(".mlp").to_string();
+                let g1 = self.wide_as(&format!("{p}.grad_prod"), Role::Workspace)?;
+                self.release_saved(&mut fr.saved, |n| {
+                    n.ends_with(".mlp.prod") || n.starts_with(&format!("{lname}.down_proj.lora_"))
+                });
+                let g2 = self.wide_as(&format!("{p}.grad_act"), Role::Workspace)?;
+                let g3 = self.wide_as(&format!("{p}.grad_up"), Role::Workspace)?;
+                self.b.free(g1);
+                self.release_saved(&mut fr.saved, |n| {
+                    n.ends_with(".mlp.act") || n.ends_with(".mlp.up")
+                });
+                let g4 = self.wide_as(&format!("{p}.grad_gate"), Role::Workspace)?;
+                self.b.free(g2);
+                self.release_saved(&mut fr.saved, |n| n.ends_with(".mlp.gate"));
+                self.b.free(g3);
+                g4
             }
             Block::Mlp => {
                 // fc2 backward makes the gradient of its input [b,s,f]; the activation's backward

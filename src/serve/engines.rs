@@ -48,6 +48,23 @@ pub struct Sized {
     pub fraction_to_fit: Option<f64>,
 }
 
+/// The parts as `size_with` takes them apart.
+type Parts = (u64, i64, u64, u64, Option<Refusal>, Option<f64>);
+
+impl Sized {
+    /// (requested, KV bytes, blocks, tokens, refusal, fraction to fit).
+    pub fn parts(self) -> Parts {
+        (
+            self.requested,
+            self.kv,
+            self.blocks,
+            self.tokens,
+            self.refusal,
+            self.fraction_to_fit,
+        )
+    }
+}
+
 /// SGLang on a card of `total` bytes (P = total: nothing else on the card, the CUDA context
 /// not counted), `cell` KV bytes per token over all layers, pages of `page` tokens.
 pub fn sglang(total: u64, f: f64, weights: u64, cell: u64, page: u64, max_model_len: u64) -> Sized {

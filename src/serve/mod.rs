@@ -323,26 +323,12 @@ pub fn size_with(
                 s.block_size,
                 s.max_model_len,
             );
-            (
-                z.requested,
-                z.kv,
-                z.blocks,
-                z.tokens,
-                z.refusal,
-                z.fraction_to_fit,
-            )
+            z.parts()
         }
         Engine::Trtllm => {
             let rest = weights + profile_peak + non_torch;
             let z = engines::trtllm(total, util, rest, per_token, s.block_size, s.max_model_len);
-            (
-                z.requested,
-                z.kv,
-                z.blocks,
-                z.tokens,
-                z.refusal,
-                z.fraction_to_fit,
-            )
+            z.parts()
         }
     };
     let mut notes = vec![

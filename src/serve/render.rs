@@ -161,7 +161,22 @@ pub fn text(z: &ServeSizing) -> String {
         z.layers
     ));
     match z.engine {
-        Engine::Vllm => {}
+        Engine::Vllm => {
+            t.push_str(&format!(
+                "Available KV cache memory: {} GiB\n",
+                gib(z.kv_bytes)
+            ));
+            t.push_str(&format!("# GPU blocks: {}\n", z.blocks));
+            t.push_str(&format!(
+                "GPU KV cache size: {} tokens\n",
+                thousands(z.tokens)
+            ));
+            t.push_str(&format!(
+                "Maximum concurrency for {} tokens per request: {:.2}x\n",
+                thousands(z.max_model_len),
+                z.concurrency
+            ));
+        }
         Engine::Sglang => {
             // model_runner.py: K and V each hold (tokens + page_size) slots.
             let half = (z.tokens + z.block_size) as f64 * (z.bytes_per_token / 2) as f64
@@ -173,13 +188,6 @@ pub fn text(z: &ServeSizing) -> String {
                 thousands(z.max_model_len),
                 z.tokens as f64 / z.max_model_len.max(1) as f64
             ));
-            if let Some(r) = refusal_line(z) {
-                t.push_str(&format!("{r}\n{}\n", fit_line(z)));
-            }
-            for n in &z.notes {
-                t.push_str(&format!("note: {n}\n"));
-            }
-            return t;
         }
         Engine::Trtllm => {
             let bytes = z.tokens as f64 * z.bytes_per_token as f64 / (1u64 << 30) as f64;
@@ -191,29 +199,8 @@ pub fn text(z: &ServeSizing) -> String {
                 thousands(z.max_model_len),
                 z.concurrency
             ));
-            if let Some(r) = refusal_line(z) {
-                t.push_str(&format!("{r}\n{}\n", fit_line(z)));
-            }
-            for n in &z.notes {
-                t.push_str(&format!("note: {n}\n"));
-            }
-            return t;
         }
     }
-    t.push_str(&format!(
-        "Available KV cache memory: {} GiB\n",
-        gib(z.kv_bytes)
-    ));
-    t.push_str(&format!("# GPU blocks: {}\n", z.blocks));
-    t.push_str(&format!(
-        "GPU KV cache size: {} tokens\n",
-        thousands(z.tokens)
-    ));
-    t.push_str(&format!(
-        "Maximum concurrency for {} tokens per request: {:.2}x\n",
-        thousands(z.max_model_len),
-        z.concurrency
-    ));
     if let Some(r) = refusal_line(z) {
         t.push_str(&format!("{r}\n{}\n", fit_line(z)));
     }

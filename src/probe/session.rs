@@ -154,6 +154,11 @@ impl Session {
         if !opts.isolate {
             warnings.push(NO_ISOLATE_WARNING.to_string());
         }
+        // Any enforced budget (--budget, or the first run's cap on a CPU adapter) is exact:
+        // repeats there would only repeat the arithmetic.
+        let repeat = opts
+            .repeat
+            .unwrap_or(if cap.budget.is_some() { 0 } else { DEFAULT_REPEAT });
         Ok(Session {
             ctx: RunContext {
                 device: choice,
@@ -162,11 +167,7 @@ impl Session {
                 compute,
                 isolation,
                 search: opts.search,
-                repeat: opts.repeat.unwrap_or(if opts.budget.is_some() {
-                    0
-                } else {
-                    DEFAULT_REPEAT
-                }),
+                repeat,
             },
             runs,
             at: opts.at,

@@ -156,9 +156,11 @@ impl Session {
         }
         // Any enforced budget (--budget, or the first run's cap on a CPU adapter) is exact:
         // repeats there would only repeat the arithmetic.
-        let repeat = opts
-            .repeat
-            .unwrap_or(if cap.budget.is_some() { 0 } else { DEFAULT_REPEAT });
+        let repeat = opts.repeat.unwrap_or(if cap.budget.is_some() {
+            0
+        } else {
+            DEFAULT_REPEAT
+        });
         Ok(Session {
             ctx: RunContext {
                 device: choice,

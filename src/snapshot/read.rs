@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::schema::{Snapshot, ACTIONS};
+use super::schema::{Segment, Snapshot, ACTIONS, NO_ADDRESS};
 use super::SnapshotError;
 
 /// Read and check a snapshot file.
@@ -30,17 +30,43 @@ pub fn read_bytes(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
                 .into(),
         ));
     }
-    let snap: Snapshot =
-        serde_pickle::from_slice(bytes, serde_pickle::DeOptions::new()).map_err(|e| {
-            let msg = e.to_string();
-            if msg.contains("EOF") || msg.contains("end of file") {
-                SnapshotError::Truncated(msg)
-            } else {
-                SnapshotError::NotSnapshot(msg)
+    let opts = serde_pickle::DeOptions::new;
+    let mut snap: Snapshot = match serde_pickle::from_slice::<Snapshot>(bytes, opts()) {
+        Ok(s) => s,
+        Err(e) => match serde_pickle::from_slice::<Vec<Segment>>(bytes, opts()) {
+            // `torch.cuda.memory_snapshot()` pickled as it is: a bare list of segments, no
+            // history (the state at dump time).
+            Ok(segments) => Snapshot {
+                segments,
+                device_traces: Vec::new(),
+            },
+            Err(_) => {
+                let msg = e.to_string();
+                return Err(if msg.contains("EOF") || msg.contains("end of file") {
+                    SnapshotError::Truncated(msg)
+                } else {
+                    SnapshotError::NotSnapshot(msg)
+                });
             }
-        })?;
+        },
+    };
+    fill_addresses(&mut snap);
     check(&snap)?;
     Ok(snap)
+}
+
+/// PyTorch 2.0's blocks have no address: each lies after the blocks before it in its segment
+/// (the allocator splits a segment front to back and lists its blocks in address order).
+pub fn fill_addresses(snap: &mut Snapshot) {
+    for seg in &mut snap.segments {
+        let mut at = seg.address;
+        for b in &mut seg.blocks {
+            if b.address == NO_ADDRESS {
+                b.address = at;
+            }
+            at = b.address.saturating_add(b.size);
+        }
+    }
 }
 
 /// What serde cannot check: known actions, addresses where an action needs one, sane sizes.

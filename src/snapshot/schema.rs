@@ -40,6 +40,9 @@ pub struct Segment {
 /// A piece of a segment: in use by a tensor, waiting for another stream, or free for reuse.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Block {
+    /// PyTorch 2.0 wrote no block address (each block carried a `history`): read as
+    /// [`NO_ADDRESS`], then laid out from its segment's address (`read::fill_addresses`).
+    #[serde(default = "no_address")]
     pub address: u64,
     pub size: u64,
     #[serde(default)]
@@ -48,6 +51,13 @@ pub struct Block {
     pub state: String,
     #[serde(default)]
     pub frames: Vec<Frame>,
+}
+
+/// A block address the file did not give.
+pub const NO_ADDRESS: u64 = u64::MAX;
+
+fn no_address() -> u64 {
+    NO_ADDRESS
 }
 
 impl Block {

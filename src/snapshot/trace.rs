@@ -173,13 +173,56 @@ impl Trace {
     }
 }
 
-/// The device whose history to read: the one with the most trace entries (0 when none).
+/// The device whose history to read: the first whose trace records an `oom` (what a user
+/// imports the file for), else the one with the most trace entries (0 when none).
 fn pick_device(snap: &Snapshot) -> usize {
+    if let Some(d) = snap
+        .device_traces
+        .iter()
+        .position(|t| t.iter().any(|e| e.action == "oom"))
+    {
+        return d;
+    }
     snap.device_traces
         .iter()
         .enumerate()
         .max_by_key(|(i, t)| (t.len(), usize::MAX - i))
         .map_or(0, |(i, _)| i)
+}
+
+/// Which device was read, when the file has others with history or memory.
+fn device_note(snap: &Snapshot, device: usize) -> Option<String> {
+    let mut others: Vec<usize> = snap
+        .device_traces
+        .iter()
+        .enumerate()
+        .filter(|(i, t)| *i != device && !t.is_empty())
+        .map(|(i, _)| i)
+        .collect();
+    for s in &snap.segments {
+        let d = s.device.max(0) as usize;
+        if d != device && !others.contains(&d) && snap.device_traces.len() > 1 {
+            others.push(d);
+        }
+    }
+    others.sort_unstable();
+    if others.is_empty() {
+        return None;
+    }
+    let list: Vec<String> = others.iter().map(|d| format!("cuda:{d}")).collect();
+    let why = if snap
+        .device_traces
+        .get(device)
+        .is_some_and(|t| t.iter().any(|e| e.action == "oom"))
+    {
+        "the device whose trace records the OOM"
+    } else {
+        "the device with the most trace entries"
+    };
+    Some(format!(
+        "read cuda:{device} ({why}); {} also in the file, not read",
+        list.join(", ")
+    ))
 }
 
 /// The frame a person wants to see: the innermost frame of the job's own Python code (not
@@ -385,7 +428,7 @@ pub fn trace_of(snap: &Snapshot, granularity: Granularity) -> Result<Trace, Snap
         .iter()
         .filter(|s| s.device as usize == device || snap.device_traces.len() <= 1)
         .collect();
-    let mut notes = Vec::new();
+    let mut notes: Vec<String> = device_note(snap, device).into_iter().collect();
     if entries.is_empty() {
         notes.push(
             "the snapshot has no trace (history was not recorded): only the state at dump time"

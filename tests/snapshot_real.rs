@@ -141,3 +141,15 @@ fn the_device_that_ran_out_of_memory_is_read_and_named() {
         t.notes
     );
 }
+
+#[test]
+fn segments_on_cuda_1_with_empty_traces_are_not_peak_0() {
+    // Two empty `device_traces` lists, every segment on cuda:1 (a published layout that read
+    // as "peak 0 B"): the device holding the memory is read.
+    let snap = Snapshot {
+        segments: vec![segment(1, 0x7f00_0000_0000, 20 << 20)],
+        device_traces: vec![Vec::new(), Vec::new()],
+    };
+    let t = trace::trace_of(&snap, Granularity::Segments).unwrap();
+    assert_eq!(t.peak(), 20 << 20);
+}

@@ -183,11 +183,23 @@ fn pick_device(snap: &Snapshot) -> usize {
     {
         return d;
     }
-    snap.device_traces
+    let busiest = snap
+        .device_traces
         .iter()
         .enumerate()
         .max_by_key(|(i, t)| (t.len(), usize::MAX - i))
-        .map_or(0, |(i, _)| i)
+        .filter(|(_, t)| !t.is_empty())
+        .map(|(i, _)| i);
+    // No history anywhere: the device that holds the most memory.
+    busiest.unwrap_or_else(|| {
+        let mut by: std::collections::BTreeMap<usize, u64> = Default::default();
+        for seg in &snap.segments {
+            *by.entry(seg.device.max(0) as usize).or_default() += seg.total_size;
+        }
+        by.into_iter()
+            .max_by_key(|&(d, b)| (b, usize::MAX - d))
+            .map_or(0, |(d, _)| d)
+    })
 }
 
 /// Which device was read, when the file has others with history or memory.

@@ -322,7 +322,7 @@ pub struct ProbeArgs {
     #[arg(long)]
     pub force: bool,
     /// After each search, probe max_fit and first_fail N more times in fresh children; a
-    /// max_fit that fails steps down [2 on real OOM, 0 under --budget].
+    /// max_fit that fails steps down [2 on real OOM, 0 under --budget or a first run's cap].
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub repeat: Option<String>,
     /// No progress bar on stderr.
@@ -408,8 +408,9 @@ pub struct ServeArgs {
     /// vllm | sglang | trtllm: whose startup sizing is followed (default vllm).
     #[arg(long, value_name = "E", allow_hyphen_values = true)]
     pub engine: Option<String>,
-    /// vLLM's --gpu-memory-utilization: the share of the card's total the engine may use (0, 1],
-    /// default 0.9.
+    /// The engine's memory fraction in (0, 1]: vLLM's --gpu-memory-utilization (default 0.9),
+    /// SGLang's --mem-fraction-static (default by card size), TensorRT-LLM's
+    /// free_gpu_memory_fraction (default 0.9, below 1).
     #[arg(long, value_name = "F", allow_hyphen_values = true)]
     pub gpu_memory_utilization: Option<String>,
     /// Tokens per request (default: the config's max_position_embeddings, rope scaling applied).
@@ -422,7 +423,8 @@ pub struct ServeArgs {
     /// default for the card).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub max_num_batched_tokens: Option<String>,
-    /// Tokens per KV block: 1 8 16 32 64 128 256 (default 16).
+    /// Tokens per KV block: vLLM's 1 8 16 32 64 128 256 (default 16), SGLang's page_size
+    /// (default 1), TensorRT-LLM's tokens_per_block (default 32).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub block_size: Option<String>,
     /// auto (the model's dtype) | fp8 (1 byte per element).

@@ -88,6 +88,20 @@ fn workload(r: &Value) -> Workload {
     w
 }
 
+/// A decoder row's shape: batch, sequence, layers, widths, heads, vocabulary, context, tying.
+fn decoder_shape(w: &mut Workload, r: &Value) {
+    w.batch = u(r, "batch");
+    w.seq = u(r, "seq");
+    w.layers = u(r, "layers");
+    w.hidden = u(r, "hidden");
+    w.heads = u(r, "heads");
+    w.kv_heads = Some(u(r, "kv_heads")).filter(|&k| k != w.heads);
+    w.ffn = u(r, "ffn");
+    w.vocab = u(r, "vocab");
+    w.max_positions = u(r, "max_positions");
+    w.tie_embeddings = r["tied_embeddings"].as_bool();
+}
+
 /// A decoder LLM row of `tests/fixtures/validation_llm.json` (None for the other
 /// architectures): the family's layers at the row's shape, CPU's SDPA kernels and autocast lists.
 fn llm_workload(r: &Value) -> Option<Workload> {
@@ -102,16 +116,7 @@ fn llm_workload(r: &Value) -> Option<Workload> {
         _ => return None,
     };
     let mut w = presets::base(r["model"].as_str()?, arch);
-    w.batch = u(r, "batch");
-    w.seq = u(r, "seq");
-    w.layers = u(r, "layers");
-    w.hidden = u(r, "hidden");
-    w.heads = u(r, "heads");
-    w.kv_heads = Some(u(r, "kv_heads")).filter(|&k| k != w.heads);
-    w.ffn = u(r, "ffn");
-    w.vocab = u(r, "vocab");
-    w.max_positions = u(r, "max_positions");
-    w.tie_embeddings = r["tied_embeddings"].as_bool();
+    decoder_shape(&mut w, r);
     w.kv_cache = r["use_cache"].as_bool().unwrap_or(false);
     w.dropout = r["dropout"].as_f64().unwrap() > 0.0;
     w.autocast_device = Device::Cpu;
@@ -454,16 +459,7 @@ fn holdout_rows_are_reproduced() {
 fn lora_workload(r: &Value) -> Workload {
     use oomprobe::workload::{Checkpoint, Lora, Quant, QuantKind, Target};
     let mut w = presets::base("lora-llama", Arch::Llama);
-    w.batch = u(r, "batch");
-    w.seq = u(r, "seq");
-    w.layers = u(r, "layers");
-    w.hidden = u(r, "hidden");
-    w.heads = u(r, "heads");
-    w.kv_heads = Some(u(r, "kv_heads")).filter(|&k| k != w.heads);
-    w.ffn = u(r, "ffn");
-    w.vocab = u(r, "vocab");
-    w.max_positions = u(r, "max_positions");
-    w.tie_embeddings = r["tied_embeddings"].as_bool();
+    decoder_shape(&mut w, r);
     w.autocast_device = Device::Cpu;
     w.attention = match r["attn_implementation"].as_str().unwrap() {
         "eager" => Attention::Naive,

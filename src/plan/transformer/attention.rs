@@ -2,6 +2,7 @@
 //! flash-attention, grouped-query heads and the KV cache, for the decoder LLMs and for GPT-2,
 //! BERT and ViT.
 
+use super::lora::Proj;
 use super::T;
 use crate::plan::autocast;
 use crate::plan::build::{prod, PlanError};
@@ -130,37 +131,26 @@ impl T<'_> {
         // Projections: separate outputs, or slices (views) of one fused output.
         // (Over a frozen base each is the stored linear and its adapter, if any.)
         let (q0, k0, v0) = if self.spec.fused_qkv {
-            let qkv = self.rows_t(&format!("{p}.qkv"), Role::Activations, c, qw + 2 * kvw)?;
-            self.linear(piece, x, qkv, qw + 2 * kvw, h)?;
-            let qkv = self.adapt(
-                piece,
-                &format!("{p}.qkv_proj"),
-                &[Target::Q, Target::K, Target::V],
-                x,
-                qkv,
-                (qw + 2 * kvw, h),
-                saved,
-            )?;
+            let all = [Target::Q, Target::K, Target::V];
+            let qkv = Proj {
+                tensor: format!("{p}.qkv"),
+                module: format!("{p}.qkv_proj"),
+                targets: &all,
+                width: qw + 2 * kvw,
+            };
+            let qkv = self.projections(piece, x, h, &[qkv], saved)?[0];
             (qkv, qkv, qkv)
         } else {
-            let mut outs = Vec::with_capacity(3);
-            // q, k and v read the same input: whether it needs a gradient is as before them.
-            let live = self.live;
-            let mut after = live;
-            for (t, name, width) in [
-                (Target::Q, "q_proj", qw),
-                (Target::K, "k_proj", kvw),
-                (Target::V, "v_proj", kvw),
-            ] {
-                let y = self.rows_t(&format!("{p}.{name}"), Role::Activations, c, width)?;
-                self.linear(piece, x, y, width, h)?;
-                let y = self.adapt(piece, &format!("{p}.{name}"), &[t], x, y, (width, h), saved)?;
-                after |= self.live;
-                self.live = live;
-                outs.push(y);
-            }
-            self.live = after;
-            (outs[0], outs[1], outs[2])
+            let named = |name: &str, t: &'static [Target], width| {
+                Proj::named(format!("{p}.{name}"), t, width)
+            };
+            let projs = [
+                named("q_proj", &[Target::Q], qw),
+                named("k_proj", &[Target::K], kvw),
+                named("v_proj", &[Target::V], kvw),
+            ];
+            let o = self.projections(piece, x, h, &projs, saved)?;
+            (o[0], o[1], o[2])
         };
         let (q1, k1) = if self.spec.qk_norm {
             let d = self.d;

@@ -242,14 +242,14 @@ pub fn trainable_count(w: &Workload) -> Result<u64, PlanError> {
     if w.lora.is_none() && w.quant.is_none() {
         return param_count(w);
     }
+    adapter_params(w)
+}
+
+/// All adapter parameters: every layer has the same adapters (none without LoRA).
+fn adapter_params(w: &Workload) -> Result<u64, PlanError> {
     let e = "the adapter parameter count";
-    let mut n = 0u64;
-    for i in 0..w.layers.min(1) {
-        for p in adapter_pieces(w, i)? {
-            n = sum(&[n, p.elems], e)?;
-        }
-    }
-    prod(&[n, w.layers], e)
+    let per_layer: Vec<u64> = adapter_pieces(w, 0)?.iter().map(|p| p.elems).collect();
+    prod(&[sum(&per_layer, e)?, w.layers], e)
 }
 
 /// The model's parameter groups in backward order of need: `embed` (the token embedding, also
@@ -317,19 +317,7 @@ pub fn param_count(w: &Workload) -> Result<u64, PlanError> {
     let p = base_pieces(w)?;
     let elems: Vec<u64> = p.iter().map(|p| p.elems).collect();
     let base = sum(&elems, "the parameter count")?;
-    if w.lora.is_none() {
-        return Ok(base);
-    }
-    let mut adapters = 0u64;
-    for i in 0..w.layers.min(1) {
-        for p in adapter_pieces(w, i)? {
-            adapters = sum(&[adapters, p.elems], "the parameter count")?;
-        }
-    }
-    sum(
-        &[base, prod(&[adapters, w.layers], "the parameter count")?],
-        "the parameter count",
-    )
+    sum(&[base, adapter_params(w)?], "the parameter count")
 }
 
 /// Parameters of piece `name` that autocast casts to 16 bits (matmul and conv weights, and

@@ -15,7 +15,56 @@
 use super::{DType, PlanError, Role, Step, TensorIx, T};
 use crate::workload::{QuantKind, Target};
 
+/// One projection of a shared input: its output tensor's name, PEFT's module name (what an
+/// adapter's tensors are named after), the targets it stands for and its output width.
+pub(super) struct Proj<'a> {
+    pub tensor: String,
+    pub module: String,
+    pub targets: &'a [Target],
+    pub width: u64,
+}
+
+impl<'a> Proj<'a> {
+    /// A projection whose tensor and module share a name.
+    pub fn named(name: String, targets: &'a [Target], width: u64) -> Proj<'a> {
+        Proj {
+            tensor: name.clone(),
+            module: name,
+            targets,
+            width,
+        }
+    }
+}
+
 impl T<'_> {
+    /// Projections of block `piece` that read the same input `x` (`inp` wide): q, k and v;
+    /// gate and up; or one (fused, output, down). Each is the stored linear and its adapter, if
+    /// any. Whether `x` needs a gradient is as it was before them all; past any adapter,
+    /// everything after does. Returns the outputs in order.
+    pub(super) fn projections(
+        &mut self,
+        piece: &str,
+        x: TensorIx,
+        inp: u64,
+        projs: &[Proj<'_>],
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<Vec<TensorIx>, PlanError> {
+        let c = self.c;
+        let live = self.live;
+        let mut after = live;
+        let mut outs = Vec::with_capacity(projs.len());
+        for pr in projs {
+            let y = self.rows_t(&pr.tensor, Role::Activations, c, pr.width)?;
+            self.linear(piece, x, y, pr.width, inp)?;
+            let y = self.adapt(piece, &pr.module, pr.targets, x, y, (pr.width, inp), saved)?;
+            after |= self.live;
+            self.live = live;
+            outs.push(y);
+        }
+        self.live = after;
+        Ok(outs)
+    }
+
     /// The base is frozen (adapters or a quantized base): its linears save no input for a
     /// weight gradient and its norms no x̂.
     pub(super) fn frozen(&self) -> bool {
@@ -264,17 +313,16 @@ impl T<'_> {
                     )?);
                 }
             }
-            if let Some(q) = self.w.quant {
-                if q.kind.is_4bit() || self.train {
-                    let dt = crate::plan::params::compute_dtype(self.w.precision);
-                    tmp.push(self.b.push(
-                        &format!("{piece}.dequant_bwd"),
-                        Role::Workspace,
-                        dt,
-                        &[l.out, l.inp],
-                        l.inp,
-                    )?);
-                }
+            // (Backward runs only in training, where 4-bit and 8-bit layers both dequantize.)
+            if self.w.quant.is_some() {
+                let dt = crate::plan::params::compute_dtype(self.w.precision);
+                tmp.push(self.b.push(
+                    &format!("{piece}.dequant_bwd"),
+                    Role::Workspace,
+                    dt,
+                    &[l.out, l.inp],
+                    l.inp,
+                )?);
             }
             self.b.free_all(tmp);
         }

@@ -1,6 +1,7 @@
 //! The MLP blocks: GELU (fused or transformers' `gelu_new`), gated (SwiGLU, GeGLU, fused
 //! gate-up) and a mixture of experts as transformers 5.24 dispatches it.
 
+use super::lora::Proj;
 use super::T;
 use crate::plan::autocast;
 use crate::plan::build::{prod, PlanError};
@@ -99,48 +100,28 @@ impl T<'_> {
         let elems = self.rows().saturating_mul(f);
         // The gate (the fused output, whose first half it is) and every projection output.
         let (gate, gu) = if self.spec.fused_gate_up {
-            let c = self.c;
-            let gu = self.rows_t(&format!("{p}.mlp.gate_up"), Role::Activations, c, 2 * f)?;
-            self.linear(pm, n2, gu, 2 * f, h)?;
-            let gu = self.adapt(
-                pm,
-                &format!("{p}.gate_up_proj"),
-                &[Target::Gate, Target::Up],
-                n2,
-                gu,
-                (2 * f, h),
-                sm,
-            )?;
+            let both = [Target::Gate, Target::Up];
+            let gu = Proj {
+                tensor: format!("{p}.mlp.gate_up"),
+                module: format!("{p}.gate_up_proj"),
+                targets: &both,
+                width: 2 * f,
+            };
+            let gu = self.projections(pm, n2, h, &[gu], sm)?[0];
             (gu, vec![gu])
         } else {
-            // gate and up read the same input (see the attention's q, k, v).
-            let live = self.live;
-            let gate = self.wide(&format!("{p}.mlp.gate"))?;
-            self.linear(pm, n2, gate, f, h)?;
-            let gate = self.adapt(
-                pm,
-                &format!("{p}.gate_proj"),
-                &[Target::Gate],
-                n2,
-                gate,
-                (f, h),
-                sm,
-            )?;
-            let after = self.live;
-            self.live = live;
-            let up = self.wide(&format!("{p}.mlp.up"))?;
-            self.linear(pm, n2, up, f, h)?;
-            let up = self.adapt(
-                pm,
-                &format!("{p}.up_proj"),
-                &[Target::Up],
-                n2,
-                up,
-                (f, h),
-                sm,
-            )?;
-            self.live |= after;
-            (gate, vec![gate, up])
+            let proj = |name: &str, module: &str, t: &'static [Target]| Proj {
+                tensor: format!("{p}.mlp.{name}"),
+                module: format!("{p}.{module}"),
+                targets: t,
+                width: f,
+            };
+            let projs = [
+                proj("gate", "gate_proj", &[Target::Gate]),
+                proj("up", "up_proj", &[Target::Up]),
+            ];
+            let o = self.projections(pm, n2, h, &projs, sm)?;
+            (o[0], o)
         };
         self.consumed(n2, sm);
         if self.frozen() && !sm.contains(&n2) {
@@ -160,18 +141,13 @@ impl T<'_> {
             self.consumed(t, sm);
         }
         self.consumed(act, sm);
-        let c = self.c;
-        let out = self.hidden_t(&format!("{p}.mlp.out"), Role::Activations, c)?;
-        self.linear(pm, prod_, out, h, f)?;
-        let out = self.adapt(
-            pm,
-            &format!("{p}.down_proj"),
-            &[Target::Down],
-            prod_,
-            out,
-            (h, f),
-            sm,
-        )?;
+        let down = Proj {
+            tensor: format!("{p}.mlp.out"),
+            module: format!("{p}.down_proj"),
+            targets: &[Target::Down],
+            width: h,
+        };
+        let out = self.projections(pm, prod_, f, &[down], sm)?[0];
         self.consumed(prod_, sm);
         if frozen && !sm.contains(&prod_) {
             self.b.free(prod_);

@@ -497,18 +497,8 @@ impl T<'_> {
             x2
         } else if self.frozen() {
             // The output projection as the base stores it, its adapter, then the residual add.
-            let c = self.c;
-            let o = self.hidden_t(&format!("{p}.o_proj"), Role::Activations, c)?;
-            self.linear(&pa, ctx, o, h, qw)?;
-            let o = self.adapt(
-                &pa,
-                &format!("{p}.o_proj"),
-                &[Target::O],
-                ctx,
-                o,
-                (h, qw),
-                &mut sa,
-            )?;
+            let proj = lora::Proj::named(format!("{p}.o_proj"), &[Target::O], h);
+            let o = self.projections(&pa, ctx, qw, &[proj], &mut sa)?[0];
             if !sa.contains(&ctx) {
                 self.b.free(ctx);
             }

@@ -202,6 +202,10 @@ pub struct SnapshotArgs {
     /// (default) or the tensor blocks the program asked the allocator for.
     #[arg(long, value_enum)]
     pub granularity: Option<crate::snapshot::Granularity>,
+    /// Which device of the snapshot to read: N (cuda:N) or all (default: every device that
+    /// holds memory or history, the one that recorded an OOM first).
+    #[arg(long, value_name = "N|all", allow_hyphen_values = true)]
+    pub snapshot_device: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -24,18 +24,19 @@ fn peaks() -> serde_json::Value {
 #[test]
 fn hand_built_blocks_keep_pre_existing_pending_and_oom() {
     let t = load(&fixture("hand-oom.pickle"), Granularity::Blocks).unwrap();
-    // Before the trace: the 1024-byte block freed in it and the 100-byte one still live.
+    // Before the trace: the 1024-byte block freed in it and the one still live (100 bytes
+    // asked, its 512-byte block held, as torch.cuda.memory_allocated() counts it).
     let before: Vec<u64> = t
         .allocs
         .iter()
         .filter(|a| a.before_trace)
         .map(|a| a.bytes)
         .collect();
-    assert_eq!(before, vec![1024, 100]);
+    assert_eq!(before, vec![1024, 512]);
     assert!(t.events[..2]
         .iter()
         .all(|e| e.alloc && e.phase == Phase::Setup));
-    // The block awaiting its free at dump time stays live: 100 + 4096 + 8192 with the OOM's
+    // The block awaiting its free at dump time stays live: 512 + 4096 + 8192 with the OOM's
     // 3 GiB request on top.
     let oom = t.oom.as_ref().expect("the trace recorded an OOM");
     assert_eq!(oom.requested, 3 << 30);
@@ -45,7 +46,7 @@ fn hand_built_blocks_keep_pre_existing_pending_and_oom() {
         "{}",
         oom.frame
     );
-    assert_eq!(t.peak(), 100 + 4096 + 8192 + (3 << 30));
+    assert_eq!(t.peak(), 512 + 4096 + 8192 + (3 << 30));
     let plan = t.to_plan("hand", 0);
     plan.check_timeline().unwrap();
     assert_eq!(plan.peak_bytes(), t.peak());
@@ -70,12 +71,26 @@ fn bad_files_say_why() {
     assert!(matches!(e, SnapshotError::Truncated(_)), "{e:?}");
     let e = read::read_file(&fixture("bad-not-snapshot.pickle")).unwrap_err();
     assert!(matches!(e, SnapshotError::NotSnapshot(_)), "{e:?}");
-    let e = read::read_file(&fixture("bad-action.pickle")).unwrap_err();
-    assert!(e.to_string().contains("unknown action 'teleport'"), "{e}");
+    // An action no PyTorch wrote is skipped with a note (a newer release may add actions).
+    let t = load(&fixture("bad-action.pickle"), Granularity::Blocks).unwrap();
+    assert!(
+        t.notes
+            .iter()
+            .any(|n| n.contains("teleport") && n.contains("skipped")),
+        "{:?}",
+        t.notes
+    );
     let e = read::read_bytes(&[0x1f, 0x8b, 8, 0]).unwrap_err();
     assert!(e.to_string().contains("gzip"), "{e}");
-    let e = read::read_bytes(b"{\"segments\": []}").unwrap_err();
-    assert!(e.to_string().contains("text"), "{e}");
+    // JSON is read (json.dump of the snapshot dict); other text is refused.
+    assert!(read::read_bytes(b"{\"segments\": []}")
+        .unwrap()
+        .segments
+        .is_empty());
+    let e = read::read_bytes(b"{\"model\": 1}").unwrap_err();
+    assert!(e.to_string().contains("without `segments`"), "{e}");
+    let e = read::read_bytes(b"hello, world").unwrap_err();
+    assert!(matches!(e, SnapshotError::NotSnapshot(_)), "{e:?}");
     assert!(read::read_bytes(&[]).is_err());
 }
 

@@ -21,6 +21,10 @@ fn fx(name: &str) -> String {
     fixture(name).display().to_string()
 }
 
+fn variant(name: &str) -> String {
+    fixture("variants").join(name).display().to_string()
+}
+
 fn peak_of(file: &str, key: &str) -> u64 {
     let text = std::fs::read_to_string(fixture("peaks.json")).unwrap();
     let v: Value = serde_json::from_str(&text).unwrap();
@@ -184,6 +188,13 @@ fn export_writes_a_snapshot_the_importer_reads() {
 fn bad_snapshots_exit_2_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.pickle").display().to_string();
+    // A real snapshot with bytes overwritten in the middle.
+    let mut bytes = std::fs::read(fixture("real/torch26-small-trace.pickle")).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid..mid + 64].fill(0xff);
+    let corrupt = dir.path().join("corrupt.pickle");
+    std::fs::write(&corrupt, &bytes).unwrap();
+    let corrupt = corrupt.display().to_string();
     for (args, needle) in [
         (
             vec!["estimate", "--snapshot", &fx("bad-truncated.pickle")[..]],
@@ -194,14 +205,32 @@ fn bad_snapshots_exit_2_with_one_line() {
             "not a PyTorch memory snapshot",
         ),
         (
+            vec!["estimate", "--snapshot", &corrupt[..]],
+            "not a PyTorch memory snapshot",
+        ),
+        (
+            vec!["diagnose", "--snapshot", &fx("gpt2-tiny-b1.pickle")[..]],
+            "records no OOM",
+        ),
+        (
             vec![
-                "diagnose",
+                "estimate",
                 "--snapshot",
-                &fx("bad-action.pickle")[..],
-                "--memory",
-                "1GiB",
+                &variant("expandable-oom-4dev.pickle")[..],
+                "--snapshot-device",
+                "3",
             ],
-            "unknown action",
+            "no memory or history on cuda:3",
+        ),
+        (
+            vec![
+                "estimate",
+                "--snapshot",
+                &fx("hand-oom.pickle")[..],
+                "--snapshot-device",
+                "gpu0",
+            ],
+            "--snapshot-device",
         ),
         (
             vec![
@@ -241,4 +270,71 @@ fn bad_snapshots_exit_2_with_one_line() {
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn a_snapshot_with_an_oom_on_cuda_1_is_reported_and_judged_on_its_card() {
+    // The 3-GPU expandable-segments layout (validation/snapshot_variants.py): cuda:1 recorded
+    // the OOM (90 MiB asked, 9.5 MiB free, 82 MiB reserved).
+    let f = variant("expandable-oom-4dev.pickle");
+    let e = run_json(&["estimate", "--snapshot", &f]);
+    assert_eq!(e["device"], 1);
+    assert_eq!(e["devices"].as_array().unwrap().len(), 3);
+    assert_eq!(e["oom"]["requested_bytes"], 90 * (1u64 << 20) + 12345);
+    assert_eq!(e["oom"]["verdict"]["replay"], "fails_at_the_oom");
+    let text = oomprobe()
+        .args(["estimate", "--snapshot", &f])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.starts_with("snapshot ")
+            && text
+                .lines()
+                .nth(1)
+                .unwrap()
+                .starts_with("recorded OOM on cuda:1: 90.01 MiB requested with 9.50 MiB free"),
+        "{text}"
+    );
+    assert!(
+        text.contains("allocator cache (reserved, not allocated)"),
+        "{text}"
+    );
+    // diagnose without --memory judges against the recorded card (82 MiB + 9.5 MiB), never
+    // this machine's adapter.
+    let d = run_json(&["diagnose", "--snapshot", &f]);
+    assert_eq!(d["memory_bytes"], (82u64 << 20) + (19u64 << 19));
+    assert!(d["memory_from"].as_str().unwrap().contains("cuda:1"), "{d}");
+    assert_eq!(d["cause"], "batch_too_large");
+    let judged = d["judged"].as_array().unwrap();
+    assert_eq!(judged.len(), 3);
+    assert!(judged[1..].iter().all(|j| j["cause"] == "fits"), "{d}");
+    // --memory overrides; --snapshot-device picks one device.
+    let d = run_json(&["diagnose", "--snapshot", &f, "--memory", "1GiB"]);
+    assert_eq!(d["cause"], "fits");
+    let one = run_json(&["estimate", "--snapshot", &f, "--snapshot-device", "2"]);
+    assert_eq!(one["devices"].as_array().unwrap().len(), 1);
+    assert_eq!(one["device"], 2);
+    assert!(one["oom"].is_null());
+}
+
+#[test]
+fn a_probe_replays_every_device_and_fails_where_pytorch_did() {
+    require_adapter();
+    // Under the recorded card's usable memory the OOM device fails at its request; the others
+    // fit.
+    let f = variant("expandable-oom-4dev.pickle");
+    let r = run_json(&["probe", "--snapshot", &f, "--budget", "95944704", "--quiet"]);
+    let runs = r["snapshot"].as_array().expect("one result per device");
+    assert_eq!(runs.len(), 3);
+    assert_eq!(runs[0]["device"], 1);
+    assert_eq!(runs[0]["fits"], false, "{r}");
+    assert!(
+        runs[0]["failed_frame"]
+            .as_str()
+            .unwrap()
+            .starts_with("OOM request:"),
+        "{r}"
+    );
+    assert!(runs[1..].iter().all(|x| x["fits"] == true), "{r}");
 }

@@ -73,6 +73,13 @@ def totals(path):
         raise SystemExit(f"{path}: not a memory snapshot ({type(snap).__name__})")
 
     block_keys = sorted({k for s in segments for b in s.get("blocks", []) for k in b})
+    # Blocks without an address (PyTorch 2.0, _profile_to_snapshot) lie front to back in their
+    # segment, in the order listed.
+    for s in segments:
+        at = s.get("address") or 0
+        for b in s.get("blocks", []):
+            b.setdefault("address", at)
+            at = b["address"] + b["size"]
     out["segment_keys"] = sorted({k for s in segments for k in s})
     out["block_keys"] = block_keys
     per_dev = defaultdict(lambda: defaultdict(int))

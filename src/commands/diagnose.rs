@@ -7,6 +7,11 @@ use crate::error::{CliError, CliResult};
 use crate::workload::overrides::resolve;
 
 pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
+    if crate::commands::snapshot::wanted(&args.snapshot) {
+        // The card the snapshot was recorded on (its OOM), or --memory; never this machine's.
+        let memory = args.memory.as_deref().map(memory_arg).transpose()?;
+        return crate::commands::snapshot::diagnose(&args.snapshot, memory, args.json);
+    }
     let r = resolve(&args.workload, "gpt2")?;
     let memory = match args.memory.as_deref() {
         Some(m) => memory_arg(m)?,
@@ -26,9 +31,6 @@ pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
             },
         },
     };
-    if crate::commands::snapshot::wanted(&args.snapshot) {
-        return crate::commands::snapshot::diagnose(&args.snapshot, memory, args.json);
-    }
     if r.workload.mode == crate::workload::Mode::Serve {
         let d = crate::serve::render::diagnose(&r.workload, memory).map_err(plan_error)?;
         if args.json {

@@ -7,11 +7,13 @@ use serde::Serialize;
 
 use crate::cli::{ProbeArgs, SnapshotArgs};
 use crate::error::{CliError, CliResult};
-use crate::plan::{Plan, Role};
+use crate::plan::Plan;
 use crate::probe::capacity;
 use crate::probe::child::{ChildRunner, ProbeTimeout};
 use crate::snapshot::replay::{self, Replayer};
-use crate::snapshot::{load, Granularity, SnapshotError, Source, Trace};
+use crate::snapshot::report::DeviceSelect;
+use crate::snapshot::verdict::{self, third};
+use crate::snapshot::{load_device, render, Granularity, SnapshotError, Source, Trace};
 use crate::units::fmt_bytes;
 
 use super::estimate::out;
@@ -23,7 +25,7 @@ pub fn wanted(args: &SnapshotArgs) -> bool {
 
 fn bad(path: &Path, e: SnapshotError) -> CliError {
     match e {
-        SnapshotError::Scale(m) => CliError::usage(m),
+        SnapshotError::Scale(m) | SnapshotError::Device(m) => CliError::usage(m),
         e => CliError::usage(format!("{}: {e}", path.display())),
     }
 }
@@ -65,6 +67,10 @@ pub fn source(args: &SnapshotArgs) -> CliResult<Source> {
     for f in &args.snapshot {
         crate::snapshot::read::read_file(f).map_err(|e| bad(f, e))?;
     }
+    let device = match select(args)? {
+        DeviceSelect::One(d) => Some(d),
+        DeviceSelect::All => None,
+    };
     Ok(Source {
         files: args.snapshot.clone(),
         batches,
@@ -73,12 +79,18 @@ pub fn source(args: &SnapshotArgs) -> CliResult<Source> {
         } else {
             granularity
         },
+        device,
     })
 }
 
-/// The third file and its batch, if given.
-fn third(src: &Source) -> Option<(&Path, u64)> {
-    Some((src.files.get(2)?.as_path(), *src.batches.get(2)?))
+/// `--snapshot-device N|all` (default all).
+fn select(args: &SnapshotArgs) -> CliResult<DeviceSelect> {
+    match args.snapshot_device.as_deref() {
+        None => Ok(DeviceSelect::All),
+        Some(s) => {
+            DeviceSelect::parse(s).map_err(|e| CliError::usage(format!("--snapshot-device: {e}")))
+        }
+    }
 }
 
 /// `probe --snapshot`.
@@ -143,20 +155,44 @@ pub fn probe(args: &ProbeArgs, budget: Option<u64>, timeout: ProbeTimeout) -> Cl
         if args.json {
             return json(&wrapped(&info, cap.budget, &run));
         }
-        out(&render_scaled(&run))
-    } else {
-        let rep = replay::replay_one(&r, &src).map_err(|e| bad(&src.files[0], e))?;
+        return out(&render::scaled(&run));
+    }
+    // One file: each selected device replayed in turn, the default (the OOM's) first.
+    let devices: Vec<usize> = match src.device {
+        Some(d) => vec![d],
+        None => verdict::report_of(&src, DeviceSelect::All)
+            .map_err(|e| bad(&src.files[0], e))?
+            .devices
+            .iter()
+            .map(|d| d.device)
+            .collect(),
+    };
+    let mut reps = Vec::new();
+    for d in devices {
+        let one = Source {
+            device: Some(d),
+            ..src.clone()
+        };
+        let rep = replay::replay_one(&r, &one).map_err(|e| bad(&src.files[0], e))?;
         if rep.probe.outcome == crate::report::Outcome::Error {
             return Err(CliError::run(format!(
-                "the replay failed with an error, not an OOM: {}",
+                "the replay of cuda:{d} failed with an error, not an OOM: {}",
                 rep.probe.detail.clone().unwrap_or_default()
             )));
         }
-        if args.json {
-            return json(&wrapped(&info, cap.budget, &rep));
+        if !args.json {
+            out(&render::replay(&rep, cap.budget))?;
         }
-        out(&render_replay(&rep, cap.budget))
+        reps.push(rep);
     }
+    if args.json {
+        // One device: its report as before; several: the list.
+        return match reps.as_slice() {
+            [one] => json(&wrapped(&info, cap.budget, one)),
+            many => json(&wrapped(&info, cap.budget, &many)),
+        };
+    }
+    Ok(())
 }
 
 /// `probe --snapshot --json`: the device and budget beside the snapshot's result.
@@ -188,165 +224,6 @@ fn json<T: Serialize>(v: &T) -> CliResult<()> {
     out(&format!("{s}\n"))
 }
 
-fn render_replay(r: &replay::ReplayReport, budget: Option<u64>) -> String {
-    let p = &r.probe;
-    let mut s = format!(
-        "snapshot {} ({} granularity): {} allocations, {} events\ntrace peak     {} ({} B)\n",
-        r.file,
-        r.granularity.name(),
-        r.allocations,
-        r.events,
-        fmt_bytes(r.trace_peak_bytes),
-        r.trace_peak_bytes
-    );
-    if let Some(o) = &r.recorded_oom {
-        s.push_str(&format!(
-            "recorded OOM   {} requested at {}{}\n",
-            fmt_bytes(o.requested_bytes),
-            o.frame,
-            o.device_free_bytes
-                .map(|f| format!(" ({} free on the device)", fmt_bytes(f)))
-                .unwrap_or_default()
-        ));
-    }
-    if let Some(b) = budget {
-        s.push_str(&format!("budget         {}\n", fmt_bytes(b)));
-    }
-    if r.fits {
-        s.push_str(&format!(
-            "replay         fits: peak held {} ({} B), every byte written and verified, {:.2} s\n",
-            fmt_bytes(p.bytes_allocated),
-            p.bytes_allocated,
-            p.seconds
-        ));
-    } else {
-        let at = p
-            .failed_at
-            .map(|f| {
-                format!(
-                    " at event {} ({}, {} live, {} requested)",
-                    f.event,
-                    f.phase.name(),
-                    fmt_bytes(f.live_bytes),
-                    fmt_bytes(f.requested_bytes)
-                )
-            })
-            .unwrap_or_default();
-        s.push_str(&format!(
-            "replay         does not fit: {}{at}\n               frame: {}\n",
-            p.outcome.name(),
-            r.failed_frame.as_deref().unwrap_or("-")
-        ));
-    }
-    for n in &r.notes {
-        s.push_str(&format!("note: {n}\n"));
-    }
-    s
-}
-
-fn render_summary(sm: &replay::ScaleSummary) -> String {
-    let mut s = format!(
-        "scaling from batch {} and {} (assumption: {})\n  {} allocations: {} scaling, {} fixed ({} matched, {} only at batch {})\n  at batch {}'s peak: fixed {}, scaling {}\n",
-        sm.batches.0,
-        sm.batches.1,
-        sm.assumption,
-        sm.allocations,
-        sm.scaling,
-        sm.fixed,
-        sm.matched,
-        sm.unmatched_fixed,
-        sm.batches.1,
-        sm.batches.1,
-        fmt_bytes(sm.peak_fixed_bytes),
-        fmt_bytes(sm.peak_scaling_bytes)
-    );
-    if let Some(c) = &sm.check {
-        s.push_str(&format!(
-            "  check at batch {} ({}): predicted peak {} B, the trace's own {} B ({:+.2} %)\n",
-            c.batch,
-            c.file,
-            c.predicted_peak_bytes,
-            c.trace_peak_bytes,
-            c.error * 100.0
-        ));
-    }
-    s
-}
-
-fn render_scaled(r: &replay::ScaledRun) -> String {
-    let mut s = render_summary(&r.summary);
-    let opt = |v: Option<u64>| v.map_or("-".to_string(), |x| x.to_string());
-    s.push_str(&format!(
-        "capacity {}: predicted max batch {}, probed max batch {} (first fail {}{}), {} probes, {:.1} s\n",
-        r.capacity_bytes.map_or("unknown".into(), fmt_bytes),
-        opt(r.predicted_max),
-        opt(r.max_fit),
-        opt(r.first_fail),
-        r.fail_reason
-            .map(|o| format!(": {}", o.name()))
-            .unwrap_or_default(),
-        r.probes.len(),
-        r.seconds
-    ));
-    for n in &r.notes {
-        s.push_str(&format!("note: {n}\n"));
-    }
-    s
-}
-
-/// What `estimate --snapshot` reports.
-#[derive(Debug, Serialize)]
-pub struct SnapshotEstimate {
-    pub schema_version: u32,
-    pub file: String,
-    pub granularity: Granularity,
-    pub breakdown: crate::estimate::Breakdown,
-    pub timeline: crate::estimate::TimelineSummary,
-    pub memory_bytes: Option<u64>,
-    /// Whether the trace's peak fits in `memory_bytes`.
-    pub fits: Option<bool>,
-    /// With two snapshots: the scaling model and the predicted max batch.
-    pub scale: Option<replay::ScaleSummary>,
-    pub predicted_max_batch: Option<u64>,
-    pub notes: Vec<String>,
-}
-
-/// The plan and trace of the first snapshot (scaled sources: at the larger batch).
-fn first_plan(src: &Source) -> CliResult<(Trace, Plan)> {
-    let f = &src.files[0];
-    let label = f
-        .file_name()
-        .map_or("snapshot".into(), |n| n.to_string_lossy().into_owned());
-    let trace = load(f, src.granularity).map_err(|e| bad(f, e))?;
-    let plan = trace.to_plan(&label, src.batches.first().copied().unwrap_or(0));
-    Ok((trace, plan))
-}
-
-fn estimate_of(src: &Source, memory: Option<u64>) -> CliResult<SnapshotEstimate> {
-    let (trace, plan) = first_plan(src)?;
-    let (scale, predicted) = if src.scales() {
-        let model = src.model().map_err(|e| bad(&src.files[0], e))?;
-        let sm = replay::summarize(&model, third(src)).map_err(|e| bad(&src.files[0], e))?;
-        let p = memory.and_then(|m| model.predict_max(m, replay::MAX_BATCH));
-        (Some(sm), p)
-    } else {
-        (None, None)
-    };
-    let peak = trace.peak();
-    Ok(SnapshotEstimate {
-        schema_version: crate::report::SCHEMA_VERSION,
-        file: src.files[0].display().to_string(),
-        granularity: src.granularity,
-        breakdown: crate::estimate::breakdown(&plan),
-        timeline: crate::estimate::timeline_summary(&plan),
-        memory_bytes: memory,
-        fits: memory.map(|m| peak <= m),
-        scale,
-        predicted_max_batch: predicted,
-        notes: plan.notes.clone(),
-    })
-}
-
 /// `estimate --snapshot`.
 pub fn estimate(
     args: &SnapshotArgs,
@@ -355,103 +232,30 @@ pub fn estimate(
     export_to: Option<&Path>,
 ) -> CliResult<()> {
     let src = source(args)?;
-    let e = estimate_of(&src, memory)?;
+    let e = verdict::estimate(&src, select(args)?, memory).map_err(|e| bad(&src.files[0], e))?;
     if let Some(path) = export_to {
-        export(&first_plan(&src)?.1, path)?;
+        let trace = load_device(&src.files[0], src.granularity, Some(e.device))
+            .map_err(|err| bad(&src.files[0], err))?;
+        let label = format!("cuda:{}", e.device);
+        export(
+            &trace.to_plan(&label, src.batches.first().copied().unwrap_or(0)),
+            path,
+        )?;
     }
     if as_json {
         return json(&e);
     }
-    let tl = &e.timeline;
-    let mut s = format!(
-        "snapshot {} ({} granularity): peak {} ({} B) in {} (event {} of {}, allocating {})\nby role at the peak (setup = allocated before the trace):\n{}\n",
-        e.file,
-        e.granularity.name(),
-        fmt_bytes(e.breakdown.total),
-        e.breakdown.total,
-        tl.peak_phase.map_or("-", |p| p.name()),
-        tl.peak_event,
-        tl.events,
-        tl.peak_tensor.as_deref().unwrap_or("-"),
-        crate::estimate::breakdown_table(&e.breakdown, tl.model_states_bytes)
-    );
-    if let (Some(m), Some(f)) = (e.memory_bytes, e.fits) {
-        s.push_str(&format!(
-            "on {}: {}\n",
-            fmt_bytes(m),
-            if f { "fits" } else { "does not fit" }
-        ));
-    }
-    if let Some(sm) = &e.scale {
-        s.push_str(&render_summary(sm));
-        if let Some(m) = e.memory_bytes {
-            s.push_str(&format!(
-                "predicted max batch on {}: {}\n",
-                fmt_bytes(m),
-                e.predicted_max_batch
-                    .map_or("none".into(), |x| x.to_string())
-            ));
-        }
-    }
-    for n in &e.notes {
-        s.push_str(&format!("note: {n}\n"));
-    }
-    out(&s)
+    out(&render::estimate(&e))
 }
 
-/// `diagnose --snapshot`: does the trace fit, and what is live at its peak, by stack frame.
-pub fn diagnose(args: &SnapshotArgs, memory: u64, as_json: bool) -> CliResult<()> {
+/// `diagnose --snapshot`: judged against the card recorded at the OOM, or `--memory`.
+pub fn diagnose(args: &SnapshotArgs, memory: Option<u64>, as_json: bool) -> CliResult<()> {
     let src = source(args)?;
-    let e = estimate_of(&src, Some(memory))?;
-    let (_, plan) = first_plan(&src)?;
-    let peak = plan.peak();
-    let mut by_frame: std::collections::BTreeMap<String, u64> = Default::default();
-    for t in plan.live_after(peak.event + 1) {
-        *by_frame.entry(plan.tensors[t].name.clone()).or_default() += plan.tensors[t].bytes;
-    }
-    let mut top: Vec<(String, u64)> = by_frame.into_iter().collect();
-    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    top.truncate(10);
-    let states = peak.by_role.get(Role::Params) + peak.by_role.get(Role::Optimizer);
-    let cause = if peak.bytes <= memory {
-        "fits"
-    } else if states > memory {
-        "model_too_large"
-    } else {
-        "batch_too_large"
-    };
-    #[derive(Serialize)]
-    struct Diag<'a> {
-        schema_version: u32,
-        cause: &'a str,
-        estimate: &'a SnapshotEstimate,
-        live_at_peak_by_frame: Vec<(String, u64)>,
-    }
-    let d = Diag {
-        schema_version: crate::report::SCHEMA_VERSION,
-        cause,
-        estimate: &e,
-        live_at_peak_by_frame: top.clone(),
-    };
+    let d = verdict::diagnose(&src, select(args)?, memory).map_err(|e| bad(&src.files[0], e))?;
     if as_json {
         return json(&d);
     }
-    let mut s = format!(
-        "cause: {cause} — the trace's peak is {} on {} (states allocated before the trace: {})\nlive at the peak, by stack frame:\n",
-        fmt_bytes(peak.bytes),
-        fmt_bytes(memory),
-        fmt_bytes(states)
-    );
-    for (f, b) in &top {
-        s.push_str(&format!("  {:>12}  {f}\n", fmt_bytes(*b)));
-    }
-    if let Some(x) = e.predicted_max_batch {
-        s.push_str(&format!(
-            "max batch on {} (scaled): {x}\n",
-            fmt_bytes(memory)
-        ));
-    }
-    out(&s)
+    out(&render::diagnose(&d))
 }
 
 /// `estimate --export-snapshot FILE`: the plan's timeline as a snapshot pickle.

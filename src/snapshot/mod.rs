@@ -4,10 +4,13 @@
 //! opens. See docs/snapshots.md.
 
 pub mod read;
+pub mod render;
 pub mod replay;
+pub mod report;
 pub mod scale;
 pub mod schema;
 pub mod trace;
+pub mod verdict;
 pub mod write;
 
 use std::path::Path;
@@ -30,6 +33,9 @@ pub enum SnapshotError {
     Schema(String),
     #[error("{0}")]
     Scale(String),
+    /// A device the file does not hold (the message names the flag).
+    #[error("{0}")]
+    Device(String),
 }
 
 /// What one allocation of the replay is.
@@ -55,10 +61,23 @@ impl Granularity {
     }
 }
 
-/// Read a snapshot file and turn it into its trace at `granularity`.
+/// Read a snapshot file and turn its default device (the OOM's, else the highest peak) into
+/// its trace at `granularity`.
 pub fn load(path: &Path, granularity: Granularity) -> Result<Trace, SnapshotError> {
+    load_device(path, granularity, None)
+}
+
+/// Read one device of a snapshot file (None: the default device) as a trace.
+pub fn load_device(
+    path: &Path,
+    granularity: Granularity,
+    device: Option<usize>,
+) -> Result<Trace, SnapshotError> {
     let snap = read::read_file(path)?;
-    trace::trace_of(&snap, granularity)
+    match device {
+        Some(d) => trace::trace_of_device(&snap, granularity, d),
+        None => trace::trace_of(&snap, granularity),
+    }
 }
 
 /// What a probe replays: one snapshot as recorded, or two at two batch sizes scaled to the
@@ -70,6 +89,9 @@ pub struct Source {
     #[serde(default)]
     pub batches: Vec<u64>,
     pub granularity: Granularity,
+    /// The device to read (None: the file's default device).
+    #[serde(default)]
+    pub device: Option<usize>,
 }
 
 impl Source {
@@ -77,8 +99,8 @@ impl Source {
     pub fn model(&self) -> Result<scale::ScaleModel, SnapshotError> {
         match (&self.files[..], &self.batches[..]) {
             ([a, b, ..], [ba, bb, ..]) => {
-                let ta = load(a, Granularity::Blocks)?;
-                let tb = load(b, Granularity::Blocks)?;
+                let ta = load_device(a, Granularity::Blocks, self.device)?;
+                let tb = load_device(b, Granularity::Blocks, self.device)?;
                 scale::ScaleModel::fit(&ta, *ba, &tb, *bb)
             }
             _ => Err(SnapshotError::Scale(
@@ -106,7 +128,7 @@ impl Source {
                 .files
                 .first()
                 .ok_or_else(|| SnapshotError::Io("no snapshot file given".into()))?;
-            Ok(load(f, self.granularity)?.to_plan(&label, value))
+            Ok(load_device(f, self.granularity, self.device)?.to_plan(&label, value))
         }
     }
 }

@@ -1,19 +1,42 @@
-//! Read a snapshot file (`torch.cuda.memory._dump_snapshot`, a pickle) into the typed schema,
-//! with one clear reason when the file is not one.
+//! Read a snapshot file into the typed schema, whatever PyTorch (or a person) wrote: the pickle
+//! of `torch.cuda.memory._dump_snapshot` (every layout since 2.0), a bare list of segments
+//! (`torch.cuda.memory_snapshot()` pickled), the same dicts as JSON, and the HTML page (or its
+//! `local_files` JSON) that `torch.cuda._memory_viz` writes around the pickle. One clear
+//! reason when the file is none of these.
 
 use std::path::Path;
 
-use super::schema::{Segment, Snapshot, ACTIONS, NO_ADDRESS};
+use base64::Engine;
+
+use super::schema::{Segment, Snapshot, NO_ADDRESS};
 use super::SnapshotError;
+
+/// A snapshot and what kind of file it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loaded {
+    pub snapshot: Snapshot,
+    /// e.g. "pickle (dict)", "JSON (bare list of segments)", "HTML from torch.cuda._memory_viz".
+    pub format: String,
+}
 
 /// Read and check a snapshot file.
 pub fn read_file(path: &Path) -> Result<Snapshot, SnapshotError> {
+    Ok(load_file(path)?.snapshot)
+}
+
+/// Read a snapshot file and say what kind of file it was.
+pub fn load_file(path: &Path) -> Result<Loaded, SnapshotError> {
     let bytes = std::fs::read(path).map_err(|e| SnapshotError::Io(e.to_string()))?;
-    read_bytes(&bytes)
+    load_bytes(&bytes)
 }
 
 /// Parse and check snapshot bytes.
 pub fn read_bytes(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
+    Ok(load_bytes(bytes)?.snapshot)
+}
+
+/// Parse and check snapshot bytes, with their format.
+pub fn load_bytes(bytes: &[u8]) -> Result<Loaded, SnapshotError> {
     if bytes.is_empty() {
         return Err(SnapshotError::NotSnapshot("the file is empty".into()));
     }
@@ -22,41 +45,146 @@ pub fn read_bytes(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
             "the file is gzip-compressed: gunzip it first".into(),
         ));
     }
-    // Protocol 2+ pickles start with PROTO (0x80); protocols 0 and 1 with an opcode such as '('
-    // or '}'. Text (JSON, HTML) is refused here with a useful message.
-    if bytes[0] == b'{' || bytes[0] == b'<' || bytes[0] == b'[' {
-        return Err(SnapshotError::NotSnapshot(
-            "the file is text, not a pickle (torch.cuda.memory._dump_snapshot writes a pickle)"
-                .into(),
-        ));
-    }
-    let opts = serde_pickle::DeOptions::new;
-    let mut snap: Snapshot = match serde_pickle::from_slice::<Snapshot>(bytes, opts()) {
-        Ok(s) => s,
-        Err(e) => match serde_pickle::from_slice::<Vec<Segment>>(bytes, opts()) {
-            // `torch.cuda.memory_snapshot()` pickled as it is: a bare list of segments, no
-            // history (the state at dump time).
-            Ok(segments) => Snapshot {
-                segments,
-                device_traces: Vec::new(),
-            },
-            Err(_) => {
-                let msg = e.to_string();
-                return Err(if msg.contains("EOF") || msg.contains("end of file") {
-                    SnapshotError::Truncated(msg)
-                } else {
-                    SnapshotError::NotSnapshot(msg)
-                });
-            }
-        },
+    let text_start = bytes.iter().find(|b| !b.is_ascii_whitespace()).copied();
+    let (mut snapshot, format) = match text_start {
+        Some(b'{') | Some(b'[') => from_json(bytes)?,
+        Some(b'<') => from_html(bytes)?,
+        _ => from_pickle(bytes)?,
     };
-    fill_addresses(&mut snap);
-    check(&snap)?;
-    Ok(snap)
+    fill_from_history(&mut snapshot);
+    fill_addresses(&mut snapshot);
+    check(&snapshot)?;
+    Ok(Loaded { snapshot, format })
 }
 
-/// PyTorch 2.0's blocks have no address: each lies after the blocks before it in its segment
-/// (the allocator splits a segment front to back and lists its blocks in address order).
+/// A pickle: the snapshot dict, or a bare list of segments (the state at dump time).
+fn from_pickle(bytes: &[u8]) -> Result<(Snapshot, String), SnapshotError> {
+    let opts = serde_pickle::DeOptions::new;
+    match serde_pickle::from_slice::<Snapshot>(bytes, opts()) {
+        Ok(s) => Ok((s, "pickle".into())),
+        Err(e) => match serde_pickle::from_slice::<Vec<Segment>>(bytes, opts()) {
+            Ok(segments) => Ok((
+                Snapshot {
+                    segments,
+                    device_traces: Vec::new(),
+                },
+                "pickle (a bare list of segments: torch.cuda.memory_snapshot())".into(),
+            )),
+            Err(_) => {
+                let msg = e.to_string();
+                Err(
+                    if msg.contains("EOF") || msg.contains("end of file") || msg.contains("eof") {
+                        SnapshotError::Truncated(msg)
+                    } else {
+                        SnapshotError::NotSnapshot(msg)
+                    },
+                )
+            }
+        },
+    }
+}
+
+/// The snapshot dict or list of segments as JSON (`json.dump(torch.cuda.memory._snapshot())`),
+/// or `_memory_viz`'s `[{"name": ..., "base64": <pickle>}]`.
+fn from_json(bytes: &[u8]) -> Result<(Snapshot, String), SnapshotError> {
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        if e.is_eof() {
+            SnapshotError::Truncated(format!("JSON: {e}"))
+        } else {
+            SnapshotError::NotSnapshot(format!("JSON: {e}"))
+        }
+    })?;
+    let schema = |e: serde_json::Error| SnapshotError::NotSnapshot(format!("JSON: {e}"));
+    match &v {
+        serde_json::Value::Object(m) if m.contains_key("segments") => Ok((
+            serde_json::from_value(v).map_err(schema)?,
+            "JSON (dict)".into(),
+        )),
+        serde_json::Value::Array(items) if items.first().is_some_and(|i| i.get("base64").is_some()) => {
+            let (s, f) = embedded(items)?;
+            Ok((s, format!("{f} (base64 in _memory_viz's local_files JSON)")))
+        }
+        serde_json::Value::Array(_) => Ok((
+            Snapshot {
+                segments: serde_json::from_value(v).map_err(schema)?,
+                device_traces: Vec::new(),
+            },
+            "JSON (a bare list of segments)".into(),
+        )),
+        _ => Err(SnapshotError::NotSnapshot(
+            "JSON without `segments` (a memory snapshot is {\"segments\": [...], \"device_traces\": [...]})"
+                .into(),
+        )),
+    }
+}
+
+/// The first pickle of a `local_files` list.
+fn embedded(items: &[serde_json::Value]) -> Result<(Snapshot, String), SnapshotError> {
+    let b64 = items
+        .first()
+        .and_then(|i| i.get("base64"))
+        .and_then(|b| b.as_str())
+        .ok_or_else(|| SnapshotError::NotSnapshot("local_files without base64".into()))?;
+    let mut pickle = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|e| SnapshotError::NotSnapshot(format!("the embedded base64: {e}")))?;
+    // _format_viz pads the pickle with NUL bytes to a multiple of 3; a pickle ends at STOP.
+    while pickle.last() == Some(&0) {
+        pickle.pop();
+    }
+    from_pickle(&pickle)
+}
+
+/// The page `python -m torch.cuda._memory_viz trace_plot|segment_plot` (or `profile_plot`)
+/// writes: `const local_files = [{"name": ..., "base64": ...}]` on one line.
+fn from_html(bytes: &[u8]) -> Result<(Snapshot, String), SnapshotError> {
+    let text = String::from_utf8_lossy(bytes);
+    const MARK: &str = "const local_files =";
+    let Some(at) = text.find(MARK) else {
+        return Err(SnapshotError::NotSnapshot(
+            "the file is text (HTML) with no embedded snapshot: give the pickle torch.cuda.memory._dump_snapshot wrote, or the page torch.cuda._memory_viz made from it"
+                .into(),
+        ));
+    };
+    let rest = &text[at + MARK.len()..];
+    let line = rest
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .trim_end_matches(';');
+    let items: Vec<serde_json::Value> = serde_json::from_str(line).map_err(|e| {
+        if e.is_eof() {
+            SnapshotError::Truncated(format!("the page's local_files: {e}"))
+        } else {
+            SnapshotError::NotSnapshot(format!("the page's local_files: {e}"))
+        }
+    })?;
+    let (s, f) = embedded(&items)?;
+    Ok((
+        s,
+        format!("{f} (embedded in a torch.cuda._memory_viz page)"),
+    ))
+}
+
+/// PyTorch 2.0's blocks keep their frames and requested size in `history` (what
+/// `_memory_viz._block_extra_legacy` reads: the first entry).
+fn fill_from_history(snap: &mut Snapshot) {
+    for b in snap.segments.iter_mut().flat_map(|s| s.blocks.iter_mut()) {
+        if let Some(h) = b.history.first() {
+            if b.frames.is_empty() {
+                b.frames = h.frames.clone();
+            }
+            if b.requested_size == 0 {
+                b.requested_size = h.real_size;
+            }
+        }
+    }
+}
+
+/// PyTorch 2.0's blocks (and `_profile_to_snapshot`'s) have no address: each lies after the
+/// blocks before it in its segment (the allocator splits a segment front to back and lists its
+/// blocks in address order).
 pub fn fill_addresses(snap: &mut Snapshot) {
     for seg in &mut snap.segments {
         let mut at = seg.address;
@@ -69,24 +197,9 @@ pub fn fill_addresses(snap: &mut Snapshot) {
     }
 }
 
-/// What serde cannot check: known actions, addresses where an action needs one, sane sizes.
+/// What serde cannot check: sane sizes. (Unknown actions and entries without an address are
+/// skipped with a note when the trace is built: a newer PyTorch may add actions.)
 fn check(snap: &Snapshot) -> Result<(), SnapshotError> {
-    for (d, trace) in snap.device_traces.iter().enumerate() {
-        for (i, e) in trace.iter().enumerate() {
-            if !ACTIONS.contains(&e.action.as_str()) {
-                return Err(SnapshotError::Schema(format!(
-                    "device {d} trace entry {i}: unknown action '{}'",
-                    e.action
-                )));
-            }
-            if e.action != "oom" && e.action != "snapshot" && e.addr.is_none() {
-                return Err(SnapshotError::Schema(format!(
-                    "device {d} trace entry {i}: '{}' without an address",
-                    e.action
-                )));
-            }
-        }
-    }
     for (s, seg) in snap.segments.iter().enumerate() {
         let blocks: u64 = seg.blocks.iter().map(|b| b.size).sum();
         if !seg.is_expandable && blocks > seg.total_size {

@@ -51,6 +51,8 @@ impl Replayer {
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplayReport {
     pub file: String,
+    /// The device of the file replayed (cuda:N).
+    pub device: usize,
     pub granularity: Granularity,
     pub allocations: usize,
     pub events: usize,
@@ -76,10 +78,19 @@ pub struct RecordedOom {
 /// Replay one snapshot.
 pub fn replay_one(r: &Replayer, source: &Source) -> Result<ReplayReport, SnapshotError> {
     let file = &source.files[0];
-    let trace = load(file, source.granularity)?;
+    let snap = super::read::read_file(file)?;
+    let device = source
+        .device
+        .unwrap_or_else(|| super::trace::default_device(&snap, source.granularity));
+    let trace = super::trace::trace_of_device(&snap, source.granularity, device)?;
+    let source = &Source {
+        device: Some(device),
+        ..source.clone()
+    };
     let probe = r.probe(source, source.batches.first().copied().unwrap_or(0));
     Ok(ReplayReport {
         file: file.display().to_string(),
+        device,
         granularity: source.granularity,
         allocations: trace.allocs.len(),
         events: trace.events.len(),

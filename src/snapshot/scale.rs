@@ -230,6 +230,7 @@ mod tests {
                     phase: Phase::Forward,
                     role: Role::Activations,
                     before_trace: false,
+                    role_known: true,
                 })
                 .collect(),
             events: (0..allocs.len())
@@ -237,6 +238,7 @@ mod tests {
                     alloc: true,
                     ix,
                     phase: Phase::Forward,
+                    entry: Some(ix),
                 })
                 .collect(),
             oom: None,

@@ -1,23 +1,38 @@
-//! The snapshot's schema as PyTorch writes it (`torch/cuda/memory.py`: the `Snapshot`,
-//! `Segment`, `Block`, `Frame` and `TraceEntry` TypedDicts), for serde-pickle in both
-//! directions. Fields PyTorch may omit are optional; unknown fields are ignored.
+//! The snapshot's schema as PyTorch has written it since 2.0 (`torch/cuda/memory.py`: the
+//! `Snapshot`, `Segment`, `Block`, `Frame` and `TraceEntry` TypedDicts; the dicts built in
+//! `torch/csrc/cuda/Module.cpp`, later `memory_snapshot.cpp`), for serde-pickle in both
+//! directions. Every field a version may omit is optional and unknown fields are ignored
+//! (`allocator_settings`, `external_annotations`, `compile_context`, `user_metadata`, ...).
+//!
+//! What changed between versions (docs/snapshots.md has the commits):
+//! - 2.0: blocks carry `history: [{addr, real_size, frames}]` and no `address`/`frames`;
+//!   segments no `frames`/`is_expandable`/`segment_pool_id`; trace entries no `time_us`.
+//! - 2.1: blocks `address`, `frames`, `requested_size`; segments `frames`, `is_expandable`,
+//!   `segment_pool_id`; `time_us`; `segment_map`/`segment_unmap` for expandable segments.
+//! - 2.5+: a top-level `allocator_settings`, later `external_annotations`; `user_defined`
+//!   trace entries (`torch.cuda.memory._record_memory_history` annotations).
+//! - `torch.cuda.memory._profile_to_snapshot` (the profiler's timeline as a snapshot): blocks
+//!   of only `size`/`state`, trace entries with a `category` (`parameter`, `activation`, ...).
 
 use serde::{Deserialize, Serialize};
 
 /// `torch.cuda.memory._snapshot()`: the segments at dump time and the allocator's history.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
+    #[serde(default)]
     pub segments: Vec<Segment>,
-    /// One list of trace entries per device (empty when history was not recorded).
+    /// One list of trace entries per device: `device_traces[i]` is cuda:i (empty when history
+    /// was not recorded or the device was not used).
     #[serde(default)]
     pub device_traces: Vec<Vec<TraceEntry>>,
 }
 
 /// Memory returned by one cudaMalloc (or one expandable segment), split into blocks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Segment {
     #[serde(default)]
     pub device: i64,
+    #[serde(default)]
     pub address: u64,
     pub total_size: u64,
     #[serde(default)]
@@ -34,6 +49,7 @@ pub struct Segment {
     pub is_expandable: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segment_pool_id: Option<(i64, i64)>,
+    #[serde(default)]
     pub blocks: Vec<Block>,
 }
 
@@ -47,8 +63,36 @@ pub struct Block {
     pub size: u64,
     #[serde(default)]
     pub requested_size: u64,
-    /// active_allocated | active_awaiting_free | inactive
+    /// active_allocated | active_awaiting_free (active_pending_free) | inactive
     pub state: String,
+    #[serde(default)]
+    pub frames: Vec<Frame>,
+    /// PyTorch 2.0: what was allocated in the block, newest last (`read` takes the frames and
+    /// requested size from it when the block has none of its own).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<History>,
+}
+
+impl Default for Block {
+    fn default() -> Self {
+        Block {
+            address: NO_ADDRESS,
+            size: 0,
+            requested_size: 0,
+            state: "inactive".into(),
+            frames: Vec::new(),
+            history: Vec::new(),
+        }
+    }
+}
+
+/// One allocation in a PyTorch 2.0 block's `history`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    #[serde(default)]
+    pub addr: u64,
+    #[serde(default)]
+    pub real_size: u64,
     #[serde(default)]
     pub frames: Vec<Frame>,
 }
@@ -68,20 +112,22 @@ impl Block {
 }
 
 /// One stack frame, innermost first in a list.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Frame {
+    #[serde(default)]
     pub filename: String,
+    #[serde(default)]
     pub line: i64,
+    #[serde(default)]
     pub name: String,
 }
 
 /// One action of the caching allocator, in order.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TraceEntry {
-    /// alloc | free_requested | free_completed | segment_alloc | segment_free | segment_map |
-    /// segment_unmap | snapshot | oom | annotate
+    /// One of [`ACTIONS`]; others are skipped with a note.
     pub action: String,
-    /// Absent for `oom` (older PyTorch put the device's free bytes here).
+    /// Absent for `oom` (its free bytes are in `device_free`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addr: Option<u64>,
     #[serde(default)]
@@ -95,10 +141,15 @@ pub struct TraceEntry {
     /// `oom` only: what the driver still reported free.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_free: Option<u64>,
+    /// `_profile_to_snapshot`: the profiler's category of the tensor (parameter, gradient,
+    /// optimizer_state, activation, temporary, input, autograd_detail, unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
 }
 
-/// The actions oomprobe knows; any other is a bad file.
-pub const ACTIONS: [&str; 10] = [
+/// The actions PyTorch writes (`TraceEntry::Action` in CUDACachingAllocator.h), and
+/// `annotate`, which earlier oomprobe releases accepted.
+pub const ACTIONS: [&str; 11] = [
     "alloc",
     "free_requested",
     "free_completed",
@@ -108,5 +159,6 @@ pub const ACTIONS: [&str; 10] = [
     "segment_unmap",
     "snapshot",
     "oom",
+    "user_defined",
     "annotate",
 ];

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::plan::{DType, Event, EventKind, Phase, Plan, Role, TensorSpec};
 
-use super::schema::{Frame, Snapshot, TraceEntry};
+use super::schema::{Frame, Snapshot, TraceEntry, ACTIONS};
 use super::{Granularity, SnapshotError};
 
 /// One allocation of the trace.
@@ -26,6 +26,9 @@ pub struct Allocation {
     pub role: Role,
     /// Allocated before the trace began (model states, typically).
     pub before_trace: bool,
+    /// Whether `role` comes from the allocation's own frames (or the profiler's category);
+    /// memory that existed before recording with no frames has no known role.
+    pub role_known: bool,
 }
 
 /// The step's allocations and their alloc/free order.
@@ -47,6 +50,8 @@ pub struct TraceEvent {
     /// Index into `Trace::allocs`.
     pub ix: usize,
     pub phase: Phase,
+    /// The device trace entry it comes from (None: existed before the trace).
+    pub entry: Option<usize>,
 }
 
 /// The allocator's `oom` entry.
@@ -55,30 +60,54 @@ pub struct OomRecord {
     pub requested: u64,
     pub device_free: Option<u64>,
     pub frame: String,
+    /// The call stack that asked, innermost first, as `file:line:function` (Python frames and
+    /// named C++ ops; at most [`STACK_FRAMES`]).
+    pub stack: Vec<String>,
     /// Index into `Trace::events` of the request's allocation.
     pub event: usize,
+    /// Index of the `oom` entry in its device's trace.
+    pub entry: usize,
 }
+
+/// How many frames of the OOM's stack are kept.
+pub const STACK_FRAMES: usize = 12;
 
 /// The prefix of frame filenames that an exported plan uses (`oomprobe/<phase>/<role>`), so a
 /// round trip keeps phases and roles.
 pub const EXPORT_PREFIX: &str = "oomprobe/";
 
 impl Trace {
+    /// Live bytes after event `e`, given `live` before it.
+    pub fn apply(&self, e: &TraceEvent, live: u64) -> u64 {
+        let b = self.allocs[e.ix].bytes;
+        if e.alloc {
+            live.saturating_add(b)
+        } else {
+            live.saturating_sub(b)
+        }
+    }
+
+    /// The most bytes live after any of `events`.
+    fn peak_over<'a>(&self, events: impl Iterator<Item = &'a TraceEvent>) -> u64 {
+        events
+            .scan(0u64, |live, e| {
+                *live = self.apply(e, *live);
+                Some(*live)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Live bytes before the first event (what existed before the trace) and the peak after any
     /// event: the trace's own peak, from the snapshot alone.
     pub fn peak(&self) -> u64 {
-        let mut live = 0u64;
-        let mut peak = 0u64;
-        for e in &self.events {
-            let b = self.allocs[e.ix].bytes;
-            if e.alloc {
-                live = live.saturating_add(b);
-                peak = peak.max(live);
-            } else {
-                live = live.saturating_sub(b);
-            }
-        }
-        peak
+        self.peak_over(self.events.iter())
+    }
+
+    /// The peak without the refused request of a recorded OOM: what the allocator really held.
+    pub fn held_peak(&self) -> u64 {
+        let refused = self.oom.as_ref().map(|o| self.events[o.event].ix);
+        self.peak_over(self.events.iter().filter(|e| Some(e.ix) != refused))
     }
 
     /// The trace as a plan's timeline: a tensor per allocation (1-byte elements, named by its
@@ -143,6 +172,7 @@ impl Trace {
                     phase,
                     role: t.role,
                     before_trace: phase == Phase::Setup,
+                    role_known: true,
                 }
             })
             .collect();
@@ -154,11 +184,13 @@ impl Trace {
                     alloc: true,
                     ix,
                     phase: e.phase,
+                    entry: None,
                 }),
                 EventKind::Free(ix) => Some(TraceEvent {
                     alloc: false,
                     ix,
                     phase: e.phase,
+                    entry: None,
                 }),
                 EventKind::Kernel(_) => None,
             })
@@ -173,68 +205,27 @@ impl Trace {
     }
 }
 
-/// The device whose history to read: the first whose trace records an `oom` (what a user
-/// imports the file for), else the one with the most trace entries (0 when none).
-fn pick_device(snap: &Snapshot) -> usize {
-    if let Some(d) = snap
-        .device_traces
-        .iter()
-        .position(|t| t.iter().any(|e| e.action == "oom"))
-    {
-        return d;
-    }
-    let busiest = snap
+/// The devices a snapshot holds memory or history for, in order: every `device_traces[i]`
+/// with an entry that is more than a dump marker, and every device a segment names.
+pub fn devices(snap: &Snapshot) -> Vec<usize> {
+    let mut ds: Vec<usize> = snap
         .device_traces
         .iter()
         .enumerate()
-        .max_by_key(|(i, t)| (t.len(), usize::MAX - i))
-        .filter(|(_, t)| !t.is_empty())
-        .map(|(i, _)| i);
-    // No history anywhere: the device that holds the most memory.
-    busiest.unwrap_or_else(|| {
-        let mut by: std::collections::BTreeMap<usize, u64> = Default::default();
-        for seg in &snap.segments {
-            *by.entry(seg.device.max(0) as usize).or_default() += seg.total_size;
-        }
-        by.into_iter()
-            .max_by_key(|&(d, b)| (b, usize::MAX - d))
-            .map_or(0, |(d, _)| d)
-    })
-}
-
-/// Which device was read, when the file has others with history or memory.
-fn device_note(snap: &Snapshot, device: usize) -> Option<String> {
-    let mut others: Vec<usize> = snap
-        .device_traces
-        .iter()
-        .enumerate()
-        .filter(|(i, t)| *i != device && !t.is_empty())
+        .filter(|(_, t)| t.iter().any(|e| e.action != "snapshot"))
         .map(|(i, _)| i)
         .collect();
-    for s in &snap.segments {
-        let d = s.device.max(0) as usize;
-        if d != device && !others.contains(&d) && snap.device_traces.len() > 1 {
-            others.push(d);
-        }
-    }
-    others.sort_unstable();
-    if others.is_empty() {
-        return None;
-    }
-    let list: Vec<String> = others.iter().map(|d| format!("cuda:{d}")).collect();
-    let why = if snap
-        .device_traces
-        .get(device)
-        .is_some_and(|t| t.iter().any(|e| e.action == "oom"))
-    {
-        "the device whose trace records the OOM"
-    } else {
-        "the device with the most trace entries"
-    };
-    Some(format!(
-        "read cuda:{device} ({why}); {} also in the file, not read",
-        list.join(", ")
-    ))
+    ds.extend(snap.segments.iter().map(|s| s.device.max(0) as usize));
+    ds.sort_unstable();
+    ds.dedup();
+    ds
+}
+
+/// The device whose trace records an `oom`, if one does (the first).
+pub fn oom_device(snap: &Snapshot) -> Option<usize> {
+    snap.device_traces
+        .iter()
+        .position(|t| t.iter().any(|e| e.action == "oom"))
 }
 
 /// The frame a person wants to see: the innermost frame of the job's own Python code (not
@@ -248,16 +239,13 @@ pub fn top_frame(frames: &[Frame]) -> String {
     }
     let is_py = |f: &&Frame| f.filename.ends_with(".py");
     let own = frames.iter().filter(is_py).find(|f| {
-        !f.filename.contains("torch/nn/")
-            && !f.filename.contains("torch/autograd/")
-            && !f.filename.contains("torch/utils/")
+        let p = slashed(&f.filename);
+        !p.contains("torch/nn/") && !p.contains("torch/autograd/") && !p.contains("torch/utils/")
     });
-    let op = frames
-        .iter()
-        .find(|f| !f.filename.ends_with(".py") && f.name.contains("::"))
-        .map(|f| f.name.as_str());
+    let op = op_of(frames);
+    let op = op.as_deref();
     let short = |f: &Frame| {
-        let file = f.filename.rsplit('/').next().unwrap_or(&f.filename);
+        let file = f.filename.rsplit(['/', '\\']).next().unwrap_or(&f.filename);
         format!("{file}:{}:{}", f.line, f.name)
     };
     // In backward the job's own code is not on the stack: the autograd node says more than
@@ -266,7 +254,7 @@ pub fn top_frame(frames: &[Frame]) -> String {
         .iter()
         .find(|f| !f.filename.ends_with(".py") && f.name.contains("Backward"));
     if let (None, Some(n)) = (own, node) {
-        let name = n.name.trim_start_matches("evaluate_function: ");
+        let name = node_name(&n.name);
         return match op {
             Some(op) => format!("{name} ({op})"),
             None => name.to_string(),
@@ -283,6 +271,40 @@ pub fn top_frame(frames: &[Frame]) -> String {
     }
 }
 
+/// A frame's path with Windows separators as `/`.
+fn slashed(path: &str) -> std::borrow::Cow<'_, str> {
+    if path.contains('\\') {
+        path.replace('\\', "/").into()
+    } else {
+        path.into()
+    }
+}
+
+/// The innermost ATen op of a C++ stack: `at::_ops::relu::call(...)` reads `aten::relu`;
+/// failing that an `at::native::` or `aten::` frame's name without its arguments.
+fn op_of(frames: &[Frame]) -> Option<String> {
+    let cpp = || frames.iter().filter(|f| !f.filename.ends_with(".py"));
+    if let Some(op) = cpp().find_map(|f| {
+        let rest = f.name.strip_prefix("at::_ops::")?;
+        let (name, _) = rest.split_once("::")?;
+        Some(format!("aten::{name}"))
+    }) {
+        return Some(op);
+    }
+    cpp()
+        .find(|f| f.name.starts_with("at::native::") || f.name.starts_with("aten::"))
+        .map(|f| f.name.split('(').next().unwrap_or(&f.name).to_string())
+}
+
+/// An autograd node's name: `torch::autograd::generated::DivBackward0::apply(...)` reads
+/// `DivBackward0`, `evaluate_function: MmBackward0` reads `MmBackward0`.
+fn node_name(name: &str) -> &str {
+    let name = name.trim_start_matches("evaluate_function: ");
+    let name = name.split('(').next().unwrap_or(name);
+    let name = name.strip_suffix("::apply").unwrap_or(name);
+    name.rsplit("::").next().unwrap_or(name)
+}
+
 /// A free's frames say where it was freed, not where it was allocated, except in a file
 /// oomprobe exported (its frame names the tensor).
 fn exported(frames: &[Frame]) -> &[Frame] {
@@ -292,24 +314,64 @@ fn exported(frames: &[Frame]) -> &[Frame] {
     }
 }
 
-/// Phase and role of an allocation from its frames (innermost first).
-fn classify(frames: &[Frame], before_trace: bool) -> (Phase, Role) {
+/// Phase and role of an allocation from its frames (innermost first) or the profiler's
+/// category, and whether the role is known. Memory that existed before the trace is in the
+/// setup phase; its role is what its frames tell (a module's `_apply`/`to`/`load_state_dict`
+/// makes weights, `torch/optim` optimizer state, `AccumulateGrad` gradients), else unknown.
+fn classify(frames: &[Frame], category: Option<&str>, before_trace: bool) -> (Phase, Role, bool) {
     if let Some(f) = frames.first() {
         if let Some(rest) = f.filename.strip_prefix(EXPORT_PREFIX) {
             if let Some((phase, role)) = parse_export_tag(rest) {
-                return (if before_trace { Phase::Setup } else { phase }, role);
+                return (if before_trace { Phase::Setup } else { phase }, role, true);
             }
         }
     }
-    if before_trace {
-        return (Phase::Setup, Role::Params);
-    }
+    let by_category = category.and_then(|c| match c {
+        "parameter" => Some(Role::Params),
+        "gradient" => Some(Role::Gradients),
+        "optimizer_state" => Some(Role::Optimizer),
+        "activation" | "input" | "autograd_detail" => Some(Role::Activations),
+        "temporary" => Some(Role::Workspace),
+        _ => None,
+    });
     let any = |p: &dyn Fn(&Frame) -> bool| frames.iter().any(p);
-    if any(&|f| f.filename.contains("torch/optim/") || f.name.contains("optimizer")) {
+    let optimizer =
+        || any(&|f| slashed(&f.filename).contains("torch/optim/") || f.name.contains("optimizer"));
+    let backward = || {
+        any(&|f| {
+            f.filename.contains("autograd") || f.name.contains("Backward") || f.name == "backward"
+        })
+    };
+    if before_trace {
+        let role = by_category.or_else(|| {
+            if optimizer() {
+                Some(Role::Optimizer)
+            } else if any(&|f| f.name.contains("AccumulateGrad")) {
+                Some(Role::Gradients)
+            } else if any(&|f| {
+                slashed(&f.filename).ends_with("torch/nn/modules/module.py")
+                    && [
+                        "_apply",
+                        "to",
+                        "cuda",
+                        "_load_from_state_dict",
+                        "load_state_dict",
+                    ]
+                    .contains(&f.name.as_str())
+                    || f.name == "from_pretrained"
+            }) {
+                Some(Role::Params)
+            } else if !frames.is_empty() && backward() {
+                Some(Role::Activations)
+            } else {
+                None
+            }
+        });
+        return (Phase::Setup, role.unwrap_or(Role::Params), role.is_some());
+    }
+    let (phase, role) = if optimizer() {
         (Phase::Optimizer, Role::Optimizer)
-    } else if any(&|f| {
-        f.filename.contains("autograd") || f.name.contains("Backward") || f.name == "backward"
-    }) {
+    } else if backward() {
         (Phase::Backward, Role::Activations)
     } else if any(&|f| {
         let n = f.name.to_ascii_lowercase();
@@ -318,7 +380,8 @@ fn classify(frames: &[Frame], before_trace: bool) -> (Phase, Role) {
         (Phase::Loss, Role::Activations)
     } else {
         (Phase::Forward, Role::Activations)
-    }
+    };
+    (phase, by_category.unwrap_or(role), true)
 }
 
 /// `<phase>/<role>` of an exported frame.
@@ -361,11 +424,19 @@ struct Collector {
     events: Vec<TraceEvent>,
     /// Pre-existing allocations, each allocated at the start.
     before: Vec<usize>,
+    /// The device trace entry being read.
+    entry: usize,
 }
 
 impl Collector {
-    fn add(&mut self, bytes: u64, frames: &[Frame], before_trace: bool) -> usize {
-        let (phase, role) = classify(frames, before_trace);
+    fn add(
+        &mut self,
+        bytes: u64,
+        frames: &[Frame],
+        category: Option<&str>,
+        before_trace: bool,
+    ) -> usize {
+        let (phase, role, role_known) = classify(frames, category, before_trace);
         let key = frames
             .iter()
             .map(|f| format!("{}:{}:{}", f.filename, f.line, f.name))
@@ -382,6 +453,7 @@ impl Collector {
             phase,
             role,
             before_trace,
+            role_known,
         });
         let a = self.allocs.len() - 1;
         if before_trace {
@@ -396,13 +468,18 @@ impl Collector {
         let phase = if alloc {
             self.allocs[ix].phase
         } else if !frames.is_empty() {
-            classify(frames, false).0
+            classify(frames, None, false).0
         } else {
             self.events
                 .last()
                 .map_or(self.allocs[ix].phase, |e| e.phase)
         };
-        self.events.push(TraceEvent { alloc, ix, phase });
+        self.events.push(TraceEvent {
+            alloc,
+            ix,
+            phase,
+            entry: Some(self.entry),
+        });
     }
 
     fn finish(self, granularity: Granularity, oom: Option<OomRecord>, notes: Vec<String>) -> Trace {
@@ -414,6 +491,7 @@ impl Collector {
                 alloc: true,
                 ix,
                 phase: Phase::Setup,
+                entry: None,
             })
             .collect();
         events.extend(self.events);
@@ -430,44 +508,105 @@ impl Collector {
     }
 }
 
-/// Turn a snapshot into the trace of its busiest device at `granularity`.
+/// The trace of the snapshot's default device (the one whose trace records the OOM, else the
+/// one with the highest peak at `granularity`): what a probe replays.
 pub fn trace_of(snap: &Snapshot, granularity: Granularity) -> Result<Trace, SnapshotError> {
-    let device = pick_device(snap);
+    trace_of_device(snap, granularity, default_device(snap, granularity))
+}
+
+/// The default device: the OOM's, else the one with the highest peak (the lowest index on a
+/// tie; cuda:0 when the file holds nothing).
+pub fn default_device(snap: &Snapshot, granularity: Granularity) -> usize {
+    if let Some(d) = oom_device(snap) {
+        return d;
+    }
+    devices(snap)
+        .into_iter()
+        .map(|d| {
+            let peak = trace_of_device(snap, granularity, d).map_or(0, |t| t.peak());
+            (d, peak)
+        })
+        .max_by_key(|&(d, p)| (p, usize::MAX - d))
+        .map_or(0, |(d, _)| d)
+}
+
+/// Turn one device of a snapshot (`device_traces[device]` and the segments on it) into its
+/// trace at `granularity`.
+pub fn trace_of_device(
+    snap: &Snapshot,
+    granularity: Granularity,
+    device: usize,
+) -> Result<Trace, SnapshotError> {
     let empty = Vec::new();
     let entries = snap.device_traces.get(device).unwrap_or(&empty);
     let segments: Vec<_> = snap
         .segments
         .iter()
-        .filter(|s| s.device as usize == device || snap.device_traces.len() <= 1)
+        .filter(|s| s.device.max(0) as usize == device)
         .collect();
-    let mut notes: Vec<String> = device_note(snap, device).into_iter().collect();
-    if entries.is_empty() {
-        notes.push(
-            "the snapshot has no trace (history was not recorded): only the state at dump time"
-                .into(),
-        );
+    let mut notes: Vec<String> = Vec::new();
+    if entries.iter().all(|e| e.action == "snapshot") {
+        notes.push(format!(
+            "cuda:{device} has no trace (history was not recorded): only the state at dump time"
+        ));
     }
     let streams: HashSet<i64> = entries.iter().map(|e| e.stream).collect();
     if streams.len() > 1 {
         notes.push(format!(
-            "{} streams in the trace: replayed in recorded order on one queue",
+            "{} streams in cuda:{device}'s trace: replayed in recorded order on one queue",
             streams.len()
+        ));
+    }
+    let unknown: Vec<&str> = entries
+        .iter()
+        .map(|e| e.action.as_str())
+        .filter(|a| !ACTIONS.contains(a))
+        .collect();
+    if !unknown.is_empty() {
+        let mut names: Vec<&str> = unknown.clone();
+        names.sort_unstable();
+        names.dedup();
+        notes.push(format!(
+            "{} trace entries on cuda:{device} with actions oomprobe does not know ({}): skipped",
+            unknown.len(),
+            names.join(", ")
+        ));
+    }
+    let needs_addr = |e: &TraceEntry| {
+        !matches!(
+            e.action.as_str(),
+            "oom" | "snapshot" | "user_defined" | "annotate"
+        )
+    };
+    let no_addr = entries
+        .iter()
+        .filter(|e| needs_addr(e) && e.addr.is_none() && ACTIONS.contains(&e.action.as_str()))
+        .count();
+    if no_addr > 0 {
+        notes.push(format!(
+            "{no_addr} trace entries on cuda:{device} without an address: skipped"
         ));
     }
     let mut c = Collector::default();
     let mut oom = None;
     let mut seen: HashSet<u64> = HashSet::new();
+    let usable = entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !needs_addr(e) || e.addr.is_some());
     match granularity {
         Granularity::Blocks => {
             let mut live: HashMap<u64, usize> = HashMap::new();
-            for e in entries {
+            for (i, e) in usable {
+                c.entry = i;
                 let addr = e.addr.unwrap_or(0);
+                let cat = e.category.as_deref();
                 match e.action.as_str() {
                     "alloc" => {
                         if let Some(old) = live.remove(&addr) {
                             c.push(false, old, &[]); // a lost free: end the old block
                         }
-                        let a = c.add(e.size, &e.frames, false);
+                        let a = c.add(e.size, &e.frames, cat, false);
                         c.push(true, a, &e.frames);
                         live.insert(addr, a);
                         seen.insert(addr);
@@ -476,7 +615,7 @@ pub fn trace_of(snap: &Snapshot, granularity: Granularity) -> Result<Trace, Snap
                         if let Some(a) = live.remove(&addr) {
                             c.push(false, a, &e.frames);
                         } else if seen.insert(addr) {
-                            let a = c.add(e.size, exported(&e.frames), true);
+                            let a = c.add(e.size, exported(&e.frames), cat, true);
                             c.push(false, a, &e.frames);
                         }
                     }
@@ -484,24 +623,26 @@ pub fn trace_of(snap: &Snapshot, granularity: Granularity) -> Result<Trace, Snap
                         // Requested before its completion: if the trace never allocated it, it
                         // was live before the trace; its free_completed (if any) ends it.
                         if !live.contains_key(&addr) && !seen.contains(&addr) {
-                            let a = c.add(e.size, exported(&e.frames), true);
+                            let a = c.add(e.size, exported(&e.frames), cat, true);
                             live.insert(addr, a);
                         }
                         seen.insert(addr);
                     }
-                    "oom" => oom = Some(oom_request(&mut c, e, e.size)),
+                    "oom" => oom = Some(oom_request(&mut c, e, e.size, i)),
                     _ => {}
                 }
             }
             for seg in &segments {
                 for b in seg.blocks.iter().filter(|b| b.is_active()) {
                     if !seen.contains(&b.address) && !live.contains_key(&b.address) {
-                        let bytes = if b.requested_size > 0 {
-                            b.requested_size
-                        } else {
+                        // The block's own size, as torch.cuda.memory_allocated() counts it
+                        // (a plan oomprobe exported: the tensor's bytes, its requested size).
+                        let bytes = if exported(&b.frames).is_empty() || b.requested_size == 0 {
                             b.size
+                        } else {
+                            b.requested_size
                         };
-                        c.add(bytes, &b.frames, true);
+                        c.add(bytes, &b.frames, None, true);
                     }
                 }
             }
@@ -509,12 +650,13 @@ pub fn trace_of(snap: &Snapshot, granularity: Granularity) -> Result<Trace, Snap
         Granularity::Segments => {
             // Mapped regions by start address: (end, allocation).
             let mut live: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
-            for e in entries {
+            for (i, e) in usable {
+                c.entry = i;
                 let addr = e.addr.unwrap_or(0);
                 match e.action.as_str() {
                     "segment_alloc" | "segment_map" => {
                         unmap(&mut c, &mut live, addr, e.size, &[]); // a lost free
-                        let a = c.add(e.size, &e.frames, false);
+                        let a = c.add(e.size, &e.frames, None, false);
                         c.push(true, a, &e.frames);
                         live.insert(addr, (addr + e.size, a));
                         seen.insert(addr);
@@ -522,11 +664,11 @@ pub fn trace_of(snap: &Snapshot, granularity: Granularity) -> Result<Trace, Snap
                     "segment_free" | "segment_unmap" => {
                         let was_live = unmap(&mut c, &mut live, addr, e.size, &e.frames);
                         if !was_live && seen.insert(addr) {
-                            let a = c.add(e.size, exported(&e.frames), true);
+                            let a = c.add(e.size, exported(&e.frames), None, true);
                             c.push(false, a, &e.frames);
                         }
                     }
-                    "oom" => oom = Some(oom_request(&mut c, e, segment_size_for(e.size))),
+                    "oom" => oom = Some(oom_request(&mut c, e, segment_size_for(e.size), i)),
                     _ => {}
                 }
             }
@@ -537,7 +679,7 @@ pub fn trace_of(snap: &Snapshot, granularity: Granularity) -> Result<Trace, Snap
                         .iter()
                         .find(|b| b.is_active())
                         .map_or(&[][..], |b| &b.frames[..]);
-                    c.add(seg.total_size, frames, true);
+                    c.add(seg.total_size, frames, None, true);
                 }
             }
         }
@@ -569,6 +711,7 @@ fn unmap(
                 c.allocs.push(Allocation {
                     bytes: hi - lo,
                     before_trace: false,
+                    role_known: true,
                     ..template.clone()
                 });
                 let r = c.allocs.len() - 1;
@@ -582,8 +725,8 @@ fn unmap(
 
 /// The failed request of an `oom` entry, replayed as an allocation freed at once: on a device
 /// with room it fits, under the original card's memory it fails where PyTorch's did.
-fn oom_request(c: &mut Collector, e: &TraceEntry, bytes: u64) -> OomRecord {
-    let a = c.add(bytes, &e.frames, false);
+fn oom_request(c: &mut Collector, e: &TraceEntry, bytes: u64, entry: usize) -> OomRecord {
+    let a = c.add(bytes, &e.frames, None, false);
     let frame = c.allocs[a].frame.clone();
     c.allocs[a].frame = format!("OOM request: {frame}");
     c.push(true, a, &e.frames);
@@ -591,10 +734,30 @@ fn oom_request(c: &mut Collector, e: &TraceEntry, bytes: u64) -> OomRecord {
     c.push(false, a, &e.frames);
     OomRecord {
         requested: e.size,
+        // PyTorch 2.0 put the driver's free bytes where other entries keep the address.
         device_free: e.device_free.or(e.addr),
         frame,
+        stack: stack_of(&e.frames),
         event,
+        entry,
     }
+}
+
+/// A call stack as a person reads it: the innermost ATen op, then the Python frames
+/// (innermost first), without the interpreter's and the allocator's C++ plumbing.
+pub fn stack_of(frames: &[Frame]) -> Vec<String> {
+    let py = frames
+        .iter()
+        .filter(|f| f.filename.ends_with(".py"))
+        .map(|f| {
+            let file = f.filename.rsplit(['/', '\\']).next().unwrap_or(&f.filename);
+            format!("{file}:{}:{}", f.line, f.name)
+        });
+    op_of(frames)
+        .into_iter()
+        .chain(py)
+        .take(STACK_FRAMES)
+        .collect()
 }
 
 #[cfg(test)]
@@ -639,13 +802,47 @@ mod tests {
         ];
         assert_eq!(top_frame(&backward), "MmBackward0 (aten::mm)");
         assert_eq!(top_frame(&[]), "(no stack recorded)");
-        let (phase, role) = classify(&backward, false);
-        assert_eq!((phase, role), (Phase::Backward, Role::Activations));
+        let (phase, role, known) = classify(&backward, None, false);
+        assert_eq!(
+            (phase, role, known),
+            (Phase::Backward, Role::Activations, true)
+        );
         let tag = export_tag(Phase::Optimizer, Role::Optimizer);
         assert_eq!(
-            classify(&[f(&tag, 0, "adam.m")], false),
-            (Phase::Optimizer, Role::Optimizer)
+            classify(&[f(&tag, 0, "adam.m")], None, false),
+            (Phase::Optimizer, Role::Optimizer, true)
         );
-        assert_eq!(classify(&[f(&tag, 0, "adam.m")], true).0, Phase::Setup);
+        assert_eq!(
+            classify(&[f(&tag, 0, "adam.m")], None, true).0,
+            Phase::Setup
+        );
+    }
+
+    #[test]
+    fn memory_from_before_the_trace_has_a_role_only_where_frames_tell() {
+        assert_eq!(
+            classify(&[], None, true),
+            (Phase::Setup, Role::Params, false)
+        );
+        let to = [
+            f("??", 0, "at::native::empty"),
+            f("/usr/lib/python3/torch/nn/modules/module.py", 1340, "to"),
+            f("/home/me/train.py", 10, "main"),
+        ];
+        assert_eq!(
+            classify(&to, None, true),
+            (Phase::Setup, Role::Params, true)
+        );
+        let adam = [f("/usr/lib/python3/torch/optim/adam.py", 90, "_init_group")];
+        assert_eq!(classify(&adam, None, true).1, Role::Optimizer);
+        let grad = [f("??", 0, "torch::autograd::AccumulateGrad::apply")];
+        assert_eq!(classify(&grad, None, true).1, Role::Gradients);
+        let other = [f("/home/me/train.py", 10, "main")];
+        assert!(!classify(&other, None, true).2);
+        assert_eq!(
+            classify(&[], Some("optimizer_state"), true).1,
+            Role::Optimizer
+        );
+        assert_eq!(classify(&[], Some("temporary"), false).1, Role::Workspace);
     }
 }

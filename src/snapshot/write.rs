@@ -49,7 +49,7 @@ pub fn to_snapshot(trace: &Trace) -> Snapshot {
             stream: 0,
             time_us: Some(t as i64),
             frames: frames(e.ix, e.phase),
-            device_free: None,
+            ..Default::default()
         };
         let seg = round512(a.bytes);
         if e.alloc {
@@ -93,6 +93,7 @@ pub fn to_snapshot(trace: &Trace) -> Snapshot {
                     requested_size: a.bytes,
                     state: "active_allocated".into(),
                     frames: frames(i, alloc_phase),
+                    history: Vec::new(),
                 }],
             }
         })

@@ -3,6 +3,7 @@
 //! Everything above this trait (tensor chunking, kernel orchestration, budgets, probes, search)
 //! is written once and shared by all backends.
 
+pub mod astrace;
 pub mod budget;
 #[cfg(feature = "cuda")]
 pub mod cuda;

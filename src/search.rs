@@ -71,6 +71,10 @@ impl Bounds {
 pub struct RoomAsk {
     pub limit: u64,
     pub step: u64,
+    /// Bytes a replay of the plan holds besides its tensors (what a real step holds that a
+    /// replay does not; the runner passes on the latest a probe measured).
+    #[serde(default)]
+    pub reserve: u64,
 }
 
 /// One probe the search asks for.
@@ -578,6 +582,7 @@ impl<B: FnMut(u64) -> Option<(u64, u64)>> PlanBytes<B> {
         Some(RoomAsk {
             limit: limit.max(step),
             step,
+            reserve: 0,
         })
     }
 }

@@ -234,7 +234,10 @@ impl RunContext {
     ) -> SearchOutcome {
         let charge = Charge::of(&self.info, self.capacity.budget);
         let plan_at = |x: u64| Plan::for_value(&spec.workload, spec.scenario, x).ok();
+        // What a replay holds besides the plan's tensors, as the latest probe calibrated it.
+        let mut reserve = 0;
         let mut run = |x: u64, room: Option<RoomAsk>| {
+            let room = room.map(|r| RoomAsk { reserve, ..r });
             on_event(ProbeEvent::Started(x));
             let mut rec = self.probe_measuring(spec, x, room);
             on_event(ProbeEvent::Finished(&rec));
@@ -249,9 +252,12 @@ impl RunContext {
             let answer = Answer {
                 outcome: rec.outcome,
                 bounds: plan_at(x).map_or_else(Bounds::default, |p| {
-                    super::room::bounds_of(&rec, &p, &charge)
+                    super::dry::bounds_of(&rec, &p, &charge, &plan_at)
                 }),
             };
+            if let Some(d) = rec.dry {
+                reserve = d.reserve_bytes;
+            }
             records.push(rec);
             answer
         };

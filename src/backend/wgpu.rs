@@ -373,6 +373,8 @@ pub struct WgpuBackend {
     staging_after_prepare: u64,
     times: Option<DispatchTimes>,
     as_trace: Option<AsTrace>,
+    /// Host memory held by `hold_outside` (never written).
+    outside: Vec<u8>,
 }
 
 impl WgpuBackend {
@@ -506,6 +508,7 @@ impl WgpuBackend {
             staging_after_prepare: 0,
             times: DispatchTimes::from_env(),
             as_trace: AsTrace::from_env(),
+            outside: Vec::new(),
         })
     }
 
@@ -838,6 +841,21 @@ impl Backend for WgpuBackend {
             t.line("alloc", bytes, result, before, AsTrace::vm());
         }
         r
+    }
+
+    /// On a CPU adapter the device's memory is this process's: what a step holds besides its
+    /// tensors is host memory, held here unwritten.
+    fn hold_outside(&mut self, bytes: u64) -> Option<bool> {
+        if self.info.device_type != DeviceType::Cpu {
+            return None;
+        }
+        let bytes = usize::try_from(bytes).ok()?;
+        self.outside = Vec::new();
+        Some(self.outside.try_reserve_exact(bytes).is_ok())
+    }
+
+    fn release_outside(&mut self) {
+        self.outside = Vec::new();
     }
 
     fn free_buffer(&mut self, id: BufferId) {

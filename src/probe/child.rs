@@ -89,37 +89,18 @@ pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
     // unwritten on a device opened afresh for each (a workload's plan only: a snapshot or a
     // serving probe has no plan at another value).
     let replayable = req.snapshot.is_none() && req.workload.mode != crate::workload::Mode::Serve;
-    let answered = match record.outcome {
-        Outcome::Fit => Some(true),
-        Outcome::OutOfMemory | Outcome::Budget => Some(false),
-        _ => None,
-    };
-    if let (Some(ask), Some(fit), true) = (req.room, answered, replayable) {
+    if let (Some(ask), true) = (req.room, replayable) {
         drop(backend);
         let kernels = super::warmup::kernels_of(&plan, req.compute, &info);
-        let fresh = || -> Option<Box<dyn crate::backend::Backend>> {
+        let mut fresh = || -> Option<Box<dyn crate::backend::Backend>> {
             let mut b = open(req).ok()?;
             b.prepare(&kernels).ok()?;
             Some(b)
         };
-        // A fit measured its room at the peak: the same filler at the same point of its own
-        // replay finds what the step held besides its tensors.
-        let reserve = match (fit, record.room) {
-            (true, Some(real)) => fresh()
-                .and_then(|mut b| super::dry::replay(b.as_mut(), &plan, 0, room))
-                .and_then(|r| r.room)
-                .filter(|r| r.event == real.event && r.refused_bytes.is_some())
-                .map_or(ask.reserve, |r| {
-                    r.room_bytes.saturating_sub(real.room_bytes)
-                }),
-            _ => ask.reserve,
-        };
-        let mut fits = |x: u64, reserve: u64| -> Option<bool> {
-            let p = Plan::for_value(&req.workload, req.scenario, x).ok()?;
-            super::dry::replay_fits(fresh()?.as_mut(), &p, reserve)
-        };
+        let plan_at = |x: u64| Plan::for_value(&req.workload, req.scenario, x).ok();
         let space = super::runner::search_space(req.scenario);
-        record.dry = super::dry::measure(space, req.value, fit, reserve, ask.step, &mut fits);
+        record.dry =
+            super::dry::after_probe(&record, &plan, ask, charge, space, &plan_at, &mut fresh);
     }
     record.seconds = started.elapsed().as_secs_f64();
     record

@@ -12,21 +12,23 @@
 //! the blocks the last one left, and was off by 280 values of flash).
 //!
 //! What a replay does not allocate (command buffers, descriptors, the driver's own memory
-//! while kernels run) is the reserve. A fit measures it: its filler at the peak (`room`), less
-//! the same filler at the same point of its own replay. A refusal keeps the reserve it was
-//! given, raised to the least under which its own value's replay is refused too when that
-//! replay fit; the search passes the latest on (`RoomAsk::reserve`). The search probes what
+//! while kernels run) is the reserve. A probe measures it: the room its filler found (`room`:
+//! at its peak, or right after its refusal), less the same filler at the same point of its own
+//! replay. Where that measured nothing, the reserve the search passes on (`RoomAsk::reserve`,
+//! the latest measured) is kept, raised or lowered until the probe's own value replays as the
+//! probe ended. The search probes what
 //! this measures; the boundary it reports is still an adjacent fit and failure, each a real
 //! probe. Measured on lavapipe: 0.7-1.0 MiB.
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{AllocError, Backend, BufferId, DeviceType};
+use crate::backend::{AllocError, Backend, BufferId};
 use crate::plan::Plan;
 use crate::report::{Outcome, ProbeRecord};
 use crate::search::{Bounds, RoomAsk, SearchSpace};
 
 use super::charge::Charge;
+use super::room::RoomProbe;
 
 /// Most replays one boundary search makes (the reserve's search makes as many again).
 pub const MAX_REPLAYS: usize = 40;
@@ -59,18 +61,18 @@ pub fn replay_fits(backend: &mut dyn Backend, plan: &Plan, reserve: u64) -> Opti
 
 /// Replay `plan`'s allocations unwritten on `backend` with `reserve` bytes held, measuring
 /// the room as `room` asks: the record (refused when the reserve was). None: the reserve met
-/// an error that is not the device's refusal. Everything is freed before returning. On a CPU
-/// adapter the reserve is host memory (never written), as what a real step holds there
-/// besides tensors is; elsewhere device buffers of the largest chunk. (A small device buffer
-/// would land in one of the allocator's blocks and move every tensor after it: a 2 MiB
-/// reserve as a buffer moved lavapipe's flash boundary by 550 values.)
+/// an error that is not the device's refusal. Everything is freed before returning. The
+/// reserve is held outside the device's allocator where the backend can (`hold_outside`: on
+/// a CPU adapter, host memory never written, as what a real step holds there besides tensors
+/// is); elsewhere as device buffers of the largest chunk. (A small device buffer would land
+/// in one of the allocator's blocks and move every tensor after it: a 2 MiB reserve as a
+/// buffer moved lavapipe's flash boundary by 550 values.)
 pub fn replay(
     backend: &mut dyn Backend,
     plan: &Plan,
     reserve: u64,
-    room: Option<(RoomAsk, Charge)>,
+    room: Option<RoomProbe>,
 ) -> Option<ProbeRecord> {
-    let mut host: Vec<u8> = Vec::new();
     let mut held: Vec<BufferId> = Vec::new();
     // The reserve's own answer, where it was not all taken (None inside: an error).
     let refused = || {
@@ -81,30 +83,29 @@ pub fn replay(
         ))
     };
     let mut stopped: Option<Option<ProbeRecord>> = None;
-    if backend.info().device_type == DeviceType::Cpu {
-        let bytes = usize::try_from(reserve).ok()?;
-        if host.try_reserve_exact(bytes).is_err() {
-            stopped = Some(refused());
-        }
-    } else {
-        let chunk = backend.info().max_chunk_bytes().max(1);
-        let mut left = reserve;
-        while left > 0 && stopped.is_none() {
-            match backend.alloc_buffer(left.min(chunk)) {
-                Ok(id) => {
-                    held.push(id);
-                    left -= left.min(chunk);
+    match backend.hold_outside(reserve) {
+        Some(true) => {}
+        Some(false) => stopped = Some(refused()),
+        None => {
+            let chunk = backend.info().max_chunk_bytes().max(1);
+            let mut left = reserve;
+            while left > 0 && stopped.is_none() {
+                match backend.alloc_buffer(left.min(chunk)) {
+                    Ok(id) => {
+                        held.push(id);
+                        left -= left.min(chunk);
+                    }
+                    Err(AllocError::OutOfMemory { .. } | AllocError::Budget { .. }) => {
+                        stopped = Some(refused());
+                    }
+                    Err(_) => stopped = Some(None),
                 }
-                Err(AllocError::OutOfMemory { .. } | AllocError::Budget { .. }) => {
-                    stopped = Some(refused());
-                }
-                Err(_) => stopped = Some(None),
             }
         }
     }
     let answer =
-        stopped.unwrap_or_else(|| Some(super::exec::replay_allocations(backend, plan, room)));
-    drop(host);
+        stopped.unwrap_or_else(|| Some(super::exec::replay_measuring(backend, plan, room)));
+    backend.release_outside();
     for id in held {
         backend.free_buffer(id);
     }
@@ -235,6 +236,45 @@ pub fn measure(
         reserve_bytes: reserve,
         replays: calibrations + n,
     })
+}
+
+/// The replays a measuring probe adds once its step is done and its device released: the
+/// reserve (the room its filler measured, at its peak or right after its refusal, less the
+/// same filler at the same point of its own replay; else the one `ask` passes on), then the
+/// boundary under it. `rec` is the
+/// probe's record (`plan` at its value, its room measured as `ask` and `charge` asked),
+/// `fresh()` opens the device afresh with the step's kernels prepared. None for a probe that
+/// neither fit nor was refused.
+pub fn after_probe(
+    rec: &ProbeRecord,
+    plan: &Plan,
+    ask: RoomAsk,
+    charge: Charge,
+    space: SearchSpace,
+    plan_at: &dyn Fn(u64) -> Option<Plan>,
+    fresh: &mut dyn FnMut() -> Option<Box<dyn Backend>>,
+) -> Option<DryBoundary> {
+    let fit = match rec.outcome {
+        Outcome::Fit => true,
+        Outcome::OutOfMemory | Outcome::Budget => false,
+        _ => return None,
+    };
+    // Measured where the probe measured (its peak, or its refusal), on its own replay.
+    let reserve = match rec.room {
+        Some(real) => fresh()
+            .and_then(|mut b| {
+                let at = RoomProbe::before(real.event, ask, charge);
+                replay(b.as_mut(), plan, 0, Some(at))
+            })
+            .and_then(|r| r.room)
+            .filter(|r| r.event == real.event && r.refused_bytes.is_some())
+            .map_or(ask.reserve, |r| {
+                r.room_bytes.saturating_sub(real.room_bytes)
+            }),
+        None => ask.reserve,
+    };
+    let mut fits = |x: u64, reserve: u64| replay_fits(fresh()?.as_mut(), &plan_at(x)?, reserve);
+    measure(space, rec.value, fit, reserve, ask.step, &mut fits)
 }
 
 /// The bounds a probe's record gives the search, in bytes `charge` charges: where its replays

@@ -133,8 +133,14 @@ pub struct RoomProbe {
 
 impl RoomProbe {
     pub fn new(plan: &Plan, ask: RoomAsk, charge: Charge) -> Self {
+        Self::before(charge.peak_event(plan), ask, charge)
+    }
+
+    /// Measuring before allocation event `event` instead of the peak (as before the peak:
+    /// the limit raised by that tensor's bytes).
+    pub fn before(event: usize, ask: RoomAsk, charge: Charge) -> Self {
         RoomProbe {
-            peak_event: charge.peak_event(plan),
+            peak_event: event,
             ask,
             charge,
             found: None,

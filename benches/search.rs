@@ -237,10 +237,7 @@ impl Case {
             let mut fresh = || Some(self.device(transient, false));
             rec.dry = dry::after_probe(&rec, &plan, a, charge, space, &plan_at, &mut fresh);
         }
-        Answer {
-            outcome: rec.outcome,
-            bounds: dry::bounds_of(&rec, &plan, &charge, &plan_at),
-        }
+        dry::answer_of(&rec, &plan, &charge, &plan_at)
     }
 
     /// Whether `x` fits and the next value does not, on the undisturbed device.

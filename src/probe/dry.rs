@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{AllocError, Backend, BufferId};
 use crate::plan::Plan;
 use crate::report::{Outcome, ProbeRecord};
-use crate::search::{Bounds, RoomAsk, SearchSpace};
+use crate::search::{Answer, Bounds, RoomAsk, SearchSpace};
 
 use super::charge::Charge;
 use super::room::RoomProbe;
@@ -277,23 +277,27 @@ pub fn after_probe(
     measure(space, rec.value, fit, reserve, ask.step, &mut fits)
 }
 
-/// The bounds a probe's record gives the search, in bytes `charge` charges: where its replays
-/// found the boundary, at least the charged peak of the value that fit and less than that of
-/// the value refused; else what its room says (`room::bounds_of`). `plan` is the probe's own
-/// plan, `plan_at` builds the plan at another value.
-pub fn bounds_of(
+/// The answer a probe's record gives the search, its bounds in bytes `charge` charges: where
+/// its replays found the boundary, at least the charged peak of the value that fit and less
+/// than that of the value refused (`replayed`); else what its room says (`room::bounds_of`).
+/// `plan` is the probe's own plan, `plan_at` builds the plan at another value.
+pub fn answer_of(
     rec: &ProbeRecord,
     plan: &Plan,
     charge: &Charge,
     plan_at: &dyn Fn(u64) -> Option<Plan>,
-) -> Bounds {
+) -> Answer {
     let Some(d) = rec.dry else {
-        return super::room::bounds_of(rec, plan, charge);
+        return Answer::measured(rec.outcome, super::room::bounds_of(rec, plan, charge));
     };
     let peak = |x: Option<u64>| x.and_then(plan_at).map(|p| charge.peak(&p));
-    Bounds {
+    let bounds = Bounds {
         at_least: peak(d.fits),
         below: peak(d.fails),
+    };
+    Answer {
+        replayed: true,
+        ..Answer::measured(rec.outcome, bounds)
     }
 }
 
@@ -396,15 +400,19 @@ mod tests {
             max_chunk: 1 << 27,
         };
         let mut rec = ProbeRecord::new(4, Outcome::Fit, plan.peak_bytes());
-        assert_eq!(bounds_of(&rec, &plan, &charge, &plan_at), Bounds::default());
+        assert_eq!(
+            answer_of(&rec, &plan, &charge, &plan_at),
+            Answer::bare(Outcome::Fit)
+        );
         rec.dry = Some(DryBoundary {
             fits: Some(9),
             fails: Some(10),
             reserve_bytes: 0,
             replays: 3,
         });
-        let b = bounds_of(&rec, &plan, &charge, &plan_at);
-        let peak = |x| charge.peak(&plan_at(x).unwrap());
+        let a = answer_of(&rec, &plan, &charge, &plan_at);
+        let (b, peak) = (a.bounds, |x| charge.peak(&plan_at(x).unwrap()));
+        assert!(a.replayed);
         assert_eq!((b.at_least, b.below), (Some(peak(9)), Some(peak(10))));
     }
 }

@@ -7,7 +7,7 @@ use crate::backend::DeviceInfo;
 use crate::plan::{Plan, Role};
 use crate::report::{ProbeRecord, RunResult};
 use crate::scenario::Scenario;
-use crate::search::{self, Answer, Bounds, RoomAsk, SearchOutcome, SearchSpace};
+use crate::search::{self, Answer, RoomAsk, SearchOutcome, SearchSpace};
 
 use super::capacity::Capacity;
 use super::charge::Charge;
@@ -249,12 +249,10 @@ impl RunContext {
                 on_event(ProbeEvent::Finished(&rec));
                 verify.push((x, rec.outcome == crate::report::Outcome::VerifyFailed));
             }
-            let answer = Answer {
-                outcome: rec.outcome,
-                bounds: plan_at(x).map_or_else(Bounds::default, |p| {
-                    super::dry::bounds_of(&rec, &p, &charge, &plan_at)
-                }),
-            };
+            let answer = plan_at(x).map_or_else(
+                || Answer::bare(rec.outcome),
+                |p| super::dry::answer_of(&rec, &p, &charge, &plan_at),
+            );
             if let Some(d) = rec.dry {
                 reserve = d.reserve_bytes;
             }

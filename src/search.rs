@@ -71,6 +71,10 @@ impl Bounds {
 pub struct RoomAsk {
     pub limit: u64,
     pub step: u64,
+    /// Bytes a replay of the plan holds besides its tensors (what a real step holds that a
+    /// replay does not; the runner passes on the latest a probe measured).
+    #[serde(default)]
+    pub reserve: u64,
 }
 
 /// One probe the search asks for.
@@ -86,14 +90,25 @@ pub struct Ask {
 pub struct Answer {
     pub outcome: Outcome,
     pub bounds: Bounds,
+    /// The bounds are where the step's own allocations, replayed, stopped fitting (the
+    /// boundary itself, measured), not a capacity measured at this value: no drift is drawn
+    /// through them (a replay measured from far below can be off by more than one from near,
+    /// and a line through both aims past the boundary).
+    pub replayed: bool,
 }
 
 impl Answer {
     /// An answer that measured nothing.
     pub fn bare(outcome: Outcome) -> Self {
+        Answer::measured(outcome, Bounds::default())
+    }
+
+    /// An answer with the capacity it measured at its value.
+    pub fn measured(outcome: Outcome, bounds: Bounds) -> Self {
         Answer {
             outcome,
-            bounds: Bounds::default(),
+            bounds,
+            replayed: false,
         }
     }
 }
@@ -390,11 +405,11 @@ impl Trust {
     /// Answer `i` as far as it is trusted.
     fn of(&self, i: usize, a: &Answer) -> Answer {
         Answer {
-            outcome: a.outcome,
             bounds: Bounds {
                 at_least: a.bounds.at_least.filter(|_| i >= self.at_least_from),
                 below: a.bounds.below.filter(|_| i >= self.below_from),
             },
+            ..*a
         }
     }
 }
@@ -533,7 +548,7 @@ impl<B: FnMut(u64) -> Option<(u64, u64)>> PlanBytes<B> {
         let mut measured = answers
             .iter()
             .rev()
-            .filter(|(_, a)| a.outcome.is_fit())
+            .filter(|(_, a)| a.outcome.is_fit() && !a.replayed)
             .filter_map(|(x, a)| Some((self.at(*x)?, a.bounds.at_least?)));
         let (b2, c2) = measured.next()?;
         let (b1, c1) = measured.find(|(b, _)| *b < b2)?;
@@ -578,6 +593,7 @@ impl<B: FnMut(u64) -> Option<(u64, u64)>> PlanBytes<B> {
         Some(RoomAsk {
             limit: limit.max(step),
             step,
+            reserve: 0,
         })
     }
 }
@@ -1183,13 +1199,13 @@ mod tests {
                 let need = self.rounded(part);
                 if used + need > self.cap {
                     // Refused: the plan held i parts and asked for one more.
-                    return Answer {
-                        outcome: Outcome::OutOfMemory,
-                        bounds: Bounds {
+                    return Answer::measured(
+                        Outcome::OutOfMemory,
+                        Bounds {
                             at_least: Some(i * part),
                             below: Some((i + 1) * part),
                         },
-                    };
+                    );
                 }
                 used += need;
             }
@@ -1205,10 +1221,7 @@ mod tests {
                     bounds.below = Some(total + room + piece);
                 }
             }
-            Answer {
-                outcome: Outcome::Fit,
-                bounds,
-            }
+            Answer::measured(Outcome::Fit, bounds)
         }
         /// The true boundary: the largest x whose parts all fit.
         fn boundary(&self) -> u64 {
@@ -1333,13 +1346,13 @@ mod tests {
             |a| {
                 if a.value == b - 3 && !spurious {
                     spurious = true;
-                    return Answer {
-                        outcome: Outcome::OutOfMemory,
-                        bounds: Bounds {
+                    return Answer::measured(
+                        Outcome::OutOfMemory,
+                        Bounds {
                             at_least: Some(d.bytes(b - 3) / 2),
                             below: Some(d.bytes(b - 3) / 2 + (1 << 20)),
                         },
-                    };
+                    );
                 }
                 d.answer(a)
             },
@@ -1421,19 +1434,47 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_replayed_boundary_is_probed_not_extrapolated() {
+        // Replays from far below put the boundary 54 values low, from near it exactly (what
+        // lavapipe's flash did under 2 GiB): a line through the two aims past the boundary.
+        let b = 9707u64;
+        let bytes = |x: u64| 1_000_000_000 + x * 131_000;
+        let run = |replayed: bool| {
+            find_boundary_measured(
+                SearchSpace::unit(1 << 20),
+                9398,
+                |x| Some(bytes(x)),
+                |a: Ask| {
+                    let said = if a.value + 200 < b { b - 54 } else { b };
+                    let h = held_between(a.value <= b, bytes(said), bytes(said + 1));
+                    Answer { replayed, ..h }
+                },
+            )
+        };
+        let r = run(true);
+        assert_eq!((r.max_fit, r.first_fail), (Some(b), Some(b + 1)), "{r:?}");
+        let values: Vec<u64> = r.probes.iter().map(|p| p.0).collect();
+        assert_eq!(values, vec![9398, b - 54, b, b + 1]);
+        // The same measurements as capacities: the drift line overshoots.
+        let r = run(false);
+        assert!(r.probes.iter().any(|p| p.0 > b + 1), "{:?}", r.probes);
+    }
+
     /// A probe that fit (or was refused) and measured the capacity in `[at_least, below)`.
     fn held_between(fit: bool, at_least: u64, below: u64) -> Answer {
-        Answer {
-            outcome: if fit {
-                Outcome::Fit
-            } else {
-                Outcome::OutOfMemory
-            },
-            bounds: Bounds {
+        let outcome = if fit {
+            Outcome::Fit
+        } else {
+            Outcome::OutOfMemory
+        };
+        Answer::measured(
+            outcome,
+            Bounds {
                 at_least: Some(at_least),
                 below: Some(below),
             },
-        }
+        )
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! Everything above this trait (tensor chunking, kernel orchestration, budgets, probes, search)
 //! is written once and shared by all backends.
 
+pub mod astrace;
 pub mod budget;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -191,6 +192,15 @@ pub trait Backend {
     fn synchronize(&mut self) -> Result<(), BackendError>;
     /// Bytes currently held in live buffers allocated through this backend.
     fn allocated_bytes(&self) -> u64;
+    /// Hold `bytes` outside the device's allocator, where a step holds what is not a tensor
+    /// (command buffers, descriptors: host memory on a CPU adapter), until
+    /// [`Backend::release_outside`]: whether it was taken, None where this backend holds
+    /// nothing outside its buffers (see `probe::dry`).
+    fn hold_outside(&mut self, _bytes: u64) -> Option<bool> {
+        None
+    }
+    /// Give back what [`Backend::hold_outside`] holds.
+    fn release_outside(&mut self) {}
     /// Loads every kernel and launches each once on no data, so that what the driver takes for
     /// kernels (module code, local memory sized at the first launch) is taken now, before
     /// memory is measured (see [`overhead`]). Nothing to do where the API tells no free memory.

@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::astrace::AsTrace;
 use super::timing::DispatchTimes;
 use super::{
     AllocError, Backend, BackendError, BackendKind, BufferId, DeviceInfo, DeviceType, HeapUsage,
@@ -371,9 +372,72 @@ pub struct WgpuBackend {
     prepared: bool,
     staging_after_prepare: u64,
     times: Option<DispatchTimes>,
+    as_trace: Option<AsTrace>,
+    /// Host memory held by `hold_outside` (never written).
+    outside: Vec<u8>,
 }
 
 impl WgpuBackend {
+    /// Create one storage buffer of `bytes` inside error scopes (see the module's notes).
+    fn create_storage(&mut self, bytes: u64) -> Result<BufferId, AllocError> {
+        let size = round_up_word(bytes).max(WORD);
+        if size > self.max_buffer {
+            return Err(AllocError::ExceedsLimit {
+                requested: bytes,
+                limit: self.max_buffer,
+            });
+        }
+        if let Some(m) = self.lost() {
+            return Err(AllocError::DeviceLost(m));
+        }
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let v = pollster::block_on(val.pop());
+        let o = pollster::block_on(oom.pop());
+        if let Some(e) = o {
+            buffer.destroy();
+            return Err(AllocError::OutOfMemory {
+                requested: size,
+                detail: e.to_string(),
+            });
+        }
+        if let Some(e) = v {
+            buffer.destroy();
+            if let Some(m) = self.lost() {
+                return Err(AllocError::DeviceLost(m));
+            }
+            // Some drivers report memory exhaustion as a failed allocation inside validation.
+            let text = e.to_string();
+            let lower = text.to_lowercase();
+            if lower.contains("out of memory") || lower.contains("outofmemory") {
+                return Err(AllocError::OutOfMemory {
+                    requested: size,
+                    detail: text,
+                });
+            }
+            return Err(AllocError::Other(text));
+        }
+        let id = BufferId(self.next_id);
+        self.next_id += 1;
+        self.allocated += size;
+        self.buffers.insert(
+            id,
+            Buf {
+                buffer,
+                bytes: size,
+            },
+        );
+        Ok(id)
+    }
+
     /// Open an adapter with its full limits.
     pub fn open(sel: AdapterSelector) -> Result<Self, WgpuOpenError> {
         let instance = new_instance();
@@ -443,6 +507,8 @@ impl WgpuBackend {
             prepared: false,
             staging_after_prepare: 0,
             times: DispatchTimes::from_env(),
+            as_trace: AsTrace::from_env(),
+            outside: Vec::new(),
         })
     }
 
@@ -762,68 +828,45 @@ impl Backend for WgpuBackend {
     }
 
     fn alloc_buffer(&mut self, bytes: u64) -> Result<BufferId, AllocError> {
-        let size = round_up_word(bytes).max(WORD);
-        if size > self.max_buffer {
-            return Err(AllocError::ExceedsLimit {
-                requested: bytes,
-                limit: self.max_buffer,
-            });
+        let Some(before) = self.as_trace.as_ref().map(|_| AsTrace::vm()) else {
+            return self.create_storage(bytes);
+        };
+        let r = self.create_storage(bytes);
+        if let Some(t) = &self.as_trace {
+            let result = match &r {
+                Ok(_) => "ok",
+                Err(AllocError::OutOfMemory { .. }) => "oom",
+                Err(_) => "error",
+            };
+            t.line("alloc", bytes, result, before, AsTrace::vm());
         }
-        if let Some(m) = self.lost() {
-            return Err(AllocError::DeviceLost(m));
+        r
+    }
+
+    /// On a CPU adapter the device's memory is this process's: what a step holds besides its
+    /// tensors is host memory, held here unwritten.
+    fn hold_outside(&mut self, bytes: u64) -> Option<bool> {
+        if self.info.device_type != DeviceType::Cpu {
+            return None;
         }
-        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: None,
-            size,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let v = pollster::block_on(val.pop());
-        let o = pollster::block_on(oom.pop());
-        if let Some(e) = o {
-            buffer.destroy();
-            return Err(AllocError::OutOfMemory {
-                requested: size,
-                detail: e.to_string(),
-            });
-        }
-        if let Some(e) = v {
-            buffer.destroy();
-            if let Some(m) = self.lost() {
-                return Err(AllocError::DeviceLost(m));
-            }
-            // Some drivers report memory exhaustion as a failed allocation inside validation.
-            let text = e.to_string();
-            let lower = text.to_lowercase();
-            if lower.contains("out of memory") || lower.contains("outofmemory") {
-                return Err(AllocError::OutOfMemory {
-                    requested: size,
-                    detail: text,
-                });
-            }
-            return Err(AllocError::Other(text));
-        }
-        let id = BufferId(self.next_id);
-        self.next_id += 1;
-        self.allocated += size;
-        self.buffers.insert(
-            id,
-            Buf {
-                buffer,
-                bytes: size,
-            },
-        );
-        Ok(id)
+        let bytes = usize::try_from(bytes).ok()?;
+        self.outside = Vec::new();
+        Some(self.outside.try_reserve_exact(bytes).is_ok())
+    }
+
+    fn release_outside(&mut self) {
+        self.outside = Vec::new();
     }
 
     fn free_buffer(&mut self, id: BufferId) {
-        if let Some(b) = self.buffers.remove(&id) {
-            self.allocated -= b.bytes;
-            b.buffer.destroy();
+        let before = self.as_trace.as_ref().map(|_| AsTrace::vm());
+        let Some(b) = self.buffers.remove(&id) else {
+            return;
+        };
+        self.allocated -= b.bytes;
+        b.buffer.destroy();
+        if let (Some(t), Some(before)) = (&self.as_trace, before) {
+            t.line("free", b.bytes, "ok", before, AsTrace::vm());
         }
     }
 

@@ -60,6 +60,7 @@ pub struct ChildRequest {
 /// Run one probe in this process: open the device, apply the budget, build the plan, execute.
 pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
     let started = Instant::now();
+    super::hostmem::fix_mmap_threshold();
     let plan = match &req.snapshot {
         Some(s) => s.plan_at(req.value).map_err(|e| e.to_string()),
         // A serving probe: `value` is the card's bytes (`probe::serve`).
@@ -75,20 +76,44 @@ pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
         Err(e) => return failed_record(req.value, 0, Outcome::Error, e, started),
     };
     let bytes = plan.peak_bytes();
-    let backend = match crate::backend::open::open_device(&req.device.backend, req.device.index) {
+    let mut backend = match open(req) {
         Ok(b) => b,
-        Err(e) => return failed_record(req.value, bytes, Outcome::Error, e.to_string(), started),
-    };
-    let mut backend: Box<dyn crate::backend::Backend> = match req.budget {
-        Some(cap) => Box::new(crate::backend::budget::BudgetBackend::new(backend, cap)),
-        None => backend,
+        Err(e) => return failed_record(req.value, bytes, Outcome::Error, e, started),
     };
     let charge = super::charge::Charge::of(backend.info(), req.budget);
+    let info = backend.info().clone();
     let room = req.room.map(|ask| (ask, charge));
     let mut record =
         super::exec::execute_plan_measuring(backend.as_mut(), &plan, req.compute, room);
+    // Where the search measures: the step's own allocations at other values, replayed
+    // unwritten on a device opened afresh for each (a workload's plan only: a snapshot or a
+    // serving probe has no plan at another value).
+    let replayable = req.snapshot.is_none() && req.workload.mode != crate::workload::Mode::Serve;
+    if let (Some(ask), true) = (req.room, replayable) {
+        drop(backend);
+        let kernels = super::warmup::kernels_of(&plan, req.compute, &info);
+        let mut fresh = || -> Option<Box<dyn crate::backend::Backend>> {
+            let mut b = open(req).ok()?;
+            b.prepare(&kernels).ok()?;
+            Some(b)
+        };
+        let plan_at = |x: u64| Plan::for_value(&req.workload, req.scenario, x).ok();
+        let space = super::runner::search_space(req.scenario);
+        record.dry =
+            super::dry::after_probe(&record, &plan, ask, charge, space, &plan_at, &mut fresh);
+    }
     record.seconds = started.elapsed().as_secs_f64();
     record
+}
+
+/// Open the request's device under its budget.
+fn open(req: &ChildRequest) -> Result<Box<dyn crate::backend::Backend>, String> {
+    let b = crate::backend::open::open_device(&req.device.backend, req.device.index)
+        .map_err(|e| e.to_string())?;
+    Ok(match req.budget {
+        Some(cap) => Box::new(crate::backend::budget::BudgetBackend::new(b, cap)),
+        None => b,
+    })
 }
 
 /// A probe that failed before its timeline ran (no plan, no device, kernels not prepared).

@@ -225,8 +225,17 @@ pub fn replay_allocations(
     plan: &Plan,
     room: Option<(RoomAsk, Charge)>,
 ) -> ProbeRecord {
+    let room = room.map(|(ask, charge)| RoomProbe::new(plan, ask, charge));
+    replay_measuring(backend, plan, room)
+}
+
+/// [`replay_allocations`], measuring the room where `room` measures.
+pub fn replay_measuring(
+    backend: &mut dyn Backend,
+    plan: &Plan,
+    mut room: Option<RoomProbe>,
+) -> ProbeRecord {
     let mut rec = ProbeRecord::new(plan.value, Outcome::Fit, plan.peak_bytes());
-    let mut room = room.map(|(ask, charge)| RoomProbe::new(plan, ask, charge));
     let mut live: Vec<Option<DeviceTensor>> = vec![None; plan.tensors.len()];
     for (i, e) in plan.events.iter().enumerate() {
         match e.kind {

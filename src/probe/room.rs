@@ -133,8 +133,14 @@ pub struct RoomProbe {
 
 impl RoomProbe {
     pub fn new(plan: &Plan, ask: RoomAsk, charge: Charge) -> Self {
+        Self::before(charge.peak_event(plan), ask, charge)
+    }
+
+    /// Measuring before allocation event `event` instead of the peak (as before the peak:
+    /// the limit raised by that tensor's bytes).
+    pub fn before(event: usize, ask: RoomAsk, charge: Charge) -> Self {
         RoomProbe {
-            peak_event: charge.peak_event(plan),
+            peak_event: event,
             ask,
             charge,
             found: None,
@@ -246,6 +252,7 @@ mod tests {
         let ask = RoomAsk {
             limit: 1 << 30,
             step: 64 << 10,
+            reserve: 0,
         };
         let r = measure(&mut b, 7, 37 * MIB, 16 * MIB, ask, GPU_PAGE);
         let left = 100 * MIB - (37 * MIB + 12);
@@ -270,6 +277,7 @@ mod tests {
         let ask = RoomAsk {
             limit: 10 * MIB + 6,
             step: 64 << 10,
+            reserve: 0,
         };
         let r = measure(&mut b, 0, 0, 4 * MIB, ask, WORD_BYTES);
         assert_eq!(r.room_bytes, 10 * MIB + 4, "{r:?}");
@@ -294,6 +302,7 @@ mod tests {
             let ask = RoomAsk {
                 limit: 1 << 30,
                 step: 64 << 10,
+                reserve: 0,
             };
             let rec = crate::probe::exec::replay_allocations(&mut b, &plan, Some((ask, words)));
             assert_eq!(rec.outcome.is_fit(), budget > plan.peak_bytes(), "{rec:?}");

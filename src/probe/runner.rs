@@ -7,7 +7,7 @@ use crate::backend::DeviceInfo;
 use crate::plan::{Plan, Role};
 use crate::report::{ProbeRecord, RunResult};
 use crate::scenario::Scenario;
-use crate::search::{self, Answer, Bounds, RoomAsk, SearchOutcome, SearchSpace};
+use crate::search::{self, Answer, RoomAsk, SearchOutcome, SearchSpace};
 
 use super::capacity::Capacity;
 use super::charge::Charge;
@@ -234,7 +234,10 @@ impl RunContext {
     ) -> SearchOutcome {
         let charge = Charge::of(&self.info, self.capacity.budget);
         let plan_at = |x: u64| Plan::for_value(&spec.workload, spec.scenario, x).ok();
+        // What a replay holds besides the plan's tensors, as the latest probe calibrated it.
+        let mut reserve = 0;
         let mut run = |x: u64, room: Option<RoomAsk>| {
+            let room = room.map(|r| RoomAsk { reserve, ..r });
             on_event(ProbeEvent::Started(x));
             let mut rec = self.probe_measuring(spec, x, room);
             on_event(ProbeEvent::Finished(&rec));
@@ -246,12 +249,13 @@ impl RunContext {
                 on_event(ProbeEvent::Finished(&rec));
                 verify.push((x, rec.outcome == crate::report::Outcome::VerifyFailed));
             }
-            let answer = Answer {
-                outcome: rec.outcome,
-                bounds: plan_at(x).map_or_else(Bounds::default, |p| {
-                    super::room::bounds_of(&rec, &p, &charge)
-                }),
-            };
+            let answer = plan_at(x).map_or_else(
+                || Answer::bare(rec.outcome),
+                |p| super::dry::answer_of(&rec, &p, &charge, &plan_at),
+            );
+            if let Some(d) = rec.dry {
+                reserve = d.reserve_bytes;
+            }
             records.push(rec);
             answer
         };

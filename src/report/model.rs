@@ -110,6 +110,10 @@ pub struct ProbeRecord {
     /// Additive: the room a fitting probe measured with filler at its peak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub room: Option<RoomMeasurement>,
+    /// Additive: where the step's own allocations, replayed unwritten after it, stopped fitting
+    /// (see `probe::dry`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry: Option<crate::probe::dry::DryBoundary>,
 }
 
 impl ProbeRecord {
@@ -129,6 +133,7 @@ impl ProbeRecord {
             failed_at: None,
             spill: None,
             room: None,
+            dry: None,
         }
     }
 }

@@ -43,6 +43,41 @@ use oomprobe::search::{
 };
 use oomprobe::workload::{presets, Checkpoint, Precision, Workload};
 
+/// The `Backend` methods a modelled device answers without doing anything: its info, no
+/// memory report, writes and kernels that succeed, reads of zeros (allocation bookkeeping is
+/// all a model does).
+macro_rules! memory_only {
+    () => {
+        fn info(&self) -> &DeviceInfo {
+            &self.info
+        }
+        fn memory(&self) -> MemoryInfo {
+            MemoryInfo::default()
+        }
+        fn write_buffer(&mut self, _: BufferId, _: u64, _: &[u8]) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn read_buffer(&mut self, _: BufferId, _: u64, len: u64) -> Result<Vec<u8>, BackendError> {
+            Ok(vec![0; len as usize])
+        }
+        fn dispatch(
+            &mut self,
+            _: KernelId,
+            _: &[u8],
+            _: &[BufferId],
+            _: [u32; 3],
+        ) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn synchronize(&mut self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn allocated_bytes(&self) -> u64 {
+            0
+        }
+    };
+}
+
 #[path = "search/lavapipe.rs"]
 mod lavapipe;
 
@@ -108,12 +143,6 @@ impl Device {
 }
 
 impl Backend for Device {
-    fn info(&self) -> &DeviceInfo {
-        &self.info
-    }
-    fn memory(&self) -> MemoryInfo {
-        MemoryInfo::default()
-    }
     fn alloc_buffer(&mut self, bytes: u64) -> Result<BufferId, AllocError> {
         let pages = bytes.div_ceil(PAGE).max(1);
         let id = self.next;
@@ -166,27 +195,7 @@ impl Backend for Device {
             None => {}
         }
     }
-    fn write_buffer(&mut self, _: BufferId, _: u64, _: &[u8]) -> Result<(), BackendError> {
-        Ok(())
-    }
-    fn read_buffer(&mut self, _: BufferId, _: u64, len: u64) -> Result<Vec<u8>, BackendError> {
-        Ok(vec![0; len as usize])
-    }
-    fn dispatch(
-        &mut self,
-        _: KernelId,
-        _: &[u8],
-        _: &[BufferId],
-        _: [u32; 3],
-    ) -> Result<(), BackendError> {
-        Ok(())
-    }
-    fn synchronize(&mut self) -> Result<(), BackendError> {
-        Ok(())
-    }
-    fn allocated_bytes(&self) -> u64 {
-        0
-    }
+    memory_only!();
 }
 
 /// One case: a workload's scenario on a card.

@@ -144,12 +144,6 @@ impl Lavapipe {
 }
 
 impl Backend for Lavapipe {
-    fn info(&self) -> &DeviceInfo {
-        &self.info
-    }
-    fn memory(&self) -> MemoryInfo {
-        MemoryInfo::default()
-    }
     fn alloc_buffer(&mut self, bytes: u64) -> Result<BufferId, AllocError> {
         let len = bytes.max(4).div_ceil(256) * 256;
         let block = (MIN_BLOCK << self.general.min(7)).min(MAX_BLOCK);
@@ -206,27 +200,7 @@ impl Backend for Lavapipe {
             self.unmap(size);
         }
     }
-    fn write_buffer(&mut self, _: BufferId, _: u64, _: &[u8]) -> Result<(), BackendError> {
-        Ok(())
-    }
-    fn read_buffer(&mut self, _: BufferId, _: u64, len: u64) -> Result<Vec<u8>, BackendError> {
-        Ok(vec![0; len as usize])
-    }
-    fn dispatch(
-        &mut self,
-        _: KernelId,
-        _: &[u8],
-        _: &[BufferId],
-        _: [u32; 3],
-    ) -> Result<(), BackendError> {
-        Ok(())
-    }
-    fn synchronize(&mut self) -> Result<(), BackendError> {
-        Ok(())
-    }
-    fn allocated_bytes(&self) -> u64 {
-        0
-    }
+    memory_only!();
     /// Mapped on its own, as a real step's extra is.
     fn hold_outside(&mut self, bytes: u64) -> Option<bool> {
         self.release_outside();

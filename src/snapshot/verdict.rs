@@ -6,9 +6,11 @@ use serde::Serialize;
 
 use crate::units::fmt_bytes;
 
+use super::read::{load_file, Loaded};
 use super::replay::{self, ScaleSummary};
-use super::report::{report_file, DeviceReport, DeviceSelect, OomReport, SnapshotReport};
-use super::{load_device, SnapshotError, Source};
+use super::report::{report, report_file, DeviceReport, DeviceSelect, OomReport, SnapshotReport};
+use super::trace::trace_of_device;
+use super::{SnapshotError, Source};
 
 /// What `estimate --snapshot` reports. The top-level `breakdown`, `timeline` and `fits` are the
 /// default device's (the OOM's, else the highest peak); `devices` has every device reported.
@@ -46,12 +48,27 @@ pub fn estimate(
     select: DeviceSelect,
     memory: Option<u64>,
 ) -> Result<SnapshotEstimate, SnapshotError> {
-    let file = &src.files[0];
+    estimate_of(src, &load_file(&src.files[0])?, select, memory)
+}
+
+/// [`estimate`] of the first file, already read.
+fn estimate_of(
+    src: &Source,
+    loaded: &Loaded,
+    select: DeviceSelect,
+    memory: Option<u64>,
+) -> Result<SnapshotEstimate, SnapshotError> {
     let select = match (select, src.device) {
         (DeviceSelect::All, Some(d)) => DeviceSelect::One(d),
         (s, _) => s,
     };
-    let rep = report_file(file, src.granularity, select)?;
+    let rep = report(
+        &loaded.snapshot,
+        &src.files[0].display().to_string(),
+        &loaded.format,
+        src.granularity,
+        select,
+    )?;
     let (scale, predicted) = if src.scales() {
         let model = src.model()?;
         let sm = replay::summarize(&model, third(src))?;
@@ -148,7 +165,8 @@ pub fn diagnose(
     select: DeviceSelect,
     memory: Option<u64>,
 ) -> Result<SnapshotDiagnosis, SnapshotError> {
-    let e = estimate(src, select, memory)?;
+    let loaded = load_file(&src.files[0])?;
+    let e = estimate_of(src, &loaded, select, memory)?;
     let (memory, memory_from) = card_memory(&e, memory)?;
     let e = SnapshotEstimate {
         memory_bytes: Some(memory),
@@ -182,7 +200,7 @@ pub fn diagnose(
         })
         .collect();
     let main = &e.devices[0];
-    let trace = load_device(&src.files[0], src.granularity, Some(main.device))?;
+    let trace = trace_of_device(&loaded.snapshot, src.granularity, main.device)?;
     let plan = trace.to_plan("snapshot", 0);
     let mut by_frame: std::collections::BTreeMap<String, u64> = Default::default();
     for t in plan.live_after(main.peak_event + 1) {

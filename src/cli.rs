@@ -230,7 +230,8 @@ pub struct DiagnoseArgs {
     pub workload: WorkloadArgs,
     #[command(flatten)]
     pub snapshot: SnapshotArgs,
-    /// Device memory (default: the default device's memory).
+    /// Device memory (default: the GPU detected here; with --snapshot, the card the snapshot
+    /// recorded its OOM on: reserved + free at that moment).
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub memory: Option<String>,
     #[arg(long)]

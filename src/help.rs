@@ -34,6 +34,7 @@ Examples:
   oomprobe diagnose --model gpt2 --seq 16384 --attention eager --memory 40GiB
   oomprobe diagnose --model qwen2.5-7b --seq 4096 --memory 24GiB
   oomprobe diagnose --config cases/llama13b-full-training-80gb.toml --json
+  oomprobe diagnose --snapshot snap.pickle
   oomprobe diagnose --snapshot snap.pickle --memory 24GiB";
 
 pub const COMPARE: &str = "\

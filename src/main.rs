@@ -4,8 +4,6 @@ use clap::Parser;
 use oomprobe::cli::Cli;
 
 fn main() {
-    // Before any thread allocates: one glibc arena, a fixed mmap threshold (`probe::hostmem`).
-    oomprobe::probe::hostmem::fix_policy();
     // Before any thread: Mesa's GL probe prints an error line without a runtime directory.
     oomprobe::backend::wgpu::quiet_mesa_runtime_dir();
     env_logger::Builder::from_env(

@@ -80,6 +80,7 @@ pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
         Ok(b) => b,
         Err(e) => return failed_record(req.value, bytes, Outcome::Error, e, started),
     };
+    super::hostmem::freeze_arenas();
     let charge = super::charge::Charge::of(backend.info(), req.budget);
     let info = backend.info().clone();
     let room = req.room.map(|ask| (ask, charge));

@@ -228,13 +228,64 @@ pub fn measure(
     step: u64,
     fits: &mut dyn FnMut(u64, u64) -> Option<bool>,
 ) -> Option<DryBoundary> {
+    measure_from(space, value, probe_fit, reserve, step, value, fits)
+}
+
+/// As [`measure`], the boundary searched from `from` instead of `value`.
+pub fn measure_from(
+    space: SearchSpace,
+    value: u64,
+    probe_fit: bool,
+    reserve: u64,
+    step: u64,
+    from: u64,
+    fits: &mut dyn FnMut(u64, u64) -> Option<bool>,
+) -> Option<DryBoundary> {
     let (reserve, calibrations) = calibrate(reserve, probe_fit, step, &mut |r| fits(value, r))?;
-    let (lo, hi, n) = boundary(space, value, &mut |x| fits(x, reserve))?;
+    let (lo, hi, n) = boundary(space, from, &mut |x| fits(x, reserve))?;
     Some(DryBoundary {
         fits: lo,
         fails: hi,
         reserve_bytes: reserve,
         replays: calibrations + n,
+    })
+}
+
+/// [`measure`] with the reserve measured twice: `reserve()` before the replays and again after
+/// them (None: nothing measured, `passed` is used). Where the second differs from the first by
+/// `step` or more, the process was still settling after its step when the first was measured:
+/// the boundary is found again under the second, from where the first replays put it.
+pub fn measure_settled(
+    space: SearchSpace,
+    value: u64,
+    probe_fit: bool,
+    passed: u64,
+    step: u64,
+    reserve: &mut dyn FnMut() -> Option<u64>,
+    fits: &mut dyn FnMut(u64, u64) -> Option<bool>,
+) -> Option<DryBoundary> {
+    let first = reserve();
+    let d = measure(space, value, probe_fit, first.unwrap_or(passed), step, fits)?;
+    let Some(first) = first else {
+        return Some(d);
+    };
+    let Some(again) = reserve() else {
+        return Some(DryBoundary {
+            replays: d.replays + 2,
+            ..d
+        });
+    };
+    if again.abs_diff(first) < step.max(1) {
+        return Some(DryBoundary {
+            replays: d.replays + 2,
+            ..d
+        });
+    }
+    let from = d.fits.or(d.fails).unwrap_or(value);
+    let e = measure_from(space, value, probe_fit, again, step, from, fits)?;
+    Some(DryBoundary {
+        replays: d.replays + e.replays + 2,
+        ..e
     })
 }
 
@@ -259,22 +310,32 @@ pub fn after_probe(
         Outcome::OutOfMemory | Outcome::Budget => false,
         _ => return None,
     };
-    // Measured where the probe measured (its peak, or its refusal), on its own replay.
-    let reserve = match rec.room {
-        Some(real) => fresh()
-            .and_then(|mut b| {
-                let at = RoomProbe::before(real.event, ask, charge);
-                replay(b.as_mut(), plan, 0, Some(at))
-            })
+    // Measured where the probe measured (its peak, or its refusal), on its own replay: the
+    // room the replay's filler found there less the real step's. Measured again after the
+    // replays: a device opened right after the step's still holds some of what the step
+    // held (traced on lavapipe: 2.5 MB, gone over the next two devices opened), so the first
+    // measurement can say too little.
+    let fresh = std::cell::RefCell::new(fresh);
+    let mut reserve = || -> Option<u64> {
+        let real = rec.room?;
+        let mut b = (fresh.borrow_mut())()?;
+        let at = RoomProbe::before(real.event, ask, charge);
+        replay(b.as_mut(), plan, 0, Some(at))
             .and_then(|r| r.room)
             .filter(|r| r.event == real.event && r.refused_bytes.is_some())
-            .map_or(ask.reserve, |r| {
-                r.room_bytes.saturating_sub(real.room_bytes)
-            }),
-        None => ask.reserve,
+            .map(|r| r.room_bytes.saturating_sub(real.room_bytes))
     };
-    let mut fits = |x: u64, reserve: u64| replay_fits(fresh()?.as_mut(), &plan_at(x)?, reserve);
-    measure(space, rec.value, fit, reserve, ask.step, &mut fits)
+    let mut fits =
+        |x: u64, reserve: u64| replay_fits((fresh.borrow_mut())()?.as_mut(), &plan_at(x)?, reserve);
+    measure_settled(
+        space,
+        rec.value,
+        fit,
+        ask.reserve,
+        ask.step,
+        &mut reserve,
+        &mut fits,
+    )
 }
 
 /// The answer a probe's record gives the search, its bounds in bytes `charge` charges: where
@@ -388,6 +449,66 @@ mod tests {
         let d = measure(SearchSpace::unit(1 << 20), 37, false, 0, 1024, &mut fits).unwrap();
         assert!(d.reserve_bytes > 0 && d.reserve_bytes <= 1024 + 3, "{d:?}");
         assert_eq!((d.fits, d.fails), (Some(36), Some(37)), "{d:?}");
+    }
+
+    #[test]
+    fn a_reserve_that_moves_once_the_process_settles_moves_the_boundary() {
+        // Capacity 1000 bytes, a value costs 10 bytes each, the real step holds 30 more: the
+        // boundary is 97. The first measurement of the reserve says 0 (what the step's device
+        // left was still mapped), the second 30.
+        let mut fits = |x: u64, reserve: u64| Some(x * 10 + reserve <= 1000);
+        let mut said = [Some(0), Some(30)].into_iter();
+        let mut reserve = || said.next().flatten();
+        let d = measure_settled(
+            SearchSpace::unit(1 << 20),
+            60,
+            true,
+            0,
+            5,
+            &mut reserve,
+            &mut fits,
+        )
+        .unwrap();
+        assert_eq!(
+            (d.fits, d.fails, d.reserve_bytes),
+            (Some(97), Some(98), 30),
+            "{d:?}"
+        );
+        // Both measurements alike: one pass, as `measure`.
+        let mut said = [Some(30), Some(32)].into_iter();
+        let mut reserve = || said.next().flatten();
+        let d = measure_settled(
+            SearchSpace::unit(1 << 20),
+            60,
+            true,
+            0,
+            5,
+            &mut reserve,
+            &mut fits,
+        )
+        .unwrap();
+        let once = measure(SearchSpace::unit(1 << 20), 60, true, 30, 5, &mut fits).unwrap();
+        assert_eq!(
+            (d.fits, d.fails, d.replays),
+            (once.fits, once.fails, once.replays + 2)
+        );
+        // Nothing measured: the reserve passed on, one pass, no second measurement.
+        let mut calls = 0;
+        let mut reserve = || {
+            calls += 1;
+            None
+        };
+        let d = measure_settled(
+            SearchSpace::unit(1 << 20),
+            60,
+            true,
+            30,
+            5,
+            &mut reserve,
+            &mut fits,
+        )
+        .unwrap();
+        assert_eq!((d.fits, d.reserve_bytes, calls), (Some(97), 30, 1));
     }
 
     #[test]

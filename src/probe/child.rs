@@ -80,7 +80,6 @@ pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
         Ok(b) => b,
         Err(e) => return failed_record(req.value, bytes, Outcome::Error, e, started),
     };
-    super::hostmem::freeze_arenas();
     let charge = super::charge::Charge::of(backend.info(), req.budget);
     let info = backend.info().clone();
     let room = req.room.map(|ask| (ask, charge));
@@ -138,7 +137,8 @@ pub fn run_child(args: &ProbeChildArgs) -> CliResult<()> {
     let req: ChildRequest = serde_json::from_str(&args.request)
         .map_err(|e| CliError::usage(format!("probe-child: bad request: {e}")))?;
     apply_test_hooks(req.value);
-    let mut record = probe_in_process(&req);
+    // Off glibc's main arena, where a refused buffer would change what later ones cost.
+    let mut record = super::hostmem::off_main_arena(|| probe_in_process(&req));
     if std::env::var(VERIFY_FAIL_AT_ENV)
         .ok()
         .and_then(|v| v.parse::<u64>().ok())

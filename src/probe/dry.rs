@@ -454,60 +454,29 @@ mod tests {
     #[test]
     fn a_reserve_that_moves_once_the_process_settles_moves_the_boundary() {
         // Capacity 1000 bytes, a value costs 10 bytes each, the real step holds 30 more: the
-        // boundary is 97. The first measurement of the reserve says 0 (what the step's device
-        // left was still mapped), the second 30.
-        let mut fits = |x: u64, reserve: u64| Some(x * 10 + reserve <= 1000);
-        let mut said = [Some(0), Some(30)].into_iter();
-        let mut reserve = || said.next().flatten();
-        let d = measure_settled(
-            SearchSpace::unit(1 << 20),
-            60,
-            true,
-            0,
-            5,
-            &mut reserve,
-            &mut fits,
-        )
-        .unwrap();
-        assert_eq!(
-            (d.fits, d.fails, d.reserve_bytes),
-            (Some(97), Some(98), 30),
-            "{d:?}"
-        );
-        // Both measurements alike: one pass, as `measure`.
-        let mut said = [Some(30), Some(32)].into_iter();
-        let mut reserve = || said.next().flatten();
-        let d = measure_settled(
-            SearchSpace::unit(1 << 20),
-            60,
-            true,
-            0,
-            5,
-            &mut reserve,
-            &mut fits,
-        )
-        .unwrap();
-        let once = measure(SearchSpace::unit(1 << 20), 60, true, 30, 5, &mut fits).unwrap();
-        assert_eq!(
-            (d.fits, d.fails, d.replays),
-            (once.fits, once.fails, once.replays + 2)
-        );
+        // boundary is 97. `said` is what the two measurements of the reserve say.
+        let fits = |x: u64, reserve: u64| Some(x * 10 + reserve <= 1000);
+        let settled = |said: [Option<u64>; 2], passed: u64, calls: &mut usize| {
+            let mut said = said.into_iter();
+            let mut reserve = || {
+                *calls += 1;
+                said.next().flatten()
+            };
+            let space = SearchSpace::unit(1 << 20);
+            measure_settled(space, 60, true, passed, 5, &mut reserve, &mut { fits }).unwrap()
+        };
+        // The first says 0 (what the step's device left was still mapped), the second 30.
+        let d = settled([Some(0), Some(30)], 0, &mut 0);
+        let got = (d.fits, d.fails, d.reserve_bytes);
+        assert_eq!(got, (Some(97), Some(98), 30), "{d:?}");
+        // Both alike: one pass, as `measure`, and the two measurements' replays.
+        let d = settled([Some(30), Some(32)], 0, &mut 0);
+        let once = measure(SearchSpace::unit(1 << 20), 60, true, 30, 5, &mut { fits }).unwrap();
+        let want = (once.fits, once.fails, once.replays + 2);
+        assert_eq!((d.fits, d.fails, d.replays), want);
         // Nothing measured: the reserve passed on, one pass, no second measurement.
         let mut calls = 0;
-        let mut reserve = || {
-            calls += 1;
-            None
-        };
-        let d = measure_settled(
-            SearchSpace::unit(1 << 20),
-            60,
-            true,
-            30,
-            5,
-            &mut reserve,
-            &mut fits,
-        )
-        .unwrap();
+        let d = settled([None, None], 30, &mut calls);
         assert_eq!((d.fits, d.reserve_bytes, calls), (Some(97), 30, 1));
     }
 

@@ -250,48 +250,39 @@ impl Case {
         dry::answer_of(&rec, &plan, &charge, &plan_at)
     }
 
+    /// Whether `x` fits on the undisturbed device (a plain probe, measuring nothing).
+    fn fits(&self, x: u64) -> bool {
+        let ask = Ask {
+            value: x,
+            room: None,
+        };
+        self.probe(ask, 0).outcome.is_fit()
+    }
+
     /// Whether `x` fits and the next value does not, on the undisturbed device.
     fn is_edge(&self, space: SearchSpace, x: u64) -> bool {
-        let fits = |v: u64| {
-            let ask = Ask {
-                value: v,
-                room: None,
-            };
-            self.probe(ask, 0).outcome.is_fit()
-        };
-        fits(x) && !fits(x + space.granularity)
+        self.fits(x) && !self.fits(x + space.granularity)
     }
 
     /// The true boundary: the largest value that fits on the undisturbed device, checked by
     /// probing every value from a bracket (so a non-monotone device would show).
     fn truth(&self, space: SearchSpace) -> u64 {
-        let fits = |x: u64| {
-            self.probe(
-                Ask {
-                    value: x,
-                    room: None,
-                },
-                0,
-            )
-            .outcome
-            .is_fit()
-        };
         let g = space.granularity;
         let (mut lo, mut hi) = (space.min, space.min);
-        while fits(hi) {
+        while self.fits(hi) {
             lo = hi;
             hi = space.snap(hi * 2);
         }
         while hi - lo > g {
             let mid = space.snap(lo + (hi - lo) / 2);
-            if fits(mid) {
+            if self.fits(mid) {
                 lo = mid;
             } else {
                 hi = mid;
             }
         }
         assert!(
-            fits(lo) && !fits(lo + g),
+            self.fits(lo) && !self.fits(lo + g),
             "{}: not a boundary at {lo}",
             self.label
         );

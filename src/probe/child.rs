@@ -60,7 +60,7 @@ pub struct ChildRequest {
 /// Run one probe in this process: open the device, apply the budget, build the plan, execute.
 pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
     let started = Instant::now();
-    super::hostmem::fix_policy();
+    super::hostmem::fix_mmap_threshold();
     let plan = match &req.snapshot {
         Some(s) => s.plan_at(req.value).map_err(|e| e.to_string()),
         // A serving probe: `value` is the card's bytes (`probe::serve`).

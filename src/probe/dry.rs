@@ -269,18 +269,13 @@ pub fn measure_settled(
     let Some(first) = first else {
         return Some(d);
     };
-    let Some(again) = reserve() else {
+    let moved = reserve().filter(|again| again.abs_diff(first) >= step.max(1));
+    let Some(again) = moved else {
         return Some(DryBoundary {
             replays: d.replays + 2,
             ..d
         });
     };
-    if again.abs_diff(first) < step.max(1) {
-        return Some(DryBoundary {
-            replays: d.replays + 2,
-            ..d
-        });
-    }
     let from = d.fits.or(d.fails).unwrap_or(value);
     let e = measure_from(space, value, probe_fit, again, step, from, fits)?;
     Some(DryBoundary {
@@ -292,8 +287,8 @@ pub fn measure_settled(
 /// The replays a measuring probe adds once its step is done and its device released: the
 /// reserve (the room its filler measured, at its peak or right after its refusal, less the
 /// same filler at the same point of its own replay; else the one `ask` passes on), then the
-/// boundary under it. `rec` is the
-/// probe's record (`plan` at its value, its room measured as `ask` and `charge` asked),
+/// boundary under it. `rec` is the probe's record (`plan` at its value, its room measured as
+/// `ask` and `charge` asked),
 /// `fresh()` opens the device afresh with the step's kernels prepared. None for a probe that
 /// neither fit nor was refused.
 pub fn after_probe(

@@ -32,8 +32,8 @@ pub const MMAP_THRESHOLD: i32 = 128 << 10;
 /// The stack of the probe's thread: the main thread's on Linux (LLVM compiles kernels on it).
 const PROBE_STACK: usize = 8 << 20;
 
-/// Set the policy for this process before the device opens. Idempotent.
-pub fn fix_policy() {
+/// Fix the threshold for this process before the device opens. Idempotent.
+pub fn fix_mmap_threshold() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         // SAFETY: mallopt only changes the allocator's parameters; it is safe to call at any
@@ -91,7 +91,7 @@ mod tests {
             if std::env::var_os(CHILD).is_none() {
                 return;
             }
-            fix_policy();
+            fix_mmap_threshold();
             let grown = off_main_arena(|| {
                 // SAFETY: malloc and free with valid arguments, and setrlimit on this process,
                 // the child started for this test alone.

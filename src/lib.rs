@@ -3,6 +3,7 @@
 //! Layers, top to bottom (see README.md): `cli` -> `commands` -> `workload` / `plan` / `estimate`
 //! -> `search` -> `probe` -> `backend` (wgpu, cuda, mock) -> `report`.
 
+pub mod alloc;
 pub mod backend;
 pub mod cli;
 pub mod commands;

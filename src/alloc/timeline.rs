@@ -1,0 +1,201 @@
+//! A plan's timeline through the caching allocator, step after step (the cache carries over):
+//! the reserved curve, the reserved peak, reserved − allocated there (fragmentation), and on a
+//! card of limited room the first request the allocator cannot serve.
+//!
+//! Step 1 replays every event; later steps replay all but the setup (model states exist). A
+//! tensor still live from the step before is not allocated again (Adam state after a first
+//! step, gradients kept for accumulation): it is the same tensor.
+
+use serde::Serialize;
+
+use super::caching::{Allocator, BlockId, ModelDevice, Oom};
+use super::conf::AllocConf;
+use crate::plan::{EventKind, Phase, Plan};
+
+/// How many steps a plan is replayed for by default: the second already reuses the first's
+/// cache, and by then the reserved peak has settled (later steps repeat the second's pattern).
+pub const STEPS: usize = 2;
+
+/// One point of the reserved curve (after an alloc or free).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ReservedPoint {
+    pub step: usize,
+    pub event: usize,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+}
+
+/// The request a card could not serve.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Failure {
+    /// 1-based step.
+    pub step: usize,
+    pub event: usize,
+    pub phase: Phase,
+    pub tensor: String,
+    #[serde(flatten)]
+    pub oom: Oom,
+    /// The free memory in total would have served it: fragmentation.
+    pub fragmentation: bool,
+}
+
+/// The allocator's view of a plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Replay {
+    pub steps: usize,
+    /// The most bytes the allocator held from the driver (`max_memory_reserved`).
+    pub reserved_peak_bytes: u64,
+    /// The most bytes of blocks in use (`max_memory_allocated`: rounded tensor sizes).
+    pub allocated_peak_bytes: u64,
+    /// Blocks in use at the moment of the reserved peak.
+    pub allocated_at_reserved_peak_bytes: u64,
+    /// Reserved − allocated at the reserved peak: cached, unusable for what came next.
+    pub fragmentation_bytes: u64,
+    /// Where the reserved peak was reached (1-based step, event index, phase).
+    pub reserved_peak_step: usize,
+    pub reserved_peak_event: usize,
+    pub reserved_peak_phase: Option<Phase>,
+    /// Segments held at the end.
+    pub segments: u64,
+    /// Times the allocator had to free its cache and retry.
+    pub retries: u64,
+    /// The first request the card could not serve (None: every step fit).
+    pub failure: Option<Failure>,
+    /// The reserved curve of the last step (every alloc and free), empty unless asked for.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub curve: Vec<ReservedPoint>,
+}
+
+impl Replay {
+    pub fn fits(&self) -> bool {
+        self.failure.is_none()
+    }
+}
+
+/// Replay `plan` for `steps` steps through an allocator with `conf` on a card whose allocator
+/// may take `capacity` bytes from the driver (None: no limit). `curve` keeps the last step's
+/// reserved curve.
+pub fn replay(
+    plan: &Plan,
+    conf: &AllocConf,
+    capacity: Option<u64>,
+    steps: usize,
+    curve: bool,
+) -> Replay {
+    let mut dev = match capacity {
+        Some(c) => ModelDevice::new(c, c),
+        None => ModelDevice::unlimited(),
+    };
+    let mut a = Allocator::new(conf.clone());
+    let mut live: Vec<Option<BlockId>> = vec![None; plan.tensors.len()];
+    let mut out = Replay {
+        steps: steps.max(1),
+        reserved_peak_bytes: 0,
+        allocated_peak_bytes: 0,
+        allocated_at_reserved_peak_bytes: 0,
+        fragmentation_bytes: 0,
+        reserved_peak_step: 1,
+        reserved_peak_event: 0,
+        reserved_peak_phase: None,
+        segments: 0,
+        retries: 0,
+        failure: None,
+        curve: Vec::new(),
+    };
+    'steps: for step in 1..=out.steps {
+        for (i, e) in plan.events.iter().enumerate() {
+            if step > 1 && e.phase == Phase::Setup {
+                continue;
+            }
+            match e.kind {
+                EventKind::Alloc(t) => {
+                    if live[t].is_some() {
+                        continue;
+                    }
+                    match a.malloc(&mut dev, plan.tensors[t].bytes, 0, None) {
+                        Ok(id) => live[t] = Some(id),
+                        Err(oom) => {
+                            out.failure = Some(Failure {
+                                step,
+                                event: i,
+                                phase: e.phase,
+                                tensor: plan.tensors[t].name.clone(),
+                                fragmentation: oom.fragmentation(),
+                                oom,
+                            });
+                            break 'steps;
+                        }
+                    }
+                }
+                EventKind::Free(t) => match live[t].take() {
+                    Some(id) => a.free(id),
+                    None => continue,
+                },
+                EventKind::Kernel(_) => continue,
+            }
+            let s = a.stats();
+            if s.reserved > out.reserved_peak_bytes {
+                out.reserved_peak_bytes = s.reserved;
+                out.allocated_at_reserved_peak_bytes = s.allocated;
+                out.reserved_peak_step = step;
+                out.reserved_peak_event = i;
+                out.reserved_peak_phase = Some(e.phase);
+            }
+            if curve && step == out.steps {
+                out.curve.push(ReservedPoint {
+                    step,
+                    event: i,
+                    reserved_bytes: s.reserved,
+                    allocated_bytes: s.allocated,
+                });
+            }
+        }
+    }
+    let s = a.stats();
+    out.allocated_peak_bytes = s.allocated_peak;
+    out.fragmentation_bytes = out
+        .reserved_peak_bytes
+        .saturating_sub(out.allocated_at_reserved_peak_bytes);
+    out.segments = s.segments;
+    out.retries = s.num_alloc_retries;
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::Scenario;
+
+    fn plan(batch: u64) -> Plan {
+        let mut w = crate::workload::presets::get("tiny-gpt").unwrap();
+        w.batch = batch;
+        Plan::for_value(&w, Scenario::Batch, batch).unwrap()
+    }
+
+    #[test]
+    fn reserved_is_at_least_the_tensors_and_steps_settle() {
+        let p = plan(4);
+        let conf = AllocConf::default();
+        let one = replay(&p, &conf, None, 1, false);
+        let two = replay(&p, &conf, None, 2, false);
+        let three = replay(&p, &conf, None, 3, false);
+        assert!(one.reserved_peak_bytes >= p.peak_bytes(), "{one:?}");
+        assert!(one.allocated_peak_bytes >= p.peak_bytes());
+        assert!(two.reserved_peak_bytes >= one.reserved_peak_bytes);
+        assert_eq!(three.reserved_peak_bytes, two.reserved_peak_bytes);
+        assert!(one.fits() && two.fits());
+    }
+
+    #[test]
+    fn a_card_below_the_reserved_peak_fails_and_says_where() {
+        let p = plan(4);
+        let conf = AllocConf::default();
+        let free = replay(&p, &conf, None, 2, false);
+        let r = replay(&p, &conf, Some(free.reserved_peak_bytes - 1), 2, false);
+        let f = r.failure.expect("refused below the reserved peak");
+        assert!(f.oom.reserved <= free.reserved_peak_bytes);
+        assert!(!f.tensor.is_empty());
+        // At the reserved peak itself it fits.
+        assert!(replay(&p, &conf, Some(free.reserved_peak_bytes), 2, false).fits());
+    }
+}

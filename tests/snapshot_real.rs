@@ -132,6 +132,7 @@ fn the_device_that_ran_out_of_memory_is_read_and_named() {
             segment(1, 0x2000_0000, 64 << 20),
         ],
         device_traces: vec![busy, oom_dev, Vec::new()],
+        allocator_settings: None,
     };
     let t = trace::trace_of(&snap, Granularity::Segments).unwrap();
     let oom = t.oom.as_ref().expect("the OOM is found");
@@ -185,6 +186,7 @@ fn segments_on_cuda_1_with_empty_traces_are_not_peak_0() {
     let snap = Snapshot {
         segments: vec![segment(1, 0x7f00_0000_0000, 20 << 20)],
         device_traces: vec![Vec::new(), Vec::new()],
+        allocator_settings: None,
     };
     let t = trace::trace_of(&snap, Granularity::Segments).unwrap();
     assert_eq!(t.peak(), 20 << 20);
@@ -474,4 +476,41 @@ fn json_and_the_viewer_page_read_as_the_pickle_does() {
     ));
     let e = read::read_bytes(b"<html><body>hello</body></html>").unwrap_err();
     assert!(e.to_string().contains("no embedded snapshot"), "{e}");
+}
+
+/// Issue 31: each real trace's own allocations through the caching allocator model land at the
+/// addresses the file records, every segment event matches, and the reserved peak is exact.
+#[test]
+fn the_allocator_model_replays_real_traces_to_the_recorded_address() {
+    use oomprobe::snapshot::allocator::{replay, settings_of};
+    for (name, blocks, segments, peak) in [
+        ("torch26-small-trace.pickle", 36, 9, 3_781_165_056),
+        ("torch29-decomfl-trace.pickle", 7946, 61, 1_897_922_560),
+        ("cs336-niu-fwd-100.pickle", 785, 31, 463_470_592),
+        ("cs336-niu-fwdbwd-200-mixed.pickle", 4404, 88, 1_205_862_400),
+    ] {
+        let snap = oomprobe::snapshot::read::read_file(&real(name)).unwrap();
+        let conf = settings_of(snap.allocator_settings.as_ref());
+        let r = replay(&snap, 0, &conf).unwrap();
+        assert_eq!(
+            (r.blocks_total, r.blocks_matched),
+            (blocks, blocks),
+            "{name}"
+        );
+        assert_eq!(
+            (r.segment_events_total, r.segment_events_matched),
+            (segments, segments),
+            "{name}"
+        );
+        assert_eq!(r.reserved_peak_recorded, peak, "{name}");
+        assert_eq!(r.reserved_peak_replayed, peak, "{name}");
+    }
+    // A trace that starts with segments held is not replayed, and says why in one line.
+    let snap =
+        oomprobe::snapshot::read::read_file(&real("torch25-sketchkv2-state.pickle")).unwrap();
+    let why = replay(&snap, 0, &Default::default()).unwrap_err();
+    assert!(
+        why.contains("no alloc/free trace") || why.contains("already reserved"),
+        "{why}"
+    );
 }

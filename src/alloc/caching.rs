@@ -81,7 +81,6 @@ struct Expandable {
     base: u64,
     page: u64,
     pages: u64,
-    mapped: Vec<bool>,
 }
 
 /// What the allocator did to the device and to blocks, in PyTorch's trace vocabulary.
@@ -754,12 +753,8 @@ impl Allocator {
         let total = dev.total();
         let pages = (total + total / 8).div_ceil(page).max(1);
         let base = dev.reserve(pages * page);
-        self.expandables.push(Some(Expandable {
-            base,
-            page,
-            pages,
-            mapped: vec![false; pages as usize],
-        }));
+        self.expandables
+            .push(Some(Expandable { base, page, pages }));
         let es = self.expandables.len() - 1;
         let id = self.new_block(Block {
             addr: base,
@@ -797,11 +792,9 @@ impl Allocator {
             if !dev.map(e.base + i * e.page, e.page) {
                 for j in begin..i {
                     dev.unmap(e.base + j * e.page, e.page);
-                    e.mapped[j as usize] = false;
                 }
                 return None;
             }
-            e.mapped[i as usize] = true;
         }
         Some((e.base + begin * e.page, (end - begin) * e.page))
     }
@@ -893,7 +886,6 @@ impl Allocator {
         }
         for i in begin..end {
             dev.unmap(e.base + i * e.page, e.page);
-            e.mapped[i as usize] = false;
         }
         let (uaddr, usize_) = (e.base + begin * e.page, (end - begin) * e.page);
         self.remove_free(id);

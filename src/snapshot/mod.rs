@@ -3,6 +3,7 @@
 //! them across batch sizes, and write a plan's timeline back as a snapshot PyTorch's viewer
 //! opens. See docs/snapshots.md.
 
+pub mod allocator;
 pub mod read;
 pub mod render;
 pub mod replay;

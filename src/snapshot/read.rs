@@ -67,6 +67,7 @@ fn from_pickle(bytes: &[u8]) -> Result<(Snapshot, String), SnapshotError> {
                 Snapshot {
                     segments,
                     device_traces: Vec::new(),
+                    allocator_settings: None,
                 },
                 "pickle (a bare list of segments: torch.cuda.memory_snapshot())".into(),
             )),
@@ -108,6 +109,7 @@ fn from_json(bytes: &[u8]) -> Result<(Snapshot, String), SnapshotError> {
             Snapshot {
                 segments: serde_json::from_value(v).map_err(schema)?,
                 device_traces: Vec::new(),
+                allocator_settings: None,
             },
             "JSON (a bare list of segments)".into(),
         )),

@@ -87,6 +87,9 @@ pub struct DeviceReport {
     pub breakdown: Breakdown,
     pub timeline: TimelineSummary,
     pub oom: Option<OomReport>,
+    /// The trace's own alloc/free stream through the caching allocator model: addresses and
+    /// segment events matched (None where the file lacks what the replay needs: a note says).
+    pub allocator_replay: Option<super::allocator::AllocatorReplay>,
     pub notes: Vec<String>,
 }
 
@@ -277,6 +280,23 @@ fn device_report(
         .iter()
         .filter(|s| s.device.max(0) as usize == device)
         .collect();
+    let mut notes = main.notes.clone();
+    let has_trace = snap
+        .device_traces
+        .get(device)
+        .is_some_and(|t| t.iter().any(|e| e.action == "alloc"));
+    let conf = super::allocator::settings_of(snap.allocator_settings.as_ref());
+    let allocator_replay = if has_trace {
+        match super::allocator::replay(snap, device, &conf) {
+            Ok(r) => Some(r),
+            Err(why) => {
+                notes.push(format!("cuda:{device}: allocator replay not run: {why}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
     let oom = segs.oom.as_ref().map(|o| {
         let before = |t: &Trace| live_before_entry(t, o.entry);
         let reserved = before(&segs);
@@ -323,7 +343,8 @@ fn device_report(
         breakdown: crate::estimate::breakdown_of(&peak),
         timeline,
         oom,
-        notes: main.notes.clone(),
+        allocator_replay,
+        notes,
     })
 }
 

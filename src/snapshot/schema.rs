@@ -25,6 +25,11 @@ pub struct Snapshot {
     /// was not recorded or the device was not used).
     #[serde(default)]
     pub device_traces: Vec<Vec<TraceEntry>>,
+    /// PyTorch 2.5+: the allocator's settings when the snapshot was taken (a dict:
+    /// `PYTORCH_CUDA_ALLOC_CONF`, `max_split_size`, `expandable_segments`, ...); the
+    /// allocator replay runs with them.
+    #[serde(default, skip_serializing)]
+    pub allocator_settings: Option<serde_pickle::Value>,
 }
 
 /// Memory returned by one cudaMalloc (or one expandable segment), split into blocks.

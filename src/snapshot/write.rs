@@ -101,6 +101,7 @@ pub fn to_snapshot(trace: &Trace) -> Snapshot {
     Snapshot {
         segments,
         device_traces: vec![entries],
+        allocator_settings: None,
     }
 }
 

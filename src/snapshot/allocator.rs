@@ -1,0 +1,243 @@
+//! A real trace's own alloc/free stream through the caching allocator model (`alloc`): does
+//! each allocation land at the address the file records, and does each segment event match?
+//! The truth check of the model against real CUDA runs.
+//!
+//! Segments the model asks for get the address of the recorded `segment_alloc` (or, for an
+//! expandable segment, `segment_map`) of the same size between the same two trace entries; a
+//! request the file does not record gets an address no segment has. A run of `segment_free`
+//! entries the model did not make itself is read as `torch.cuda.empty_cache()`. Replayed only
+//! from an empty allocator: a trace that starts with segments already held says so.
+
+use std::collections::{HashMap, VecDeque};
+
+use serde::Serialize;
+
+use crate::alloc::caching::{Action, Allocator, BlockId, Device};
+use crate::alloc::conf::AllocConf;
+
+use super::schema::{Snapshot, TraceEntry};
+
+/// The replay's agreement with the file (`estimate --snapshot --json`, per device).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AllocatorReplay {
+    /// Allocations in the trace, and those the model placed at the recorded address.
+    pub blocks_total: u64,
+    pub blocks_matched: u64,
+    /// Segment events in the trace (alloc, free, map, unmap), and those the model made alike
+    /// (same kind, address and size between the same two trace entries).
+    pub segment_events_total: u64,
+    pub segment_events_matched: u64,
+    /// The reserved peak as the file records it, and as the model reached it.
+    pub reserved_peak_recorded: u64,
+    pub reserved_peak_replayed: u64,
+    /// The settings replayed with (from the file's `allocator_settings` where it has them).
+    pub settings: String,
+}
+
+/// Segments served at recorded addresses.
+struct Recorded {
+    pending: VecDeque<(bool, u64, u64)>,
+    next_fake: u64,
+    total: u64,
+}
+
+impl Recorded {
+    fn take(&mut self, map: bool, size: Option<u64>) -> u64 {
+        let pos = self
+            .pending
+            .iter()
+            .position(|&(m, _, s)| m == map && size.is_none_or(|z| z == s));
+        match pos.and_then(|p| self.pending.remove(p)) {
+            Some((_, addr, _)) => addr,
+            None => {
+                let a = self.next_fake;
+                self.next_fake += size.unwrap_or(1 << 30).max(1 << 21) + (1 << 21);
+                a
+            }
+        }
+    }
+}
+
+impl Device for Recorded {
+    fn malloc(&mut self, size: u64) -> Option<u64> {
+        Some(self.take(false, Some(size)))
+    }
+    fn free(&mut self, _addr: u64, _size: u64) {}
+    fn reserve(&mut self, _size: u64) -> u64 {
+        self.take(true, None)
+    }
+    fn map(&mut self, _addr: u64, _size: u64) -> bool {
+        true
+    }
+    fn unmap(&mut self, _addr: u64, _size: u64) {}
+    fn total(&self) -> u64 {
+        self.total
+    }
+    fn free_bytes(&self) -> u64 {
+        u64::MAX / 4
+    }
+}
+
+/// A recorded segment event as the model's [`Action`].
+fn segment_action(e: &TraceEntry) -> Option<Action> {
+    let addr = e.addr?;
+    let size = e.size;
+    Some(match e.action.as_str() {
+        "segment_alloc" => Action::SegmentAlloc { addr, size },
+        "segment_free" => Action::SegmentFree { addr, size },
+        "segment_map" => Action::SegmentMap { addr, size },
+        "segment_unmap" => Action::SegmentUnmap { addr, size },
+        _ => return None,
+    })
+}
+
+fn is_segment(a: &Action) -> bool {
+    matches!(
+        a,
+        Action::SegmentAlloc { .. }
+            | Action::SegmentFree { .. }
+            | Action::SegmentMap { .. }
+            | Action::SegmentUnmap { .. }
+    )
+}
+
+/// The settings the file says it ran with (`allocator_settings`, PyTorch 2.5+), else defaults.
+pub fn settings_of(raw: Option<&serde_pickle::Value>) -> AllocConf {
+    use serde_pickle::{HashableValue as H, Value as V};
+    let mut conf = AllocConf::default();
+    let Some(V::Dict(d)) = raw else { return conf };
+    for (k, v) in d {
+        let H::String(k) = k else { continue };
+        match (k.as_str(), v) {
+            ("expandable_segments", V::Bool(b)) => conf.expandable_segments = *b,
+            ("max_split_size", V::I64(n)) if *n > 0 => conf.max_split_size = *n as u64,
+            ("garbage_collection_threshold", V::F64(f)) => conf.garbage_collection_threshold = *f,
+            ("PYTORCH_CUDA_ALLOC_CONF", V::String(s)) if !s.is_empty() => {
+                if let Ok(c) = crate::alloc::conf::parse(s) {
+                    conf = c;
+                }
+            }
+            _ => {}
+        }
+    }
+    conf
+}
+
+/// Replay device `device`'s trace; Err(why) in one line when the file lacks what it needs.
+pub fn replay(snap: &Snapshot, device: usize, conf: &AllocConf) -> Result<AllocatorReplay, String> {
+    let trace = snap
+        .device_traces
+        .get(device)
+        .filter(|t| t.iter().any(|e| e.action == "alloc"))
+        .ok_or("no alloc/free trace to replay")?;
+    // Reserved before the trace: what the dump holds less what the trace added.
+    let at_dump: u64 = snap
+        .segments
+        .iter()
+        .filter(|s| s.device as usize == device)
+        .map(|s| s.total_size)
+        .sum();
+    let mut net: i128 = 0;
+    let mut cur: i128 = 0;
+    let mut recorded_peak: i128 = 0;
+    for e in trace {
+        match e.action.as_str() {
+            "segment_alloc" | "segment_map" => cur += e.size as i128,
+            "segment_free" | "segment_unmap" => cur -= e.size as i128,
+            _ => {}
+        }
+        net = cur;
+        recorded_peak = recorded_peak.max(cur);
+    }
+    let before = at_dump as i128 - net;
+    if before != 0 {
+        return Err(format!(
+            "the trace starts with {before} B already reserved; replaying it needs the layout \
+             before the trace, which the file does not hold"
+        ));
+    }
+    let mut dev = Recorded {
+        pending: VecDeque::new(),
+        next_fake: 1 << 56,
+        total: 1 << 40,
+    };
+    let mut a = Allocator::new(conf.clone());
+    a.record();
+    let mut out = AllocatorReplay {
+        blocks_total: 0,
+        blocks_matched: 0,
+        segment_events_total: 0,
+        segment_events_matched: 0,
+        reserved_peak_recorded: recorded_peak.max(0) as u64,
+        reserved_peak_replayed: 0,
+        settings: conf.describe(),
+    };
+    let mut by_addr: HashMap<u64, BlockId> = HashMap::new();
+    // Recorded segment events since the last alloc or free, and the model's since then.
+    let mut window: Vec<Action> = Vec::new();
+    let mut model: Vec<Action> = Vec::new();
+    let settle = |window: &mut Vec<Action>, model: &mut Vec<Action>, out: &mut AllocatorReplay| {
+        for w in window.drain(..) {
+            if let Some(p) = model.iter().position(|m| *m == w) {
+                model.remove(p);
+                out.segment_events_matched += 1;
+            }
+        }
+        model.clear();
+    };
+    for (i, e) in trace.iter().enumerate() {
+        if let Some(act) = segment_action(e) {
+            out.segment_events_total += 1;
+            if let Action::SegmentAlloc { addr, size } = act {
+                dev.pending.push_back((false, addr, size));
+            }
+            if let Action::SegmentMap { addr, size } = act {
+                dev.pending.push_back((true, addr, size));
+            }
+            // A run of frees the model has not made: empty_cache().
+            if matches!(
+                act,
+                Action::SegmentFree { .. } | Action::SegmentUnmap { .. }
+            ) && !model.contains(&act)
+                && trace[..i]
+                    .last()
+                    .is_none_or(|p| !matches!(p.action.as_str(), "segment_free" | "segment_unmap"))
+            {
+                a.empty_cache(&mut dev);
+                model.extend(a.take_log().into_iter().filter(is_segment));
+            }
+            window.push(act);
+            continue;
+        }
+        match e.action.as_str() {
+            "alloc" => {
+                let Some(addr) = e.addr else { continue };
+                out.blocks_total += 1;
+                match a.malloc(&mut dev, e.size, e.stream, None) {
+                    Ok(id) => {
+                        if a.block(id).0 == addr {
+                            out.blocks_matched += 1;
+                        }
+                        by_addr.insert(addr, id);
+                    }
+                    Err(_) => return Err("the model refused an allocation the run made".into()),
+                }
+            }
+            "free_completed" => {
+                let Some(addr) = e.addr else { continue };
+                if let Some(id) = by_addr.remove(&addr) {
+                    a.free(id);
+                }
+            }
+            _ => continue,
+        }
+        // The model's segment events for this entry happened before it in the file.
+        let log = a.take_log();
+        model.extend(log.into_iter().filter(is_segment));
+        settle(&mut window, &mut model, &mut out);
+        dev.pending.clear();
+    }
+    settle(&mut window, &mut model, &mut out);
+    out.reserved_peak_replayed = a.stats().reserved_peak;
+    Ok(out)
+}

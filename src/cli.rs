@@ -217,9 +217,23 @@ pub struct EstimateArgs {
     /// Write the step's timeline as a PyTorch memory snapshot (for PyTorch's memory viewer).
     #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
     pub export_snapshot: Option<PathBuf>,
-    /// Device memory to predict boundaries against, e.g. 40GiB, 80GB, 512MiB.
+    /// Device memory to predict boundaries against, e.g. 40GiB, 80GB, 512MiB: raw bytes for
+    /// the tensors and for PyTorch's caching allocator (nothing outside it is subtracted).
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub memory: Option<String>,
+    /// PyTorch's caching allocator settings, in PYTORCH_CUDA_ALLOC_CONF syntax (e.g.
+    /// expandable_segments:True,max_split_size_mb:128); default: PYTORCH_ALLOC_CONF or
+    /// PYTORCH_CUDA_ALLOC_CONF when set, else PyTorch's defaults.
+    #[arg(long, value_name = "CONF", allow_hyphen_values = true)]
+    pub alloc_conf: Option<String>,
+    /// Bytes the process holds outside PyTorch's allocator on the card (CUDA context, cuBLAS
+    /// and cuDNN workspaces, NCCL), subtracted from --memory for the allocator's boundaries.
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
+    pub non_pytorch: Option<String>,
+    /// A card from the table (its memory as CUDA reports it and what lives outside PyTorch on
+    /// it): `--gpu rtx4090`, `--gpu list` for the table, `--gpu all` for the max on each.
+    #[arg(long, value_name = "NAME", conflicts_with = "memory")]
+    pub gpu: Option<String>,
     #[arg(long)]
     pub json: bool,
 }

@@ -162,12 +162,47 @@ pub fn predicted_max(
 pub struct Boundary {
     pub scenario: Scenario,
     pub dimension: String,
-    /// None (null) when even 1 does not fit.
+    /// The tensors' peak fits in the memory. None (null) when even 1 does not fit.
     pub max: Option<u64>,
+    /// Additive (issue 31): PyTorch's caching allocator, replayed for two steps, never needs
+    /// more than the card leaves it (the memory less what lives outside PyTorch): the max
+    /// PyTorch gets.
+    #[serde(default)]
+    pub max_reserved: Option<u64>,
 }
 
-/// Boundaries of every scenario sensible for the workload.
-pub fn boundaries(w: &Workload, memory_bytes: u64) -> Result<Vec<Boundary>, PlanError> {
+pub use crate::alloc::Card;
+
+/// The largest value whose plan the caching allocator serves for two steps on `card`.
+pub fn predicted_max_reserved(
+    w: &Workload,
+    scenario: Scenario,
+    card: &Card,
+) -> Result<Option<u64>, PlanError> {
+    let usable = card.usable();
+    largest_true(|x| match Plan::for_value(w, scenario, x) {
+        // The tensors alone are a lower bound of what the allocator reserves.
+        Ok(p) if p.peak_bytes() > usable => Ok(false),
+        Ok(p) => Ok(crate::alloc::timeline::replay(
+            &p,
+            &card.conf,
+            Some(usable),
+            crate::alloc::timeline::STEPS,
+            false,
+        )
+        .fits()),
+        Err(PlanError::Overflow { .. }) => Ok(false),
+        Err(e) => Err(e),
+    })
+}
+
+/// Boundaries of every scenario sensible for the workload; with `card`, the caching
+/// allocator's too.
+pub fn boundaries(
+    w: &Workload,
+    memory_bytes: u64,
+    card: Option<&Card>,
+) -> Result<Vec<Boundary>, PlanError> {
     crate::plan::build::scenarios_for(w)
         .into_iter()
         .map(|s| {
@@ -175,6 +210,10 @@ pub fn boundaries(w: &Workload, memory_bytes: u64) -> Result<Vec<Boundary>, Plan
                 scenario: s,
                 dimension: s.dimension().to_string(),
                 max: predicted_max(w, s, memory_bytes)?,
+                max_reserved: card
+                    .map(|c| predicted_max_reserved(w, s, c))
+                    .transpose()?
+                    .flatten(),
             })
         })
         .collect()
@@ -345,6 +384,143 @@ pub fn breakdown_table(b: &Breakdown, all_states: u64) -> comfy_table::Table {
         "100%".into(),
     ]);
     t
+}
+
+// --- `estimate --gpu list|all`: the card table and the workload on every card ---
+
+/// `estimate --gpu list`.
+pub fn card_list(json: bool) -> String {
+    use crate::alloc::cards::CARDS;
+    if json {
+        let v: Vec<_> = CARDS
+            .iter()
+            .map(|c| {
+                serde_json::json!({"id": c.id, "name": c.name, "arch": c.arch,
+                    "total_bytes": c.total, "non_pytorch_bytes": c.non_pytorch,
+                    "card_usable_bytes": c.total - c.non_pytorch, "source": c.source})
+            })
+            .collect();
+        return format!("{}\n", serde_json::Value::Array(v));
+    }
+    let mut s = format!(
+        "{:<11} {:<24} {:<7} {:>12} {:>12}  source\n",
+        "id", "card", "arch", "CUDA total", "non-PyTorch"
+    );
+    for c in CARDS {
+        s.push_str(&format!(
+            "{:<11} {:<24} {:<7} {:>12} {:>12}  {}\n",
+            c.id,
+            c.name,
+            c.arch,
+            fmt_bytes(c.total),
+            fmt_bytes(c.non_pytorch),
+            c.source
+        ));
+    }
+    s
+}
+
+/// One card's row of `estimate --gpu all`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CardRow {
+    pub card: &'static str,
+    pub total_bytes: u64,
+    pub non_pytorch_bytes: u64,
+    pub card_usable_bytes: u64,
+    pub reserved_peak_bytes: u64,
+    pub fits: bool,
+    pub boundaries: Vec<Boundary>,
+}
+
+/// The workload on every card of the table.
+pub fn all_cards(
+    w: &crate::workload::Workload,
+    conf: &crate::alloc::AllocConf,
+) -> Result<Vec<CardRow>, crate::plan::build::PlanError> {
+    let plan = crate::plan::Plan::for_workload(w)?;
+    crate::alloc::cards::CARDS
+        .iter()
+        .map(|c| {
+            let card = Card {
+                total: c.total,
+                non_pytorch: c.non_pytorch,
+                conf: conf.clone(),
+            };
+            let r = crate::alloc::timeline::replay(&plan, conf, Some(card.usable()), 2, false);
+            Ok(CardRow {
+                card: c.id,
+                total_bytes: c.total,
+                non_pytorch_bytes: c.non_pytorch,
+                card_usable_bytes: card.usable(),
+                reserved_peak_bytes: r.reserved_peak_bytes,
+                fits: r.fits(),
+                boundaries: boundaries(w, c.total, Some(&card))?,
+            })
+        })
+        .collect()
+}
+
+/// `estimate --gpu all` as a table (or JSON).
+pub fn all_cards_text(w: &crate::workload::Workload, rows: &[CardRow], json: bool) -> String {
+    if json {
+        return format!(
+            "{}\n",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "schema_version": crate::report::SCHEMA_VERSION,
+                "workload": w,
+                "cards": rows,
+            }))
+            .unwrap_or_default()
+        );
+    }
+    let mut s = format!(
+        "{}\nmax with PyTorch's caching allocator (2 steps) on each card; in brackets, by the tensors alone\n",
+        describe(w)
+    );
+    let dims: Vec<String> = rows
+        .first()
+        .map(|r| {
+            r.boundaries
+                .iter()
+                .map(|b| format!("{} ({})", b.scenario.name(), b.dimension))
+                .collect()
+        })
+        .unwrap_or_default();
+    s.push_str(&format!(
+        "{:<11} {:>11} {:>11} {:>11}  {:<5}",
+        "card", "CUDA total", "usable", "reserved", "fits"
+    ));
+    for d in &dims {
+        s.push_str(&format!(" {d:>22}"));
+    }
+    s.push('\n');
+    for r in rows {
+        s.push_str(&format!(
+            "{:<11} {:>11} {:>11} {:>11}  {:<5}",
+            r.card,
+            fmt_bytes(r.total_bytes),
+            fmt_bytes(r.card_usable_bytes),
+            fmt_bytes(r.reserved_peak_bytes),
+            if r.fits { "yes" } else { "no" }
+        ));
+        for b in &r.boundaries {
+            let v = |x: Option<u64>| {
+                x.map_or("-".to_string(), |x| {
+                    if b.dimension == "params" {
+                        crate::units::fmt_count(x)
+                    } else {
+                        x.to_string()
+                    }
+                })
+            };
+            s.push_str(&format!(
+                " {:>22}",
+                format!("{} [{}]", v(b.max_reserved), v(b.max))
+            ));
+        }
+        s.push('\n');
+    }
+    s
 }
 
 #[cfg(test)]

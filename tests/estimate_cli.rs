@@ -403,3 +403,100 @@ fn oversized_inputs_are_refused_without_being_read_whole() {
         "at most 256",
     );
 }
+
+/// Issue 31: the step through PyTorch's caching allocator, on a card of the table.
+#[test]
+fn the_card_and_the_allocator_move_the_boundaries() {
+    let base = ["estimate", "--model", "gpt2", "--batch", "8"];
+    let on = |gpu: &str| {
+        let mut a = base.to_vec();
+        a.extend(["--gpu", gpu]);
+        json(&a)
+    };
+    let r4090 = on("rtx4090");
+    let a100 = on("a100-80gb");
+    for v in [&r4090, &a100] {
+        let reserved = u(v, "/reserved_peak_bytes");
+        assert!(reserved >= u(v, "/breakdown/total"), "{v}");
+        assert_eq!(
+            u(v, "/card_usable_bytes") + u(v, "/non_pytorch_bytes"),
+            u(v, "/memory_bytes")
+        );
+        assert!(u(v, "/fragmentation_bytes") < reserved);
+        // The allocator's max never passes the tensors' own.
+        for b in v["boundaries"].as_array().unwrap() {
+            assert!(b["max_reserved"].as_u64() <= b["max"].as_u64(), "{b}");
+        }
+    }
+    assert_eq!(u(&r4090, "/memory_bytes"), 25_393_364_992);
+    // seq on a 24 GB card: the allocator's and the runtime's bytes cost real tokens.
+    let seq = |v: &Value, key: &str| {
+        v["boundaries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["scenario"] == "seq")
+            .unwrap()[key]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(seq(&r4090, "max_reserved") < seq(&r4090, "max"));
+    assert!(seq(&a100, "max_reserved") > seq(&r4090, "max_reserved"));
+    // --gpu all: a row per card.
+    let mut a = base.to_vec();
+    a.extend(["--gpu", "all"]);
+    let all = json(&a);
+    assert_eq!(
+        all["cards"].as_array().unwrap().len(),
+        oomprobe::alloc::cards::CARDS.len()
+    );
+}
+
+#[test]
+fn a_bad_allocator_setting_or_card_exits_2_naming_it() {
+    for (args, needle) in [
+        (
+            vec!["--alloc-conf", "expandable_segment:True"],
+            "expandable_segment",
+        ),
+        (
+            vec!["--alloc-conf", "max_split_size_mb:1"],
+            "max_split_size_mb",
+        ),
+        (vec!["--gpu", "rtx9999"], "rtx9999"),
+    ] {
+        let out = oomprobe()
+            .arg("estimate")
+            .args(&args)
+            .assert()
+            .code(2)
+            .get_output()
+            .stderr
+            .clone();
+        let err = String::from_utf8(out).unwrap();
+        assert!(err.contains(needle) && err.lines().count() == 1, "{err}");
+    }
+    // The environment variable is read when no flag is given.
+    let out = oomprobe()
+        .args(["estimate", "--model", "tiny-gpt"])
+        .env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:Tru")
+        .assert()
+        .code(2)
+        .get_output()
+        .stderr
+        .clone();
+    assert!(String::from_utf8(out)
+        .unwrap()
+        .contains("PYTORCH_CUDA_ALLOC_CONF"));
+}
+
+#[test]
+fn expandable_segments_reserve_no_more_than_the_default() {
+    let base = ["estimate", "--model", "gpt2", "--batch", "4"];
+    let mut e = base.to_vec();
+    e.extend(["--alloc-conf", "expandable_segments:True"]);
+    let d = json(&base);
+    let x = json(&e);
+    assert!(u(&x, "/reserved_peak_bytes") <= u(&d, "/reserved_peak_bytes"));
+    assert_eq!(x["alloc_conf"], "expandable_segments:True");
+}

@@ -957,37 +957,6 @@ impl Allocator {
         self.remove_unmapped(id);
         self.drop_block(id);
     }
-
-    /// Every segment as (address, size, its blocks as (address, size, allocated)), by address:
-    /// what `torch.cuda.memory_snapshot()` lists (expandable segments: each mapped range).
-    pub fn segments(&self) -> Vec<(u64, u64, Vec<(u64, u64, bool)>)> {
-        let mut out = Vec::new();
-        for (id, b) in self.blocks.iter().enumerate() {
-            if !b.live || !b.mapped {
-                continue;
-            }
-            if let Some(p) = b.prev {
-                if self.blocks[p].mapped {
-                    continue;
-                }
-            }
-            let mut blocks = Vec::new();
-            let mut cur = Some(id);
-            let mut total = 0;
-            while let Some(c) = cur {
-                let x = &self.blocks[c];
-                if !x.mapped {
-                    break;
-                }
-                blocks.push((x.addr, x.size, x.allocated));
-                total += x.size;
-                cur = x.next;
-            }
-            out.push((b.addr, total, blocks));
-        }
-        out.sort_by_key(|s| s.0);
-        out
-    }
 }
 
 /// PyTorch's `roundup_power2_next_division`.

@@ -7,7 +7,25 @@
 pub mod caching;
 pub mod cards;
 pub mod conf;
+pub mod render;
 pub mod timeline;
 
 pub use caching::{Action, Allocator, BlockId, Device, ModelDevice, Oom, Stats};
 pub use conf::{AllocConf, ConfError};
+
+/// How the card is seen by the allocator's boundaries.
+#[derive(Debug, Clone)]
+pub struct Card {
+    /// The card's memory (`--memory`).
+    pub total: u64,
+    /// Held outside PyTorch's allocator.
+    pub non_pytorch: u64,
+    pub conf: AllocConf,
+}
+
+impl Card {
+    /// What PyTorch's allocator may take from the driver.
+    pub fn usable(&self) -> u64 {
+        self.total.saturating_sub(self.non_pytorch)
+    }
+}

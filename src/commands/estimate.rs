@@ -31,6 +31,23 @@ pub struct EstimateReport {
     pub memory_detected_on: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boundaries: Option<Vec<Boundary>>,
+    /// Additive (issue 31): the step through PyTorch's caching allocator, two steps, on the card
+    /// when `memory_bytes` is known (its first refused request in `allocator.failure`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<crate::alloc::timeline::Replay>,
+    /// The allocator's settings (PYTORCH_CUDA_ALLOC_CONF syntax, "" for PyTorch's defaults).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alloc_conf: Option<String>,
+    /// The most the allocator reserved (`max_memory_reserved`), and reserved − allocated then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved_peak_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fragmentation_bytes: Option<u64>,
+    /// Held outside PyTorch's allocator (`--non-pytorch`), and what the allocator may use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub non_pytorch_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub card_usable_bytes: Option<u64>,
     pub notes: Vec<String>,
     /// Additive (`--mode serve`): the serving engine's KV-cache sizing; the breakdown and
     /// timeline are then its profiling forward's.
@@ -84,11 +101,33 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
             args.export_snapshot.as_deref(),
         );
     }
+    if args.gpu.as_deref() == Some("list") {
+        return out(&crate::estimate::card_list(args.json));
+    }
+    let card_arg = match args.gpu.as_deref() {
+        None | Some("all") => None,
+        Some(id) => Some(crate::alloc::cards::get(id).ok_or_else(|| {
+            CliError::usage(format!(
+                "--gpu: no card '{id}' (one of: {}; or list, all)",
+                crate::alloc::cards::ids()
+            ))
+        })?),
+    };
     let r = resolve(&args.workload, "gpt2")?;
     let w = r.workload;
-    let mut detected = None;
+    if args.gpu.as_deref() == Some("all") {
+        for w in &r.warnings {
+            eprintln!("oomprobe: warning: {w}");
+        }
+        let (conf, _) = crate::alloc::conf::from_flag_or_env(args.alloc_conf.as_deref())
+            .map_err(|e| CliError::usage(format!("{}: {e}", conf_flag(&args.alloc_conf))))?;
+        let rows = crate::estimate::all_cards(&w, &conf).map_err(plan_error)?;
+        return out(&crate::estimate::all_cards_text(&w, &rows, args.json));
+    }
+    let mut detected = card_arg.map(|c| format!("{} (oomprobe's card table)", c.name));
     let memory = match args.memory.as_deref().map(memory_arg).transpose()? {
         Some(m) => Some(m),
+        None if card_arg.is_some() => card_arg.map(|c| c.total),
         None => match case_memory(&args.workload)? {
             Some(m) => Some(m),
             // The GPU in front of you, when there is one (never a CPU adapter's heap).
@@ -117,8 +156,36 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         eprintln!("oomprobe: warning: {w}");
     }
     let b = breakdown(&plan);
+    let (conf, conf_from) = crate::alloc::conf::from_flag_or_env(args.alloc_conf.as_deref())
+        .map_err(|e| CliError::usage(format!("{}: {e}", conf_flag(&args.alloc_conf))))?;
+    let non_pytorch = args
+        .non_pytorch
+        .as_deref()
+        .map(|v| parse_size(v).map_err(|e| CliError::usage(format!("--non-pytorch: {e}"))))
+        .transpose()?;
+    let card = memory.map(|m| crate::estimate::Card {
+        total: m,
+        non_pytorch: non_pytorch.unwrap_or(card_arg.map_or(0, |c| c.non_pytorch)),
+        conf: conf.clone(),
+    });
+    if let (Some(c), Some(n)) = (&card, non_pytorch) {
+        if n >= c.total {
+            return Err(CliError::usage(format!(
+                "--non-pytorch {} leaves nothing of --memory {}",
+                fmt_bytes(n),
+                fmt_bytes(c.total)
+            )));
+        }
+    }
+    let replay = crate::alloc::timeline::replay(
+        &plan,
+        &conf,
+        card.as_ref().map(|c| c.usable()),
+        crate::alloc::timeline::STEPS,
+        false,
+    );
     let bounds = match memory {
-        Some(m) => Some(boundaries(&w, m).map_err(plan_error)?),
+        Some(m) => Some(boundaries(&w, m, card.as_ref()).map_err(plan_error)?),
         None => None,
     };
     let report = EstimateReport {
@@ -130,6 +197,12 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         memory_bytes: memory,
         memory_detected_on: detected.clone(),
         boundaries: bounds,
+        reserved_peak_bytes: Some(replay.reserved_peak_bytes),
+        fragmentation_bytes: Some(replay.fragmentation_bytes),
+        non_pytorch_bytes: card.as_ref().map(|c| c.non_pytorch),
+        card_usable_bytes: card.as_ref().map(|c| c.usable()),
+        alloc_conf: Some(conf.text.clone()),
+        allocator: Some(replay),
         notes: plan.notes.clone(),
         serving: None,
     };
@@ -149,6 +222,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         _ => "empty plan".into(),
     };
     let on = match (&detected, memory) {
+        (Some(name), Some(m)) if card_arg.is_some() => format!(", on {name}, {}", fmt_bytes(m)),
         (Some(name), Some(m)) => format!(", on {name}, {} (detected)", fmt_bytes(m)),
         _ => String::new(),
     };
@@ -160,25 +234,46 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
     for n in &report.notes {
         text.push_str(&format!("note: {n}\n"));
     }
+    if let Some(r) = &report.allocator {
+        text.push_str(&crate::alloc::render::summary(
+            r,
+            &conf,
+            conf_from,
+            card.as_ref(),
+        ));
+    }
     if let (Some(m), Some(bs)) = (memory, &report.boundaries) {
         text.push_str(&format!(
             "\npredicted boundaries on {} ({m} bytes):\n",
             fmt_bytes(m)
         ));
+        let show = |v: Option<u64>, dim: &str| match v {
+            Some(x) if dim == "params" => format!("{x} ({})", fmt_count(x)),
+            Some(x) => x.to_string(),
+            None => "none (even 1 does not fit)".into(),
+        };
         for bd in bs {
-            let max = match bd.max {
-                Some(x) if bd.dimension == "params" => format!("{x} ({})", fmt_count(x)),
-                Some(x) => x.to_string(),
-                None => "none (even 1 does not fit)".into(),
-            };
             text.push_str(&format!(
-                "  {:<12} max {:<7} = {max}\n",
+                "  {:<12} max {:<7} = {} with PyTorch's allocator; {} by the tensors alone\n",
                 bd.scenario.name(),
-                bd.dimension
+                bd.dimension,
+                show(bd.max_reserved, &bd.dimension),
+                show(bd.max, &bd.dimension),
             ));
         }
     }
     out(&text)
+}
+
+/// Where an allocator setting came from, for its error line.
+fn conf_flag(flag: &Option<String>) -> &'static str {
+    if flag.is_some() {
+        "--alloc-conf"
+    } else if std::env::var_os("PYTORCH_ALLOC_CONF").is_some() {
+        "PYTORCH_ALLOC_CONF"
+    } else {
+        "PYTORCH_CUDA_ALLOC_CONF"
+    }
 }
 
 /// `estimate --mode serve`: the serving sizing on a card of `memory` bytes.
@@ -193,6 +288,12 @@ fn serve(w: Workload, memory: u64, detected: Option<String>, json: bool) -> CliR
         memory_bytes: Some(memory),
         memory_detected_on: detected.clone(),
         boundaries: None,
+        allocator: None,
+        alloc_conf: None,
+        reserved_peak_bytes: None,
+        fragmentation_bytes: None,
+        non_pytorch_bytes: None,
+        card_usable_bytes: None,
         notes: plan.notes.clone(),
         serving: Some(z),
     };

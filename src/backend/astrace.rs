@@ -30,7 +30,7 @@ impl AsTrace {
 
     /// The address space mapped now (0 where the system does not tell).
     pub fn vm() -> u64 {
-        crate::probe::capacity::address_space_in_use().unwrap_or(0)
+        address_space_in_use().unwrap_or(0)
     }
 
     /// Append one line: `op` of `bytes` ended as `result`, the mapped bytes around it.
@@ -45,4 +45,13 @@ impl AsTrace {
             let _ = f.write_all(text.as_bytes());
         }
     }
+}
+
+/// Address space this process maps now (Linux `VmSize`): what a limit leaves for tensors is
+/// the limit minus this.
+pub fn address_space_in_use() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = text.lines().find(|l| l.starts_with("VmSize:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }

@@ -55,14 +55,7 @@ pub fn address_space_limit() -> Option<u64> {
     }
 }
 
-/// Address space this process maps now (Linux `VmSize`): what a limit leaves for tensors is
-/// the limit minus this.
-pub fn address_space_in_use() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = text.lines().find(|l| l.starts_with("VmSize:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
+pub use crate::backend::astrace::address_space_in_use;
 
 /// Headroom kept for pipelines, staging buffers and the driver's own allocations when a
 /// prediction is made against an address-space limit.

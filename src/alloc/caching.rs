@@ -65,6 +65,33 @@ struct Block {
     live: bool,
 }
 
+impl Block {
+    /// A free block of `(stream, pool, expandable segment)` at `addr`.
+    fn free_piece(
+        addr: u64,
+        size: u64,
+        (stream, pool, expandable): (i64, usize, Option<usize>),
+        mapped: bool,
+        prev: Option<BlockId>,
+        next: Option<BlockId>,
+    ) -> Block {
+        Block {
+            addr,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            allocated: false,
+            mapped,
+            prev,
+            next,
+            expandable,
+            gc_base: 0,
+            live: true,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Pool {
     small: bool,
@@ -460,20 +487,14 @@ impl Allocator {
             addr,
             size: alloc_size,
         });
-        Some(self.new_block(Block {
+        Some(self.new_block(Block::free_piece(
             addr,
-            size: alloc_size,
-            requested: 0,
-            stream,
-            pool,
-            allocated: false,
-            mapped: true,
-            prev: None,
-            next: None,
-            expandable: None,
-            gc_base: 0,
-            live: true,
-        }))
+            alloc_size,
+            (stream, pool, None),
+            true,
+            None,
+            None,
+        )))
     }
 
     fn add_reserved(&mut self, bytes: u64) {
@@ -494,20 +515,14 @@ impl Allocator {
     fn alloc_found_block(&mut self, block: BlockId, size: u64, orig: u64, split: bool) -> BlockId {
         let id = if split {
             let rem = self.blocks[block].clone();
-            let id = self.new_block(Block {
-                addr: rem.addr,
+            let id = self.new_block(Block::free_piece(
+                rem.addr,
                 size,
-                requested: 0,
-                stream: rem.stream,
-                pool: rem.pool,
-                allocated: false,
-                mapped: true,
-                prev: rem.prev,
-                next: Some(block),
-                expandable: rem.expandable,
-                gc_base: 0,
-                live: true,
-            });
+                (rem.stream, rem.pool, rem.expandable),
+                true,
+                rem.prev,
+                Some(block),
+            ));
             if let Some(p) = rem.prev {
                 self.blocks[p].next = Some(id);
             }
@@ -756,20 +771,14 @@ impl Allocator {
         self.expandables
             .push(Some(Expandable { base, page, pages }));
         let es = self.expandables.len() - 1;
-        let id = self.new_block(Block {
-            addr: base,
-            size: pages * page,
-            requested: 0,
-            stream,
-            pool,
-            allocated: false,
-            mapped: false,
-            prev: None,
-            next: None,
-            expandable: Some(es),
-            gc_base: 0,
-            live: true,
-        });
+        let id = self.new_block(Block::free_piece(
+            base,
+            pages * page,
+            (stream, pool, Some(es)),
+            false,
+            None,
+            None,
+        ));
         self.insert_unmapped(id);
         id
     }
@@ -810,20 +819,14 @@ impl Allocator {
         self.blocks[id].mapped = true;
         if msize < self.blocks[id].size {
             let b = self.blocks[id].clone();
-            let rem = self.new_block(Block {
-                addr: b.addr + msize,
-                size: b.size - msize,
-                requested: 0,
-                stream: b.stream,
-                pool: b.pool,
-                allocated: false,
-                mapped: false,
-                prev: Some(id),
-                next: b.next,
-                expandable: b.expandable,
-                gc_base: 0,
-                live: true,
-            });
+            let rem = self.new_block(Block::free_piece(
+                b.addr + msize,
+                b.size - msize,
+                (b.stream, b.pool, b.expandable),
+                false,
+                Some(id),
+                b.next,
+            ));
             if let Some(n) = b.next {
                 self.blocks[n].prev = Some(rem);
             }
@@ -892,20 +895,14 @@ impl Allocator {
         let b = self.blocks[id].clone();
         let before = uaddr - b.addr;
         if before > 0 {
-            let bf = self.new_block(Block {
-                addr: b.addr,
-                size: before,
-                requested: 0,
-                stream: b.stream,
-                pool: b.pool,
-                allocated: false,
-                mapped: true,
-                prev: b.prev,
-                next: Some(id),
-                expandable: b.expandable,
-                gc_base: 0,
-                live: true,
-            });
+            let bf = self.new_block(Block::free_piece(
+                b.addr,
+                before,
+                (b.stream, b.pool, b.expandable),
+                true,
+                b.prev,
+                Some(id),
+            ));
             if let Some(p) = b.prev {
                 self.blocks[p].next = Some(bf);
             }
@@ -914,20 +911,14 @@ impl Allocator {
         }
         let after = b.size - (before + usize_);
         if after > 0 {
-            let af = self.new_block(Block {
-                addr: uaddr + usize_,
-                size: after,
-                requested: 0,
-                stream: b.stream,
-                pool: b.pool,
-                allocated: false,
-                mapped: true,
-                prev: Some(id),
-                next: b.next,
-                expandable: b.expandable,
-                gc_base: 0,
-                live: true,
-            });
+            let af = self.new_block(Block::free_piece(
+                uaddr + usize_,
+                after,
+                (b.stream, b.pool, b.expandable),
+                true,
+                Some(id),
+                b.next,
+            ));
             if let Some(n) = b.next {
                 self.blocks[n].prev = Some(af);
             }

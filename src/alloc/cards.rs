@@ -5,8 +5,10 @@
 //!
 //! Totals read from an OOM message are printed to 0.01 GiB: the bytes here are that value, good
 //! to ±5 MiB. The non-PyTorch footprint is the message's "this process has" less PyTorch's
-//! allocated and reserved-but-unallocated, measured on 17 real messages (0.19-1.62 GiB, median
-//! 0.42 GiB): 0.45 GiB is used where a card's own messages do not say more (modelled).
+//! allocated and reserved-but-unallocated, measured on real messages (17 in our corpus: 0.19-1.62
+//! GiB, median 0.42 GiB; per architecture in validation/allocator/cards-research.md: T4 ~130 MiB,
+//! L4 235, RTX 4090 470-505, L40S 420-507, A100 410-520, H100/H200 ~600, with lazy module
+//! loading); 0.45 GiB where a card's own messages do not say more (modelled).
 
 /// One card of the table.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -39,7 +41,7 @@ pub const CARDS: &[Card] = &[
         name: "Tesla T4 16 GB",
         arch: "Turing",
         total: gib_100(1456),
-        non_pytorch: DEFAULT_NON_PYTORCH,
+        non_pytorch: 130 * MIB,
         source: "OOM messages: 14.56 GiB (CatVTON#133, leetgpu-challenges#52; 14.75 on Colab, Open-Sora#697)",
     },
     Card {
@@ -63,7 +65,7 @@ pub const CARDS: &[Card] = &[
         name: "L4 24 GB",
         arch: "Ada",
         total: 23034 * MIB,
-        non_pytorch: DEFAULT_NON_PYTORCH,
+        non_pytorch: 235 * MIB,
         source: "nvidia-smi 23034 MiB (modal-labs/modal-client PR#2797); no OOM message found",
     },
     Card {
@@ -71,7 +73,7 @@ pub const CARDS: &[Card] = &[
         name: "GeForce RTX 4090 24 GB",
         arch: "Ada",
         total: gib_100(2365),
-        non_pytorch: 461 * MIB,
+        non_pytorch: 490 * MIB,
         source: "OOM messages: 23.65 GiB (tloen/llama-int8#7, AiOS#29, pytorch#16417), 23.64 (VGen#104)",
     },
     Card {
@@ -79,7 +81,7 @@ pub const CARDS: &[Card] = &[
         name: "L40S 48 GB",
         arch: "Ada",
         total: gib_100(4453),
-        non_pytorch: DEFAULT_NON_PYTORCH,
+        non_pytorch: 460 * MIB,
         source: "OOM messages: 44.53 GiB total capacity (Wan2.1#205, twice)",
     },
     Card {
@@ -87,7 +89,7 @@ pub const CARDS: &[Card] = &[
         name: "A100 SXM 40 GB",
         arch: "Ampere",
         total: 42_298_834_944,
-        non_pytorch: DEFAULT_NON_PYTORCH,
+        non_pytorch: 465 * MIB,
         source: "deviceQuery 40339 MBytes (42298834944 bytes), bottlerocket-os PR#3873; OOM 39.43-39.59 GiB",
     },
     Card {
@@ -95,7 +97,7 @@ pub const CARDS: &[Card] = &[
         name: "A100 SXM 80 GB",
         arch: "Ampere",
         total: 85_100_068_864,
-        non_pytorch: DEFAULT_NON_PYTORCH,
+        non_pytorch: 465 * MIB,
         source: "deviceQuery 81158 MBytes (85100068864 bytes); OOM messages 79.25 GiB (OOTDiffusion#235, VAREdit)",
     },
     Card {
@@ -103,7 +105,7 @@ pub const CARDS: &[Card] = &[
         name: "H100 SXM 80 GB",
         arch: "Hopper",
         total: 85_045_477_376,
-        non_pytorch: 768 * MIB,
+        non_pytorch: 600 * MIB,
         source: "deviceQuery 81106 MBytes (85045477376 bytes, driver 12.7); vllm#27508 79.11 GiB",
     },
     Card {
@@ -111,7 +113,7 @@ pub const CARDS: &[Card] = &[
         name: "H200 141 GB",
         arch: "Hopper",
         total: gib_100(13979),
-        non_pytorch: 768 * MIB,
+        non_pytorch: 600 * MIB,
         source: "OOM message: 139.79 GiB total capacity, 0.74 GiB outside PyTorch (PyTorch docs thread)",
     },
 ];

@@ -2,7 +2,7 @@
 //! `probe` and snapshot replay all use, the settings it reads (`PYTORCH_CUDA_ALLOC_CONF`), the
 //! cards people have and what the CUDA runtime holds outside the allocator on them.
 //!
-//! This floor imports only `plan` (the timeline it replays); everything above reads it.
+//! This floor imports only `plan` (the timeline it replays) and `units`; everything above reads it.
 
 pub mod caching;
 pub mod cards;

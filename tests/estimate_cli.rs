@@ -465,16 +465,9 @@ fn a_bad_allocator_setting_or_card_exits_2_naming_it() {
         ),
         (vec!["--gpu", "rtx9999"], "rtx9999"),
     ] {
-        let out = oomprobe()
-            .arg("estimate")
-            .args(&args)
-            .assert()
-            .code(2)
-            .get_output()
-            .stderr
-            .clone();
-        let err = String::from_utf8(out).unwrap();
-        assert!(err.contains(needle) && err.lines().count() == 1, "{err}");
+        let mut a = vec!["estimate"];
+        a.extend(args);
+        fails_with_one_line(&a, needle);
     }
     // The environment variable is read when no flag is given.
     let out = oomprobe()

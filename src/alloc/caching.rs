@@ -223,18 +223,8 @@ impl Allocator {
         self.allowed = Some(bytes);
     }
 
-    pub fn conf(&self) -> &AllocConf {
-        &self.conf
-    }
-
     pub fn stats(&self) -> Stats {
         self.stats
-    }
-
-    /// Reset the peaks to the current values (`reset_peak_memory_stats`).
-    pub fn reset_peaks(&mut self) {
-        self.stats.allocated_peak = self.stats.allocated;
-        self.stats.reserved_peak = self.stats.reserved;
     }
 
     /// A block's address and (rounded) size.

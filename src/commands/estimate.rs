@@ -119,8 +119,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         for w in &r.warnings {
             eprintln!("oomprobe: warning: {w}");
         }
-        let (conf, _) = crate::alloc::conf::from_flag_or_env(args.alloc_conf.as_deref())
-            .map_err(|e| CliError::usage(format!("{}: {e}", conf_flag(&args.alloc_conf))))?;
+        let (conf, _) = alloc_conf(args)?;
         let rows = crate::estimate::all_cards(&w, &conf).map_err(plan_error)?;
         return out(&crate::estimate::all_cards_text(&w, &rows, args.json));
     }
@@ -156,8 +155,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         eprintln!("oomprobe: warning: {w}");
     }
     let b = breakdown(&plan);
-    let (conf, conf_from) = crate::alloc::conf::from_flag_or_env(args.alloc_conf.as_deref())
-        .map_err(|e| CliError::usage(format!("{}: {e}", conf_flag(&args.alloc_conf))))?;
+    let (conf, conf_from) = alloc_conf(args)?;
     let non_pytorch = args
         .non_pytorch
         .as_deref()
@@ -263,6 +261,13 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         }
     }
     out(&text)
+}
+
+/// The allocator's settings in force (`--alloc-conf`, else the environment) and where they came
+/// from; a bad one is bad input naming its source.
+fn alloc_conf(args: &EstimateArgs) -> CliResult<(crate::alloc::AllocConf, &'static str)> {
+    crate::alloc::conf::from_flag_or_env(args.alloc_conf.as_deref())
+        .map_err(|e| CliError::usage(format!("{}: {e}", conf_flag(&args.alloc_conf))))
 }
 
 /// Where an allocator setting came from, for its error line.

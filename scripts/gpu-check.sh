@@ -12,8 +12,10 @@
 # CUDA 11.2 / r460 or newer). The CUDA runs set OOMPROBE_CUDA_EMBEDDED=1 so that they use the
 # embedded PTX even where an NVRTC happens to be installed: the driver-only path is checked.
 #
-# Time budget: every step runs under `timeout`, and the limits add up to 470 s (under 8 min):
-# devices 2×15 s, cuda_ptx 10 s, kernel tests 3×60 s, the default suite 2×100 s (on an H200
+# Time budget: every step runs under `timeout`, and the limits add up to 550 s (about 9 min):
+# devices 2×15 s, cuda_ptx 10 s, kernel tests 3×60 s, the default suite 100 s on Vulkan and
+# 120 s on CUDA (there tensors go through the caching allocator model, two steps a probe), the
+# batch scenario with --allocator direct 60 s beside it (on an H200
 # each probe writes and verifies at most ~140 GB at several TB/s: the cost is the child's start,
 # context and allocation, about 1-3 s a probe, some 25 probes a suite), the spill check 40 s,
 # compare 10 s. A step that runs out says `rc=124` and the next one still runs.
@@ -52,7 +54,10 @@ done
 # are in the JSON (predicted_max, max_fit, fill_ratio) and the table.
 run suite-vulkan 100 "$exe" probe --backend vulkan --json --out "$out/suite-vulkan.json" --quiet
 if "$exe" devices --json 2>/dev/null | grep -q '"backend": *"cuda"'; then
-  run suite-cuda 100 "$exe" probe --backend cuda --json --out "$out/suite-cuda.json" --quiet
+  run suite-cuda 120 "$exe" probe --backend cuda --json --out "$out/suite-cuda.json" --quiet
+  # The same card, each tensor its own cuMemAlloc: the gap to suite-cuda's batch row is what
+  # PyTorch's segments cost there.
+  run batch-cuda-direct 60 "$exe" probe --backend cuda --allocator direct --scenario batch --json --out "$out/batch-cuda-direct.json" --quiet
   run compare 10 "$exe" compare "$out/suite-vulkan.json" "$out/suite-cuda.json" --format markdown --out "$out/compare.md"
 fi
 # The spill check forced on a fit near the boundary (it runs by itself only when a step's peak

@@ -292,6 +292,25 @@ pub struct DeviceSelect {
     /// probe every GPU of the machine (a child per device) and compare the results.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub device: Option<String>,
+    /// Where tensors go: pytorch (into segments taken and split as PyTorch's caching allocator
+    /// does, so the boundary includes its rounding and fragmentation; the default on CUDA) or
+    /// direct (one buffer per tensor chunk; the default elsewhere).
+    #[arg(long, value_enum, value_name = "A")]
+    pub allocator: Option<crate::backend::pooled::AllocatorMode>,
+    /// PyTorch's caching allocator settings for --allocator pytorch, in PYTORCH_CUDA_ALLOC_CONF
+    /// syntax; default: PYTORCH_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF when set.
+    #[arg(long, value_name = "CONF", allow_hyphen_values = true)]
+    pub alloc_conf: Option<String>,
+}
+
+impl DeviceSelect {
+    /// `--allocator` and `--alloc-conf` as given.
+    pub fn allocator(&self) -> crate::backend::pooled::AllocatorPick {
+        crate::backend::pooled::AllocatorPick {
+            mode: self.allocator,
+            conf: self.alloc_conf.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Args)]

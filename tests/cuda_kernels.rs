@@ -320,3 +320,51 @@ fn overhead_is_measured_after_the_warm_up() {
     let listed = oomprobe::backend::cuda::list_devices().expect("list");
     assert!(listed[0].overhead_bytes.is_some(), "{:?}", listed[0]);
 }
+
+/// `--allocator pytorch` on the card: tensors are views at offsets inside `cuMemAlloc`
+/// segments. A full step (every kernel, on tensors packed into shared segments) gives the
+/// checksum the direct probe gives, and under a budget the probe fits and fails exactly where
+/// the allocator model says, as on the mock backend (tests/probe_allocator.rs).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh"]
+fn the_pytorch_allocator_places_tensors_in_segments_on_the_card() {
+    use oomprobe::alloc::{timeline, AllocConf};
+    use oomprobe::backend::budget::BudgetBackend;
+    use oomprobe::backend::pooled::PooledBackend;
+    use oomprobe::plan::Plan;
+    use oomprobe::probe::exec::execute_plan;
+    use oomprobe::probe::Compute;
+    use oomprobe::report::Outcome;
+    use oomprobe::scenario::Scenario;
+    let cuda = || -> Box<dyn Backend> {
+        Box::new(CudaBackend::new(0).unwrap_or_else(|e| panic!("{NO_GPU}: {e}")))
+    };
+    let w = oomprobe::workload::presets::get("tiny-gpt").unwrap();
+    let plan = Plan::for_value(&w, Scenario::Batch, 96).unwrap();
+    let conf = AllocConf::default();
+    let direct = execute_plan(&mut *cuda(), &plan, Compute::Full);
+    assert_eq!(direct.outcome, Outcome::Fit, "{:?}", direct.detail);
+    let mut pooled = PooledBackend::new(cuda(), conf.clone()).unwrap();
+    let rec = execute_plan(&mut pooled, &plan, Compute::Full);
+    assert_eq!(rec.outcome, Outcome::Fit, "{:?}", rec.detail);
+    assert_eq!(rec.checksum, direct.checksum, "same kernels, same data");
+    let model = timeline::replay(&plan, &conf, None, timeline::STEPS, false);
+    assert_eq!(rec.bytes_allocated, model.reserved_peak_bytes);
+    // The least budget the model fits in, and a MiB less.
+    let fits = |c: u64| timeline::replay(&plan, &conf, Some(c), timeline::STEPS, false).fits();
+    let (mut lo, mut hi) = (0, model.reserved_peak_bytes);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if fits(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    for (cap, want) in [(hi, Outcome::Fit), (hi - (1 << 20), Outcome::Budget)] {
+        let b = Box::new(BudgetBackend::new(cuda(), cap));
+        let mut p = PooledBackend::new(b, conf.clone()).unwrap();
+        let rec = execute_plan(&mut p, &plan, Compute::Touch);
+        assert_eq!(rec.outcome, want, "budget {cap}: {:?}", rec.detail);
+    }
+}

@@ -742,3 +742,28 @@ fn repeat_probes_the_boundary_again_in_fresh_children() {
         .assert()
         .code(2);
 }
+
+/// `--allocator pytorch` needs a backend that binds part of a buffer (CUDA): on the adapter
+/// wgpu gives, it is one line and exit 2, as is a setting PyTorch would refuse; the default
+/// there stays direct.
+#[test]
+fn the_pytorch_allocator_is_refused_where_buffers_bind_whole() {
+    require_adapter();
+    for (extra, want) in [
+        (vec!["--allocator", "pytorch"], "binds whole buffers only"),
+        (
+            vec!["--alloc-conf", "max_split_size_mb:64"],
+            "apply to --allocator pytorch",
+        ),
+    ] {
+        let out = oomprobe()
+            .arg("probe")
+            .args(TINY_BATCH)
+            .args(&extra)
+            .assert()
+            .code(2);
+        let err = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+}

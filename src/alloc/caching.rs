@@ -124,7 +124,7 @@ pub enum Action {
 }
 
 /// The allocator's counters (`torch.cuda.memory_stats()` names, aggregate pool).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Stats {
     /// Bytes of blocks in use (rounded sizes): `allocated_bytes.all.current`.
     pub allocated: u64,

@@ -140,6 +140,15 @@ impl<B: Backend + ?Sized> Backend for BudgetBackend<B> {
     fn heap_usage(&self) -> Option<HeapUsage> {
         self.inner.heap_usage()
     }
+
+    /// A view costs nothing: its parent was counted.
+    fn view_buffer(&mut self, parent: BufferId, offset: u64, bytes: u64) -> Option<BufferId> {
+        self.inner.view_buffer(parent, offset, bytes)
+    }
+
+    fn allocator_stats(&self) -> Option<crate::alloc::Stats> {
+        self.inner.allocator_stats()
+    }
 }
 
 #[cfg(test)]

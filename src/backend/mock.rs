@@ -26,6 +26,8 @@ pub struct MockBackend {
     info: DeviceInfo,
     capacity: u64,
     buffers: HashMap<BufferId, Vec<u8>>,
+    /// Views into buffers (`Backend::view_buffer`): parent, first byte, length.
+    views: HashMap<BufferId, (BufferId, usize, usize)>,
     next_id: u64,
     allocated: u64,
     /// Count of dispatches run (for tests).
@@ -49,6 +51,8 @@ pub struct MockBackend {
     /// From this many dispatches on, command buffers abort: nothing runs, reads are zeros.
     abort_at: Option<u64>,
     prepared: bool,
+    /// Whether `view_buffer` works (false: as a backend that binds whole buffers only).
+    views_on: bool,
     /// Buffers allocated after `prepare` (tests compare with the plan's tensor chunks).
     pub allocs_after_prepare: u64,
     staging_after_prepare: u64,
@@ -81,6 +85,7 @@ impl MockBackend {
             },
             capacity,
             buffers: HashMap::new(),
+            views: HashMap::new(),
             next_id: 1,
             allocated: 0,
             dispatches: 0,
@@ -95,6 +100,7 @@ impl MockBackend {
             lose_at: None,
             abort_at: None,
             prepared: false,
+            views_on: true,
             allocs_after_prepare: 0,
             staging_after_prepare: 0,
         }
@@ -104,6 +110,12 @@ impl MockBackend {
     /// are in use live in host memory, `slowdown` times slower (1.0: as fast as the rest).
     pub fn spill_after(mut self, device_bytes: u64, slowdown: f64) -> Self {
         self.spill = Some((device_bytes, slowdown));
+        self
+    }
+
+    /// A backend that binds whole buffers only (`view_buffer` gives None).
+    pub fn without_views(mut self) -> Self {
+        self.views_on = false;
         self
     }
 
@@ -154,9 +166,9 @@ impl MockBackend {
         self.lost = Some(reason.to_string());
     }
 
-    /// Host view of a buffer (for tests).
+    /// Host view of a buffer or view (for tests).
     pub fn buffer_bytes(&self, id: BufferId) -> Option<&[u8]> {
-        self.buffers.get(&id).map(Vec::as_slice)
+        self.words_of(id).ok()
     }
 
     fn check_lost(&self) -> Result<(), BackendError> {
@@ -173,10 +185,29 @@ impl MockBackend {
         }
     }
 
-    fn words_of(&self, id: BufferId) -> Result<&Vec<u8>, BackendError> {
+    /// The buffer a buffer or view lives in, and its byte range there.
+    fn resolve(&self, id: BufferId) -> Result<(BufferId, usize, usize), BackendError> {
+        if let Some(&v) = self.views.get(&id) {
+            return Ok(v);
+        }
         self.buffers
             .get(&id)
+            .map(|b| (id, 0, b.len()))
             .ok_or_else(|| BackendError::Other(format!("unknown buffer {}", id.0)))
+    }
+
+    fn words_of(&self, id: BufferId) -> Result<&[u8], BackendError> {
+        let (parent, start, len) = self.resolve(id)?;
+        Ok(&self.buffers[&parent][start..start + len])
+    }
+
+    fn words_mut(&mut self, id: BufferId) -> Result<&mut [u8], BackendError> {
+        let (parent, start, len) = self.resolve(id)?;
+        let b = self
+            .buffers
+            .get_mut(&parent)
+            .ok_or_else(|| BackendError::Other(format!("unknown buffer {}", parent.0)))?;
+        Ok(&mut b[start..start + len])
     }
 
     fn run_word_kernel(
@@ -196,17 +227,15 @@ impl MockBackend {
                 "{len} words requested from a {data_len}-word buffer"
             )));
         }
+        let home = self.resolve(data_id)?.0;
         let slowdown = match self.spill {
-            Some((_, s)) if self.host_buffers.contains(&data_id) => s,
+            Some((_, s)) if self.host_buffers.contains(&home) => s,
             _ => 1.0,
         };
         self.clock += (len * 4) as f64 / MOCK_BANDWIDTH * slowdown;
         match op {
             Op::Fill => {
-                let data = self
-                    .buffers
-                    .get_mut(&data_id)
-                    .ok_or_else(|| BackendError::Other("unknown buffer".into()))?;
+                let data = self.words_mut(data_id)?;
                 for (i, w) in data.chunks_exact_mut(4).take(len).enumerate() {
                     w.copy_from_slice(&pattern(first + i as u64, p.seed).to_le_bytes());
                 }
@@ -233,10 +262,7 @@ impl MockBackend {
                     let sum = words.fold(0u64, |s, w| s.wrapping_add(u64::from(w)));
                     [sum as u32, (sum >> 32) as u32, len as u32, 0]
                 };
-                let result = self
-                    .buffers
-                    .get_mut(&result_id)
-                    .ok_or_else(|| BackendError::Other("unknown result buffer".into()))?;
+                let result = self.words_mut(result_id)?;
                 // Same semantics as the atomics: add into what is there (64-bit for checksum).
                 let get = |r: &[u8], i: usize| {
                     r.get(i * 4..i * 4 + 4)
@@ -333,7 +359,11 @@ impl Backend for MockBackend {
     }
 
     fn free_buffer(&mut self, id: BufferId) {
+        if self.views.remove(&id).is_some() {
+            return;
+        }
         if let Some(b) = self.buffers.remove(&id) {
+            self.views.retain(|_, v| v.0 != id);
             self.allocated -= b.len() as u64;
             self.host_buffers.remove(&id);
         }
@@ -342,10 +372,7 @@ impl Backend for MockBackend {
     fn write_buffer(&mut self, id: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         self.check_lost()?;
         self.count_staging(data.len() as u64);
-        let buf = self
-            .buffers
-            .get_mut(&id)
-            .ok_or_else(|| BackendError::Other(format!("unknown buffer {}", id.0)))?;
+        let buf = self.words_mut(id)?;
         let start = usize::try_from(offset).map_err(|_| BackendError::Other("offset".into()))?;
         let slot = start
             .checked_add(data.len())
@@ -404,6 +431,22 @@ impl Backend for MockBackend {
                 "mock backend runs word kernels only".into(),
             )),
         }
+    }
+
+    fn view_buffer(&mut self, parent: BufferId, offset: u64, bytes: u64) -> Option<BufferId> {
+        if !self.views_on {
+            return None;
+        }
+        let len = self.buffers.get(&parent)?.len();
+        let start = usize::try_from(offset).ok()?;
+        let n = usize::try_from(bytes.div_ceil(4).max(1) * 4).ok()?;
+        if start.checked_add(n)? > len {
+            return None;
+        }
+        let id = BufferId(self.next_id);
+        self.next_id += 1;
+        self.views.insert(id, (parent, start, n));
+        Some(id)
     }
 
     fn warm_up(&mut self) -> Result<(), BackendError> {

@@ -11,6 +11,7 @@ pub mod mock;
 pub mod nvidia;
 pub mod open;
 pub mod overhead;
+pub mod pooled;
 pub mod timing;
 pub mod wgpu;
 
@@ -230,6 +231,16 @@ pub trait Backend {
     }
     /// Heap usage and budget where the API reports them (Vulkan with `VK_EXT_memory_budget`).
     fn heap_usage(&self) -> Option<HeapUsage> {
+        None
+    }
+    /// A buffer that is `bytes` of `parent` from `offset` on (a tensor in a segment, see
+    /// [`pooled`]): written, read and bound like any buffer; freeing it frees nothing, and
+    /// freeing the parent ends it. None where the backend cannot bind part of a buffer.
+    fn view_buffer(&mut self, _parent: BufferId, _offset: u64, _bytes: u64) -> Option<BufferId> {
+        None
+    }
+    /// The caching allocator's counters where tensors go through one ([`pooled`]).
+    fn allocator_stats(&self) -> Option<crate::alloc::Stats> {
         None
     }
 }

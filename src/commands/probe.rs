@@ -62,6 +62,7 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
     let session = Session::prepare(&SessionOptions {
         backend: args.device.backend.clone(),
         device: args.device.device.clone(),
+        allocator: args.device.allocator(),
         budget,
         at,
         timeout,

@@ -52,6 +52,7 @@ pub fn run(args: &ProbeArgs, budget: Option<u64>, timeout: ProbeTimeout) -> CliR
         &CaseOptions {
             backend: args.device.backend.clone(),
             device: args.device.device.clone(),
+            allocator: args.device.allocator(),
             isolate: !args.no_isolate,
             timeout,
         },

@@ -107,8 +107,11 @@ pub fn probe(args: &ProbeArgs, budget: Option<u64>, timeout: ProbeTimeout) -> Cl
         ));
     }
     let src = source(&args.snapshot)?;
-    let (choice, info) =
-        crate::probe::session::select_device(&args.device.backend, args.device.device.as_deref())?;
+    let (choice, info) = crate::probe::session::select_device(
+        &args.device.backend,
+        args.device.device.as_deref(),
+        &args.device.allocator(),
+    )?;
     let cap = capacity::decide(&info, budget);
     if !args.quiet {
         for n in &cap.notes {

@@ -51,6 +51,7 @@ pub struct ReplayReport {
 pub struct CaseOptions {
     pub backend: String,
     pub device: Option<String>,
+    pub allocator: crate::backend::pooled::AllocatorPick,
     pub isolate: bool,
     pub timeout: ProbeTimeout,
 }
@@ -58,7 +59,7 @@ pub struct CaseOptions {
 /// Replay every expectation of `case` (whose card has `memory` bytes) on the chosen device.
 /// A device smaller than the case's card is reported as not replayable, not probed.
 pub fn replay(case: &CaseFile, memory: u64, opts: &CaseOptions) -> CliResult<ReplayReport> {
-    let (choice, info) = select_device(&opts.backend, opts.device.as_deref())?;
+    let (choice, info) = select_device(&opts.backend, opts.device.as_deref(), &opts.allocator)?;
     let available = capacity::decide(&info, None);
     let room = available
         .budget

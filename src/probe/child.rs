@@ -85,6 +85,7 @@ pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
     let room = req.room.map(|ask| (ask, charge));
     let mut record =
         super::exec::execute_plan_measuring(backend.as_mut(), &plan, req.compute, room);
+    record.allocator = backend.allocator_stats();
     // Where the search measures: the step's own allocations at other values, replayed
     // unwritten on a device opened afresh for each (a workload's plan only: a snapshot or a
     // serving probe has no plan at another value).
@@ -110,8 +111,16 @@ pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
 fn open(req: &ChildRequest) -> Result<Box<dyn crate::backend::Backend>, String> {
     let b = crate::backend::open::open_device(&req.device.backend, req.device.index)
         .map_err(|e| e.to_string())?;
-    Ok(match req.budget {
+    // The budget is the card: it counts what the allocator takes from the driver (segments).
+    let b: Box<dyn crate::backend::Backend> = match req.budget {
         Some(cap) => Box::new(crate::backend::budget::BudgetBackend::new(b, cap)),
+        None => b,
+    };
+    Ok(match &req.device.allocator {
+        Some(text) => {
+            let conf = crate::alloc::conf::parse(text).map_err(|e| e.to_string())?;
+            Box::new(crate::backend::pooled::PooledBackend::new(b, conf)?)
+        }
         None => b,
     })
 }

@@ -66,6 +66,9 @@ struct Replay<'a> {
     backend: &'a mut dyn Backend,
     plan: &'a Plan,
     compute: Compute,
+    /// Steps replayed: 1, or where tensors go through the caching allocator the steps its
+    /// model replays (its cache carries over, and a later step can need more segments).
+    steps: usize,
     live: Vec<Option<DeviceTensor>>,
     /// Tensors a kernel has written (read back by checksum, not against their pattern).
     written: Vec<bool>,
@@ -90,48 +93,60 @@ struct SpillAt {
 impl Replay<'_> {
     fn run(&mut self) -> Result<(), Failure> {
         let plan = self.plan;
-        for (i, e) in plan.events.iter().enumerate() {
-            let fail = |outcome, detail: String| Failure::at(i, (outcome, detail));
-            match e.kind {
-                EventKind::Alloc(t) => {
-                    let spec = &plan.tensors[t];
-                    let dt = match self.room.as_mut() {
-                        Some(room) => room.allocate(self.backend, plan, i),
-                        None => tensor::allocate_tensor(self.backend, spec),
-                    };
-                    let dt = dt.map_err(|err| Failure {
-                        outcome: outcome_of_alloc(&err),
-                        detail: err.to_string(),
-                        event: i,
-                        requested: spec.bytes,
-                        tensor: Some(spec.name.clone()),
-                    })?;
-                    self.peak_allocated = self.peak_allocated.max(self.backend.allocated_bytes());
-                    let r = ops::words::fill_tensor(self.backend, &dt, seed_of(t));
-                    self.live[t] = Some(dt);
-                    r.map_err(|err| fail(outcome_of_backend(&err), err.to_string()))?;
-                    if self.spill.as_ref().is_some_and(|s| s.event == i) {
-                        self.check_spill()
-                            .map_err(|err| fail(outcome_of_backend(&err), err.to_string()))?;
-                    }
+        for step in 1..=self.steps {
+            let last = step == self.steps;
+            for (i, e) in plan.events.iter().enumerate() {
+                // A later step has the model's states already (as `alloc::timeline`).
+                if step > 1 && e.phase == crate::plan::Phase::Setup {
+                    continue;
                 }
-                EventKind::Free(t) => {
-                    self.read_back(t).map_err(|(o, d)| fail(o, d))?;
-                    if let Some(dt) = self.live[t].take() {
-                        tensor::free_tensor(self.backend, dt);
-                    }
-                }
-                EventKind::Kernel(k) => {
-                    if self.compute == Compute::Full {
-                        let step = &plan.steps[k];
-                        for t in step.tensors() {
-                            self.written[t] = true;
+                let fail = |outcome, detail: String| Failure::at(i, (outcome, detail));
+                match e.kind {
+                    EventKind::Alloc(t) => {
+                        if self.live[t].is_some() {
+                            continue;
                         }
-                        let live = &self.live;
-                        let r = ops::compute::run_step_with(self.backend, step, &|t| {
-                            live.get(t).and_then(Option::as_ref)
-                        });
+                        let spec = &plan.tensors[t];
+                        let dt = match self.room.as_mut().filter(|_| last) {
+                            Some(room) => room.allocate(self.backend, plan, i),
+                            None => tensor::allocate_tensor(self.backend, spec),
+                        };
+                        let dt = dt.map_err(|err| Failure {
+                            outcome: outcome_of_alloc(&err),
+                            detail: in_step(step, err.to_string()),
+                            event: i,
+                            requested: spec.bytes,
+                            tensor: Some(spec.name.clone()),
+                        })?;
+                        self.peak_allocated =
+                            self.peak_allocated.max(self.backend.allocated_bytes());
+                        let r = ops::words::fill_tensor(self.backend, &dt, seed_of(t));
+                        self.live[t] = Some(dt);
+                        self.written[t] = false;
                         r.map_err(|err| fail(outcome_of_backend(&err), err.to_string()))?;
+                        if last && self.spill.as_ref().is_some_and(|s| s.event == i) {
+                            self.check_spill()
+                                .map_err(|err| fail(outcome_of_backend(&err), err.to_string()))?;
+                        }
+                    }
+                    EventKind::Free(t) => {
+                        self.read_back(t).map_err(|(o, d)| fail(o, d))?;
+                        if let Some(dt) = self.live[t].take() {
+                            tensor::free_tensor(self.backend, dt);
+                        }
+                    }
+                    EventKind::Kernel(k) => {
+                        if self.compute == Compute::Full {
+                            let step = &plan.steps[k];
+                            for t in step.tensors() {
+                                self.written[t] = true;
+                            }
+                            let live = &self.live;
+                            let r = ops::compute::run_step_with(self.backend, step, &|t| {
+                                live.get(t).and_then(Option::as_ref)
+                            });
+                            r.map_err(|err| fail(outcome_of_backend(&err), err.to_string()))?;
+                        }
                     }
                 }
             }
@@ -318,10 +333,16 @@ pub fn execute_plan_measuring(
             report: None,
         });
     let n = plan.tensors.len();
+    let steps = if backend.allocator_stats().is_some() {
+        crate::alloc::timeline::STEPS
+    } else {
+        1
+    };
     let mut r = Replay {
         backend,
         plan,
         compute,
+        steps,
         live: (0..n).map(|_| None).collect(),
         written: vec![false; n],
         words_verified: 0,
@@ -365,6 +386,15 @@ pub fn execute_plan_measuring(
     }
     record.seconds = started.elapsed().as_secs_f64();
     record
+}
+
+/// A refusal's detail, naming the step where it is not the first.
+fn in_step(step: usize, detail: String) -> String {
+    if step == 1 {
+        detail
+    } else {
+        format!("step {step}: {detail}")
+    }
 }
 
 /// The fill seed of the i-th tensor: distinct per tensor so a mixed-up buffer is caught.

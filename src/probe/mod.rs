@@ -46,4 +46,8 @@ pub struct DeviceChoice {
     /// auto | vulkan | metal | dx12 | gl | cuda | mock
     pub backend: String,
     pub index: Option<usize>,
+    /// The caching allocator's settings when tensors go through it (`--allocator pytorch`,
+    /// see `backend::pooled`); None: each tensor chunk is its own buffer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<String>,
 }

@@ -120,11 +120,22 @@ impl RunContext {
     }
 
     /// The predicted maximum of `spec` against this run's capacity.
+    /// Where tensors go through the caching allocator, what its segments need.
     pub fn predicted_max(&self, spec: &RunSpec) -> Option<u64> {
         let cap = self.capacity.predict_against?;
-        crate::estimate::predicted_max(&spec.workload, spec.scenario, cap)
-            .ok()
-            .flatten()
+        match &self.device.allocator {
+            Some(text) => {
+                let card = crate::alloc::Card {
+                    total: cap,
+                    non_pytorch: 0,
+                    conf: crate::alloc::conf::parse(text).ok()?,
+                };
+                crate::estimate::predicted_max_reserved(&spec.workload, spec.scenario, &card)
+            }
+            None => crate::estimate::predicted_max(&spec.workload, spec.scenario, cap),
+        }
+        .ok()
+        .flatten()
     }
 
     /// Search the boundary of one run. `on_event` sees every probe start and finish.

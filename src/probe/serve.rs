@@ -57,8 +57,11 @@ pub fn run(
     budget: Option<u64>,
     timeout: ProbeTimeout,
 ) -> CliResult<()> {
-    let (choice, info) =
-        session::select_device(&args.device.backend, args.device.device.as_deref())?;
+    let (choice, info) = session::select_device(
+        &args.device.backend,
+        args.device.device.as_deref(),
+        &args.device.allocator(),
+    )?;
     let (budget, warning) =
         capacity::host_guard(&info, budget, args.force, capacity::ram_available());
     if let Some(wn) = warning {

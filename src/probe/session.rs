@@ -14,6 +14,7 @@ use super::child::{ChildRunner, ProbeTimeout};
 use super::runner::{search_space, Isolation, ProbeEvent, RunContext, SearchMode};
 use super::suite::{self, RunSpec};
 use super::{Compute, DeviceChoice};
+use crate::backend::pooled::AllocatorPick;
 
 /// What a session is asked to do, already parsed and checked by the command.
 #[derive(Debug, Clone)]
@@ -22,6 +23,8 @@ pub struct SessionOptions {
     pub backend: String,
     /// `--device`: an index, or None for the default device.
     pub device: Option<String>,
+    /// `--allocator`, `--alloc-conf`.
+    pub allocator: AllocatorPick,
     /// `--budget` in bytes.
     pub budget: Option<u64>,
     /// `--at X`: one probe per run at X instead of a search.
@@ -84,7 +87,7 @@ impl Session {
     /// Choose the device, decide the capacity (sized by the measured fill rate on a CPU
     /// adapter without a budget), and plan the runs. Bad options are usage errors.
     pub fn prepare(opts: &SessionOptions) -> CliResult<Session> {
-        let (choice, info) = select_device(&opts.backend, opts.device.as_deref())?;
+        let (choice, info) = select_device(&opts.backend, opts.device.as_deref(), &opts.allocator)?;
         let isolation = isolation(opts.isolate, opts.timeout.clone())?;
         let open = || crate::backend::open::open_device(&choice.backend, choice.index);
         let (budget, host_warning) =
@@ -145,6 +148,26 @@ impl Session {
         if runs.is_empty() {
             return Err(CliError::usage("no scenario applies to this workload"));
         }
+        // What a probe measures of the room counts tensor bytes; through the caching allocator
+        // the device gives segments, so the search goes by fit and fail from the model's
+        // prediction.
+        let search = match &choice.allocator {
+            Some(conf) => {
+                notes.push(format!(
+                    "tensors placed in segments as PyTorch's caching allocator does ({}; \
+                     --allocator direct for one buffer each), {} steps a probe: the boundary \
+                     is found by fit/fail probes from the allocator model's prediction",
+                    if conf.is_empty() {
+                        "PyTorch's defaults"
+                    } else {
+                        conf
+                    },
+                    crate::alloc::timeline::STEPS
+                ));
+                SearchMode::Gallop
+            }
+            None => opts.search,
+        };
         if let Some(x) = opts.at {
             for spec in &runs {
                 check_at(spec, x)?;
@@ -168,7 +191,7 @@ impl Session {
                 capacity: cap,
                 compute,
                 isolation,
-                search: opts.search,
+                search,
                 repeat,
             },
             runs,
@@ -354,8 +377,13 @@ pub fn isolation(isolate: bool, timeout: ProbeTimeout) -> CliResult<Isolation> {
         })
 }
 
-/// Resolve --backend/--device to a device without opening it (probes open it themselves).
-pub fn select_device(backend: &str, device: Option<&str>) -> CliResult<(DeviceChoice, DeviceInfo)> {
+/// Resolve --backend/--device/--allocator to a device without opening it (probes open it
+/// themselves).
+pub fn select_device(
+    backend: &str,
+    device: Option<&str>,
+    allocator: &AllocatorPick,
+) -> CliResult<(DeviceChoice, DeviceInfo)> {
     let index = device
         .map(|d| {
             d.trim()
@@ -364,11 +392,13 @@ pub fn select_device(backend: &str, device: Option<&str>) -> CliResult<(DeviceCh
         })
         .transpose()?;
     let info = crate::backend::open::device_info(backend, index)?;
+    let allocator = allocator.resolve(info.backend).map_err(CliError::usage)?;
     // The backend resolved (`auto` becomes e.g. `vulkan`): probe children open only it.
     Ok((
         DeviceChoice {
             backend: info.backend.as_str().to_string(),
             index: Some(info.index),
+            allocator,
         },
         info,
     ))
@@ -446,6 +476,7 @@ mod tests {
         let opts = SessionOptions {
             backend: "auto".into(),
             device: None,
+            allocator: AllocatorPick::default(),
             budget: Some(budget),
             at,
             timeout: ProbeTimeout::auto(),
@@ -505,6 +536,7 @@ mod tests {
             ..SessionOptions {
                 backend: "auto".into(),
                 device: None,
+                allocator: AllocatorPick::default(),
                 budget: Some(1 << 30),
                 at: None,
                 timeout: ProbeTimeout::auto(),

@@ -114,6 +114,10 @@ pub struct ProbeRecord {
     /// (see `probe::dry`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry: Option<crate::probe::dry::DryBoundary>,
+    /// Additive: the caching allocator's counters at the probe's end, where tensors went
+    /// through it (`--allocator pytorch`): `reserved_peak` is what the card had to give.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<crate::alloc::Stats>,
 }
 
 impl ProbeRecord {
@@ -134,6 +138,7 @@ impl ProbeRecord {
             spill: None,
             room: None,
             dry: None,
+            allocator: None,
         }
     }
 }

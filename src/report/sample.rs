@@ -78,6 +78,7 @@ pub fn simulate(spec: &SimSpec<'_>, capacity: u64) -> RunResult {
             failed_at: None,
             spill: None,
             room: None,
+            allocator: None,
             dry: None,
         });
         ok

@@ -272,11 +272,13 @@ struct Loaded {
     signature: Option<(usize, usize)>,
 }
 
-/// One live buffer: device pointer and size in bytes.
+/// One live buffer: device pointer and size in bytes; `parent` for a view into another
+/// buffer (`Backend::view_buffer`: a tensor in a segment), which owns no memory.
 #[derive(Debug, Clone, Copy)]
 struct Buffer {
     ptr: sys::CUdeviceptr,
     bytes: u64,
+    parent: Option<u64>,
 }
 
 /// The params struct as the first kernel argument: the driver copies as many bytes as the
@@ -609,7 +611,14 @@ impl Backend for CudaBackend {
         };
         let id = self.next_id;
         self.next_id += 1;
-        self.buffers.insert(id, Buffer { ptr, bytes });
+        self.buffers.insert(
+            id,
+            Buffer {
+                ptr,
+                bytes,
+                parent: None,
+            },
+        );
         self.allocated += bytes;
         Ok(BufferId(id))
     }
@@ -618,6 +627,10 @@ impl Backend for CudaBackend {
         let Some(b) = self.buffers.remove(&id.0) else {
             return;
         };
+        if b.parent.is_some() {
+            return;
+        }
+        self.buffers.retain(|_, v| v.parent != Some(id.0));
         self.allocated = self.allocated.saturating_sub(b.bytes);
         if b.ptr != 0 {
             let r = loader::guarded("cuMemFree", || {
@@ -762,6 +775,25 @@ impl Backend for CudaBackend {
         self.allocated
     }
 
+    /// A device pointer inside the parent's allocation: no driver call.
+    fn view_buffer(&mut self, parent: BufferId, offset: u64, bytes: u64) -> Option<BufferId> {
+        let p = *self.buffers.get(&parent.0)?;
+        if p.parent.is_some() || offset.checked_add(bytes)? > p.bytes {
+            return None;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.buffers.insert(
+            id,
+            Buffer {
+                ptr: p.ptr + offset,
+                bytes,
+                parent: Some(parent.0),
+            },
+        );
+        Some(BufferId(id))
+    }
+
     /// Loads every kernel (30 modules) and launches each once: module code and the local
     /// memory the driver sizes at the first launch (per thread the card can hold) are taken.
     fn warm_up(&mut self) -> Result<(), BackendError> {
@@ -781,7 +813,12 @@ impl Backend for CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        let ids: Vec<u64> = self.buffers.keys().copied().collect();
+        let ids: Vec<u64> = self
+            .buffers
+            .iter()
+            .filter(|(_, b)| b.parent.is_none())
+            .map(|(&id, _)| id)
+            .collect();
         for id in ids {
             self.free_buffer(BufferId(id));
         }

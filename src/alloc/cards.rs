@@ -7,8 +7,9 @@
 //! to ±5 MiB. The non-PyTorch footprint is the message's "this process has" less PyTorch's
 //! allocated and reserved-but-unallocated, measured on real messages (17 in our corpus: 0.19-1.62
 //! GiB, median 0.42 GiB; per architecture in validation/allocator/cards-research.md: T4 ~130 MiB,
-//! L4 235, RTX 4090 470-505, L40S 420-507, A100 410-520, H100/H200 ~600, with lazy module
-//! loading); 0.45 GiB where a card's own messages do not say more (modelled).
+//! L4 235, RTX 4090 470-505, L40S 420-507, A100 410-520, H100/H200 ~600, RTX 5090 595, with
+//! lazy module loading); about 4 MiB per SM where only that growth says (Volta, GA10x:
+//! derived), 0.45 GiB where nothing does (AMD: modelled).
 
 /// One card of the table.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -32,8 +33,13 @@ const fn gib_100(centi: u64) -> u64 {
     (centi * 1024 / 100) * MIB
 }
 
-/// 0.45 GiB: the footprint where a card's own messages do not say more.
+/// 0.45 GiB: the footprint where a card's own messages do not say more (AMD: none found).
 const DEFAULT_NON_PYTORCH: u64 = 461 * MIB;
+/// Volta: 80 SMs at about 3.75 MiB each (derived from the per-SM growth of the measured cards).
+const VOLTA_NON_PYTORCH: u64 = 300 * MIB;
+/// Ampere GA10x: about 4 MiB per SM (derived the same way: 3090 ≈ 330 MiB; A4000's 48 SMs
+/// measured 210 MiB).
+const GA10X_PER_SM: u64 = 4 * MIB;
 
 pub const CARDS: &[Card] = &[
     Card {
@@ -45,28 +51,60 @@ pub const CARDS: &[Card] = &[
         source: "OOM messages: 14.56 GiB (CatVTON#133, leetgpu-challenges#52; 14.75 on Colab, Open-Sora#697)",
     },
     Card {
+        id: "v100-16gb",
+        name: "Tesla V100 16 GB",
+        arch: "Volta",
+        total: 16_928_342_016,
+        non_pytorch: VOLTA_NON_PYTORCH,
+        source: "deviceQuery 16144 MBytes (16928342016 bytes, CUDA 12.4); 1.x OOM 15.78 GiB on CUDA 9 (Shift-GCN#34)",
+    },
+    Card {
         id: "v100-32gb",
         name: "Tesla V100 32 GB",
         arch: "Volta",
         total: gib_100(3174),
-        non_pytorch: DEFAULT_NON_PYTORCH,
-        source: "OOM message: 31.74 GiB total capacity (LLaVA#812)",
+        non_pytorch: VOLTA_NON_PYTORCH,
+        source: "OOM messages: 31.74 GiB total capacity (LLaVA#812, ChatGLM-Finetuning#73)",
     },
     Card {
         id: "a10",
-        name: "A10 / A10G 24 GB",
+        name: "A10 24 GB",
         arch: "Ampere",
-        total: 23028 * MIB,
-        non_pytorch: DEFAULT_NON_PYTORCH,
-        source: "nvidia-smi 23028 MiB (modal-labs/modal-client PR#2797); no OOM message found",
+        total: 23_609_475_072,
+        non_pytorch: 72 * GA10X_PER_SM,
+        source: "deviceQuery 21.99 GBytes (23609475072 bytes, CUDA 12.2; aalanwyr/face2cuda); nvidia-smi 23028 MiB counts more",
+    },
+    Card {
+        id: "a10g",
+        name: "A10G 24 GB (AWS g5)",
+        arch: "Ampere",
+        total: 22_587 * MIB,
+        non_pytorch: 80 * GA10X_PER_SM,
+        source: "torch total_memory=22587MB (cu130, R580); 1.x OOM 22.20 GiB on older drivers (Dreambooth-Stable-Diffusion#18)",
+    },
+    Card {
+        id: "rtx3090",
+        name: "GeForce RTX 3090 24 GB",
+        arch: "Ampere",
+        total: 25_327_697_920,
+        non_pytorch: 82 * GA10X_PER_SM,
+        source: "deviceQuery 24154 MBytes (25327697920 bytes, CUDA 12.6; thamada/nvidia-smi); 1.x OOM 23.70 GiB on R455 (GaoLii/DSP#10)",
+    },
+    Card {
+        id: "a6000",
+        name: "RTX A6000 48 GB",
+        arch: "Ampere",
+        total: 51_160_023_040,
+        non_pytorch: 84 * GA10X_PER_SM,
+        source: "deviceQuery 48790 MBytes (51160023040 bytes, CUDA 12.7, ECC off); 47.54 GiB on another driver",
     },
     Card {
         id: "l4",
         name: "L4 24 GB",
         arch: "Ada",
-        total: 23034 * MIB,
+        total: 23_570_219_008,
         non_pytorch: 235 * MIB,
-        source: "nvidia-smi 23034 MiB (modal-labs/modal-client PR#2797); no OOM message found",
+        source: "deviceQuery 22478 MBytes (23570219008 bytes, CUDA 12.4; thamada/nvidia-smi); OOM 22.03 GiB (evo2#190)",
     },
     Card {
         id: "rtx4090",
@@ -75,6 +113,14 @@ pub const CARDS: &[Card] = &[
         total: gib_100(2365),
         non_pytorch: 490 * MIB,
         source: "OOM messages: 23.65 GiB (tloen/llama-int8#7, AiOS#29, pytorch#16417), 23.64 (VGen#104)",
+    },
+    Card {
+        id: "rtx5090",
+        name: "GeForce RTX 5090 32 GB",
+        arch: "Blackwell",
+        total: 33_680_457_728,
+        non_pytorch: 595 * MIB,
+        source: "deviceQuery 32120 MBytes (33680457728 bytes, CUDA 12.8; NVIDIA/nccl#1637); OOM 31.37 GiB (Wan2.1#465)",
     },
     Card {
         id: "l40s",
@@ -101,6 +147,14 @@ pub const CARDS: &[Card] = &[
         source: "deviceQuery 81158 MBytes (85100068864 bytes); OOM messages 79.25 GiB (OOTDiffusion#235, VAREdit)",
     },
     Card {
+        id: "h100-pcie",
+        name: "H100 PCIe 80 GB",
+        arch: "Hopper",
+        total: 85_028_896_768,
+        non_pytorch: 600 * MIB,
+        source: "OOM message 79.19 GiB on an H100 PCIe (the SXM's R570 deviceQuery bytes, 85028896768); 79.11 GiB on 2022 drivers",
+    },
+    Card {
         id: "h100-sxm",
         name: "H100 SXM 80 GB",
         arch: "Hopper",
@@ -115,6 +169,22 @@ pub const CARDS: &[Card] = &[
         total: gib_100(13979),
         non_pytorch: 600 * MIB,
         source: "OOM message: 139.79 GiB total capacity, 0.74 GiB outside PyTorch (PyTorch docs thread)",
+    },
+    Card {
+        id: "mi250x",
+        name: "Instinct MI250X / MI250, one GCD 64 GB",
+        arch: "CDNA2",
+        total: 68_702_699_520,
+        non_pytorch: DEFAULT_NON_PYTORCH,
+        source: "rocminfo pool 67092480 KiB (68702699520 bytes; ROCm/TheRock#1395); HIP OOM 63.98 GiB",
+    },
+    Card {
+        id: "mi300x",
+        name: "Instinct MI300X 192 GB",
+        arch: "CDNA3",
+        total: 206_141_652_992,
+        non_pytorch: DEFAULT_NON_PYTORCH,
+        source: "rocminfo 201310208 KiB (206141652992 bytes; thamada/nvidia-smi); HIP OOM 191.98 GiB",
     },
 ];
 
@@ -147,6 +217,33 @@ mod tests {
         assert_eq!(t("a100-80gb"), "79.26");
         assert_eq!(t("h200"), "139.79");
         assert_eq!(t("T4"), "14.56");
+        assert_eq!(t("rtx5090"), "31.37");
+        assert_eq!(t("mi300x"), "191.98");
+        assert_eq!(t("v100-16gb"), "15.77");
+        assert_eq!(t("h100-pcie"), "79.19");
+        // Every card the issue names is in the table.
+        for id in [
+            "t4",
+            "v100-16gb",
+            "v100-32gb",
+            "a10",
+            "a10g",
+            "l4",
+            "l40s",
+            "a6000",
+            "a100-40gb",
+            "a100-80gb",
+            "h100-pcie",
+            "h100-sxm",
+            "h200",
+            "rtx3090",
+            "rtx4090",
+            "rtx5090",
+            "mi250x",
+            "mi300x",
+        ] {
+            assert!(get(id).is_some(), "{id}");
+        }
         assert!(get("rtx-9999").is_none());
         for c in CARDS {
             assert!(c.non_pytorch < c.total / 8, "{}", c.id);

@@ -488,6 +488,9 @@ fn the_allocator_model_replays_real_traces_to_the_recorded_address() {
         ("torch29-decomfl-trace.pickle", 7946, 61, 1_897_922_560),
         ("cs336-niu-fwd-100.pickle", 785, 31, 463_470_592),
         ("cs336-niu-fwdbwd-200-mixed.pickle", 4404, 88, 1_205_862_400),
+        // Traces that start with segments held: replayed from the dump's state walked back.
+        ("octree-nca-traditional-step.pickle", 12, 4, 98_566_144),
+        ("octree-nca-db23ad8.pickle", 217, 20, 9_193_914_368),
     ] {
         let snap = oomprobe::snapshot::read::read_file(&real(name)).unwrap();
         let conf = settings_of(snap.allocator_settings.as_ref());
@@ -505,12 +508,18 @@ fn the_allocator_model_replays_real_traces_to_the_recorded_address() {
         assert_eq!(r.reserved_peak_recorded, peak, "{name}");
         assert_eq!(r.reserved_peak_replayed, peak, "{name}");
     }
-    // A trace that starts with segments held is not replayed, and says why in one line.
+    // A state-only file has nothing to replay, and says so in one line.
     let snap =
         oomprobe::snapshot::read::read_file(&real("torch25-sketchkv2-state.pickle")).unwrap();
     let why = replay(&snap, 0, &Default::default()).unwrap_err();
+    assert!(why.contains("no alloc/free trace"), "{why}");
+    // Dropping the held segments from the dump breaks the walk back, and the replay says so
+    // rather than replaying from a wrong start.
+    let mut snap = oomprobe::snapshot::read::read_file(&real("octree-nca-db23ad8.pickle")).unwrap();
+    snap.segments.truncate(snap.segments.len() / 2);
+    let why = replay(&snap, 0, &Default::default()).unwrap_err();
     assert!(
-        why.contains("no alloc/free trace") || why.contains("already reserved"),
+        why.contains("lies in no segment") || why.contains("reserved"),
         "{why}"
     );
 }

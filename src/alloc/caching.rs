@@ -536,6 +536,65 @@ impl Allocator {
         id
     }
 
+    /// A native segment held before the allocator was watched (a trace that starts with state):
+    /// `[addr, addr + size)` on `stream` in the small or large pool, its blocks in use at
+    /// `used` (address, block size, requested size; inside the segment, not overlapping), the
+    /// rest free pieces. The ids of the blocks in use, in `used`'s order.
+    pub fn adopt_segment(
+        &mut self,
+        (addr, size, stream): (u64, u64, i64),
+        small: bool,
+        used: &[(u64, u64, u64)],
+    ) -> Vec<BlockId> {
+        let pool = if small { SMALL } else { LARGE };
+        let mut order: Vec<usize> = (0..used.len()).collect();
+        order.sort_by_key(|&i| used[i].0);
+        let mut ids = vec![0; used.len()];
+        let (mut cur, end) = (addr, addr + size);
+        let mut prev: Option<BlockId> = None;
+        let mut link = |a: &mut Self, b: Block| {
+            let id = a.new_block(Block { prev, ..b });
+            if let Some(p) = prev {
+                a.blocks[p].next = Some(id);
+            }
+            prev = Some(id);
+            id
+        };
+        for i in order {
+            let (at, bsize, requested) = used[i];
+            if at > cur {
+                let f = link(
+                    self,
+                    Block::free_piece(cur, at - cur, (stream, pool, None), true, None, None),
+                );
+                self.insert_free(f);
+            }
+            let id = link(
+                self,
+                Block {
+                    allocated: true,
+                    requested,
+                    ..Block::free_piece(at, bsize, (stream, pool, None), true, None, None)
+                },
+            );
+            self.stats.allocated += bsize;
+            self.stats.requested += requested;
+            ids[i] = id;
+            cur = at + bsize;
+        }
+        if cur < end {
+            let f = link(
+                self,
+                Block::free_piece(cur, end - cur, (stream, pool, None), true, None, None),
+            );
+            self.insert_free(f);
+        }
+        self.add_reserved(size);
+        self.stats.segments += 1;
+        self.stats.allocated_peak = self.stats.allocated_peak.max(self.stats.allocated);
+        ids
+    }
+
     /// Free a block allocated by [`Allocator::malloc`].
     pub fn free(&mut self, id: BlockId) {
         let b = &mut self.blocks[id];

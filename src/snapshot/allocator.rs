@@ -5,14 +5,20 @@
 //! Segments the model asks for get the address of the recorded `segment_alloc` (or, for an
 //! expandable segment, `segment_map`) of the same size between the same two trace entries; a
 //! request the file does not record gets an address no segment has. A run of `segment_free`
-//! entries the model did not make itself is read as `torch.cuda.empty_cache()`. Replayed only
-//! from an empty allocator: a trace that starts with segments already held says so.
+//! entries the model did not make itself is read as `torch.cuda.empty_cache()`.
+//!
+//! A trace that starts with segments already held (recorded after the model was built, or a
+//! ring buffer that wrapped) starts from the state before it: the dump's segments and blocks
+//! in use, walked back over the trace (a `segment_alloc` had no segment before it, a
+//! `segment_free` had one; an `alloc` had no block, a `free_completed` had one). A block known
+//! only from its free has the requested size there, rounded as the allocator rounds; a large
+//! block also keeps a following gap PyTorch would not have split off (≤ 1 MiB).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::Serialize;
 
-use crate::alloc::caching::{Action, Allocator, BlockId, Device};
+use crate::alloc::caching::{Action, Allocator, BlockId, Device, SMALL_BUFFER, SMALL_SIZE};
 use crate::alloc::conf::AllocConf;
 
 use super::schema::{Snapshot, TraceEntry};
@@ -150,12 +156,6 @@ pub fn replay(snap: &Snapshot, device: usize, conf: &AllocConf) -> Result<Alloca
         recorded_peak = recorded_peak.max(cur);
     }
     let before = at_dump as i128 - net;
-    if before != 0 {
-        return Err(format!(
-            "the trace starts with {before} B already reserved; replaying it needs the layout \
-             before the trace, which the file does not hold"
-        ));
-    }
     let mut dev = Recorded {
         pending: VecDeque::new(),
         next_fake: 1 << 56,
@@ -168,11 +168,26 @@ pub fn replay(snap: &Snapshot, device: usize, conf: &AllocConf) -> Result<Alloca
         blocks_matched: 0,
         segment_events_total: 0,
         segment_events_matched: 0,
-        reserved_peak_recorded: recorded_peak.max(0) as u64,
+        reserved_peak_recorded: (before + recorded_peak).max(0) as u64,
         reserved_peak_replayed: 0,
         settings: conf.describe(),
     };
     let mut by_addr: HashMap<u64, BlockId> = HashMap::new();
+    if before != 0 {
+        for seg in state_before(snap, device, trace, &a)? {
+            let ids = a.adopt_segment((seg.addr, seg.size, seg.stream), seg.small, &seg.blocks);
+            for (b, id) in seg.blocks.iter().zip(ids) {
+                by_addr.insert(b.0, id);
+            }
+        }
+        if i128::from(a.stats().reserved) != before {
+            return Err(format!(
+                "the trace starts with {before} B reserved, but its segments walked back from \
+                 the dump hold {} B",
+                a.stats().reserved
+            ));
+        }
+    }
     // Recorded segment events since the last alloc or free, and the model's since then.
     let mut window: Vec<Action> = Vec::new();
     let mut model: Vec<Action> = Vec::new();
@@ -240,4 +255,105 @@ pub fn replay(snap: &Snapshot, device: usize, conf: &AllocConf) -> Result<Alloca
     settle(&mut window, &mut model, &mut out);
     out.reserved_peak_replayed = a.stats().reserved_peak;
     Ok(out)
+}
+
+/// A segment as it was when the trace began.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    addr: u64,
+    size: u64,
+    stream: i64,
+    small: bool,
+    /// Blocks in use: address, block size, requested size.
+    blocks: Vec<(u64, u64, u64)>,
+}
+
+const EXPANDABLE_HELD: &str =
+    "the trace starts with expandable segments held; their mapped pages before it are not rebuilt";
+
+/// The segments and blocks in use before `trace`: the dump's, walked back over it.
+fn state_before(
+    snap: &Snapshot,
+    device: usize,
+    trace: &[TraceEntry],
+    a: &Allocator,
+) -> Result<Vec<Held>, String> {
+    let mut segs: BTreeMap<u64, Held> = BTreeMap::new();
+    // Blocks in use: (block size, requested, size known exactly).
+    let mut used: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
+    let held = |addr, size, stream, small| Held {
+        addr,
+        size,
+        stream,
+        small,
+        blocks: Vec::new(),
+    };
+    for s in snap.segments.iter().filter(|s| s.device as usize == device) {
+        if s.is_expandable {
+            return Err(EXPANDABLE_HELD.into());
+        }
+        if s.segment_pool_id.is_some_and(|p| p != (0, 0)) {
+            return Err(
+                "the trace starts with segments held in a private pool (CUDA graphs); \
+                        not rebuilt"
+                    .into(),
+            );
+        }
+        let small = match s.segment_type.as_deref() {
+            Some(t) => t == "small",
+            None => s.total_size == SMALL_BUFFER,
+        };
+        segs.insert(s.address, held(s.address, s.total_size, s.stream, small));
+        for b in s.blocks.iter().filter(|b| b.state.starts_with("active")) {
+            used.insert(b.address, (b.size, b.requested_size, true));
+        }
+    }
+    for e in trace.iter().rev() {
+        let Some(addr) = e.addr else { continue };
+        match e.action.as_str() {
+            "segment_alloc" => {
+                segs.remove(&addr);
+            }
+            "segment_free" => {
+                segs.insert(addr, held(addr, e.size, e.stream, e.size == SMALL_BUFFER));
+            }
+            "segment_map" | "segment_unmap" => return Err(EXPANDABLE_HELD.into()),
+            "alloc" => {
+                used.remove(&addr);
+            }
+            "free_completed" => {
+                used.insert(addr, (a.round_size(e.size), e.size, false));
+            }
+            _ => {}
+        }
+    }
+    let mut blocks: Vec<(u64, (u64, u64, bool))> = used.into_iter().collect();
+    // A block known from its free alone takes the gap after it that PyTorch does not split off.
+    for i in 0..blocks.len() {
+        let (at, (size, _, exact)) = blocks[i];
+        let Some(seg) = segs.range(..=at).next_back().map(|(_, s)| s) else {
+            return Err(format!(
+                "a block in use before the trace at {at:#x} lies in no segment"
+            ));
+        };
+        let seg_end = seg.addr + seg.size;
+        let next = blocks
+            .get(i + 1)
+            .map(|b| b.0)
+            .filter(|&n| n < seg_end)
+            .unwrap_or(seg_end);
+        if at + size > next {
+            return Err(format!("blocks in use before the trace overlap at {at:#x}"));
+        }
+        let gap = next - (at + size);
+        if !exact && !seg.small && gap > 0 && gap <= SMALL_SIZE {
+            blocks[i].1 .0 += gap;
+        }
+    }
+    for (at, (size, requested, _)) in blocks {
+        if let Some(seg) = segs.range_mut(..=at).next_back().map(|(_, s)| s) {
+            seg.blocks.push((at, size, requested));
+        }
+    }
+    Ok(segs.into_values().collect())
 }

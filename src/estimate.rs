@@ -443,14 +443,14 @@ pub fn all_cards(
         .map(|c| {
             let card = Card {
                 total: c.total,
-                non_pytorch: c.non_pytorch,
+                non_pytorch: c.non_pytorch_for(w.gpus),
                 conf: conf.clone(),
             };
             let r = crate::alloc::timeline::replay(&plan, conf, Some(card.usable()), 2, false);
             Ok(CardRow {
                 card: c.id,
                 total_bytes: c.total,
-                non_pytorch_bytes: c.non_pytorch,
+                non_pytorch_bytes: card.non_pytorch,
                 card_usable_bytes: card.usable(),
                 reserved_peak_bytes: r.reserved_peak_bytes,
                 fits: r.fits(),

@@ -493,3 +493,32 @@ fn expandable_segments_reserve_no_more_than_the_default() {
     assert!(u(&x, "/reserved_peak_bytes") <= u(&d, "/reserved_peak_bytes"));
     assert_eq!(x["alloc_conf"], "expandable_segments:True");
 }
+
+/// Over several GPUs the card's footprint outside PyTorch gains one NCCL communicator.
+#[test]
+fn several_gpus_add_an_nccl_communicator_outside_pytorch() {
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let out = oomprobe()
+            .args([
+                "estimate",
+                "--model",
+                "gpt2",
+                "--gpu",
+                "a100-80gb",
+                "--json",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let one = json(&[])["non_pytorch_bytes"].as_u64().unwrap();
+    let four = json(&["--zero", "2", "--gpus", "4"])["non_pytorch_bytes"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(four - one, 1 << 30);
+    // Set by hand, it is taken as given.
+    let set = json(&["--zero", "2", "--gpus", "4", "--non-pytorch", "700MiB"]);
+    assert_eq!(set["non_pytorch_bytes"].as_u64(), Some(700 << 20));
+}

@@ -188,6 +188,20 @@ pub const CARDS: &[Card] = &[
     },
 ];
 
+/// What one NCCL communicator holds per rank outside PyTorch's allocator (its channels' FIFO
+/// buffers and the shared send/recv buffer): 1 GiB, derived from NCCL 2.28's initialisation on
+/// one RTX 3090 (996 MiB, NVIDIA/nccl PR#2366) and 8×H100 before the first all_to_all (1.06 GB,
+/// NVIDIA/nccl#1685); more after all_to_all, and per extra communicator (nccl#864, #986).
+pub const NCCL_COMMUNICATOR: u64 = 1 << 30;
+
+impl Card {
+    /// Outside PyTorch on this card for a run over `gpus` devices: one NCCL communicator more
+    /// where there is more than one.
+    pub fn non_pytorch_for(&self, gpus: u64) -> u64 {
+        self.non_pytorch + if gpus > 1 { NCCL_COMMUNICATOR } else { 0 }
+    }
+}
+
 /// A card by id (case-insensitive; `-` and `_` alike).
 pub fn get(id: &str) -> Option<&'static Card> {
     let norm = |s: &str| s.to_ascii_lowercase().replace('_', "-");

@@ -16,6 +16,10 @@ use crate::plan::{EventKind, Phase, Plan};
 /// cache, and by then the reserved peak has settled (later steps repeat the second's pattern).
 pub const STEPS: usize = 2;
 
+/// The most points a reserved curve keeps (each the highest of its share of the step's events,
+/// so the peak is always one of them).
+pub const CURVE_POINTS: usize = 256;
+
 /// One point of the reserved curve (after an alloc or free).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ReservedPoint {
@@ -61,7 +65,8 @@ pub struct Replay {
     pub retries: u64,
     /// The first request the card could not serve (None: every step fit).
     pub failure: Option<Failure>,
-    /// The reserved curve of the last step (every alloc and free), empty unless asked for.
+    /// The reserved curve of the last step (after each alloc and free, at most
+    /// [`CURVE_POINTS`] of them), empty unless asked for.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub curve: Vec<ReservedPoint>,
 }
@@ -151,6 +156,7 @@ pub fn replay(
             }
         }
     }
+    out.curve = thin(std::mem::take(&mut out.curve), CURVE_POINTS);
     let s = a.stats();
     out.allocated_peak_bytes = s.allocated_peak;
     out.fragmentation_bytes = out
@@ -161,10 +167,41 @@ pub fn replay(
     out
 }
 
+/// At most `n` points: the highest (reserved, then allocated) of each of `n` equal runs.
+fn thin(points: Vec<ReservedPoint>, n: usize) -> Vec<ReservedPoint> {
+    if points.len() <= n {
+        return points;
+    }
+    let per = points.len().div_ceil(n);
+    points
+        .chunks(per)
+        .filter_map(|c| {
+            c.iter()
+                .copied()
+                .max_by_key(|p| (p.reserved_bytes, p.allocated_bytes))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::scenario::Scenario;
+
+    #[test]
+    fn the_curve_keeps_its_peak_in_at_most_256_points() {
+        let p = plan(96);
+        let r = replay(&p, &AllocConf::default(), None, 2, true);
+        assert!(!r.curve.is_empty() && r.curve.len() <= CURVE_POINTS);
+        assert!(r
+            .curve
+            .iter()
+            .all(|c| c.step == 2 && c.reserved_bytes >= c.allocated_bytes));
+        let top = r.curve.iter().map(|c| c.reserved_bytes).max().unwrap();
+        // The last step's own peak (the run's may be in step 1, never above it).
+        assert!(top <= r.reserved_peak_bytes && top > 0);
+        assert!(r.curve.windows(2).all(|w| w[0].event < w[1].event));
+    }
 
     fn plan(batch: u64) -> Plan {
         let mut w = crate::workload::presets::get("tiny-gpt").unwrap();

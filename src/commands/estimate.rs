@@ -163,7 +163,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         .transpose()?;
     let card = memory.map(|m| crate::estimate::Card {
         total: m,
-        non_pytorch: non_pytorch.unwrap_or(card_arg.map_or(0, |c| c.non_pytorch)),
+        non_pytorch: non_pytorch.unwrap_or(card_arg.map_or(0, |c| c.non_pytorch_for(w.gpus))),
         conf: conf.clone(),
     });
     if let (Some(c), Some(n)) = (&card, non_pytorch) {
@@ -180,7 +180,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         &conf,
         card.as_ref().map(|c| c.usable()),
         crate::alloc::timeline::STEPS,
-        false,
+        args.json,
     );
     let bounds = match memory {
         Some(m) => Some(boundaries(&w, m, card.as_ref()).map_err(plan_error)?),
@@ -239,6 +239,14 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
             conf_from,
             card.as_ref(),
         ));
+        if card_arg.is_some() && non_pytorch.is_none() && report.workload.gpus > 1 {
+            text.push_str(&format!(
+                "  outside PyTorch: the card's {} and one NCCL communicator's buffers ({} per \
+                 rank, derived; --non-pytorch to set it)\n",
+                fmt_bytes(card_arg.map_or(0, |c| c.non_pytorch)),
+                fmt_bytes(crate::alloc::cards::NCCL_COMMUNICATOR)
+            ));
+        }
     }
     if let (Some(m), Some(bs)) = (memory, &report.boundaries) {
         text.push_str(&format!(

@@ -213,6 +213,11 @@ impl Allocator {
         self.log = Some(Vec::new());
     }
 
+    /// The actions recorded since the last [`Allocator::take_log`], left in place.
+    pub fn logged(&self) -> &[Action] {
+        self.log.as_deref().unwrap_or_default()
+    }
+
     /// The actions recorded since the last call.
     pub fn take_log(&mut self) -> Vec<Action> {
         self.log.as_mut().map(std::mem::take).unwrap_or_default()
@@ -593,6 +598,77 @@ impl Allocator {
         self.stats.segments += 1;
         self.stats.allocated_peak = self.stats.allocated_peak.max(self.stats.allocated);
         ids
+    }
+
+    /// The free mapped piece that holds `addr`: its start and size.
+    pub fn free_piece_at(&self, addr: u64) -> Option<(u64, u64)> {
+        self.pools
+            .iter()
+            .flat_map(|p| p.blocks.iter())
+            .map(|&(_, size, at, _)| (at, size))
+            .find(|&(at, size)| at <= addr && addr < at + size)
+    }
+
+    /// Hold `[addr, addr + size)` of a free piece as a block in use that nobody asked for here
+    /// (one a trace never shows but its run's allocations went around): its id, or None where
+    /// the range is not inside one free piece.
+    pub fn hold(&mut self, addr: u64, size: u64) -> Option<BlockId> {
+        let id = self
+            .pools
+            .iter()
+            .flat_map(|p| p.blocks.iter())
+            .find_map(|&(_, s, at, id)| (at <= addr && addr + size <= at + s).then_some(id))?;
+        self.remove_free(id);
+        let b = self.blocks[id].clone();
+        let tag = (b.stream, b.pool, b.expandable);
+        let mut mid = id;
+        if addr > b.addr {
+            // The piece before stays free.
+            let before = self.new_block(Block::free_piece(
+                b.addr,
+                addr - b.addr,
+                tag,
+                true,
+                b.prev,
+                Some(id),
+            ));
+            if let Some(p) = b.prev {
+                self.blocks[p].next = Some(before);
+            }
+            let m = &mut self.blocks[id];
+            m.prev = Some(before);
+            m.addr = addr;
+            m.size -= addr - b.addr;
+            self.insert_free(before);
+            mid = id;
+        }
+        let end = addr + size;
+        let m_end = self.blocks[mid].addr + self.blocks[mid].size;
+        if end < m_end {
+            let next = self.blocks[mid].next;
+            let after = self.new_block(Block::free_piece(
+                end,
+                m_end - end,
+                tag,
+                true,
+                Some(mid),
+                next,
+            ));
+            if let Some(n) = next {
+                self.blocks[n].prev = Some(after);
+            }
+            let m = &mut self.blocks[mid];
+            m.next = Some(after);
+            m.size = size;
+            self.insert_free(after);
+        }
+        let m = &mut self.blocks[mid];
+        m.allocated = true;
+        m.requested = size;
+        self.stats.allocated += size;
+        self.stats.requested += size;
+        self.stats.allocated_peak = self.stats.allocated_peak.max(self.stats.allocated);
+        Some(mid)
     }
 
     /// Free a block allocated by [`Allocator::malloc`].
@@ -1093,6 +1169,27 @@ mod tests {
 
     fn alloc(a: &mut Allocator, d: &mut ModelDevice, size: u64) -> BlockId {
         a.malloc(d, size, 0, None).expect("fits")
+    }
+
+    #[test]
+    fn a_held_range_splits_its_free_piece_and_the_next_request_goes_around_it() {
+        let mut a = Allocator::new(AllocConf::default());
+        let mut d = ModelDevice::unlimited();
+        let x = alloc(&mut a, &mut d, 12 * MIB);
+        let base = a.block(x).0;
+        a.free(x);
+        assert_eq!(a.free_piece_at(base + 5 * MIB), Some((base, 12 * MIB)));
+        let h = a.hold(base, 4 * MIB).expect("inside the free piece");
+        assert_eq!(a.block(h), (base, 4 * MIB));
+        assert_eq!(a.free_piece_at(base + 5 * MIB), Some((base + 4 * MIB, 8 * MIB)));
+        // The next 8 MiB request lands right after the held range, in the same segment.
+        let y = alloc(&mut a, &mut d, 8 * MIB);
+        assert_eq!(a.block(y).0, base + 4 * MIB);
+        assert_eq!(a.stats().segments, 1);
+        assert!(a.hold(base, 1).is_none(), "no free piece there any more");
+        a.free(h);
+        a.free(y);
+        assert_eq!(a.free_piece_at(base), Some((base, 12 * MIB)), "merged back");
     }
 
     #[test]

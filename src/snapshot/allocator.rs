@@ -38,6 +38,16 @@ pub struct AllocatorReplay {
     pub reserved_peak_replayed: u64,
     /// The settings replayed with (from the file's `allocator_settings` where it has them).
     pub settings: String,
+    /// Blocks held before the trace that neither the dump nor the trace shows (freed after the
+    /// trace stopped recording), seen from where the run's allocations went: an allocation
+    /// always starts a free piece, so one recorded inside what the model holds free means the
+    /// piece's start up to it was in use. Only in a trace that starts with segments held.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub blocks_inferred_before_trace: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Segments served at recorded addresses.
@@ -171,6 +181,7 @@ pub fn replay(snap: &Snapshot, device: usize, conf: &AllocConf) -> Result<Alloca
         reserved_peak_recorded: (before + recorded_peak).max(0) as u64,
         reserved_peak_replayed: 0,
         settings: conf.describe(),
+        blocks_inferred_before_trace: 0,
     };
     let mut by_addr: HashMap<u64, BlockId> = HashMap::new();
     if before != 0 {
@@ -228,7 +239,30 @@ pub fn replay(snap: &Snapshot, device: usize, conf: &AllocConf) -> Result<Alloca
             "alloc" => {
                 let Some(addr) = e.addr else { continue };
                 out.blocks_total += 1;
-                match a.malloc(&mut dev, e.size, e.stream, None) {
+                let mut got = a.malloc(&mut dev, e.size, e.stream, None);
+                // Placed elsewhere, with no segment taken: a block held before the trace that
+                // no record shows may have sat where the run's allocation went around.
+                if let Ok(id) = got {
+                    let (at, _) = a.block(id);
+                    let quiet = at != addr
+                        && before != 0
+                        && a.logged().iter().all(|l| !is_segment(l))
+                        && dev.pending.is_empty();
+                    if quiet {
+                        a.free(id);
+                        match a.free_piece_at(addr) {
+                            Some((start, _))
+                                if start < addr && a.hold(start, addr - start).is_some() =>
+                            {
+                                out.blocks_inferred_before_trace += 1;
+                            }
+                            _ => {}
+                        }
+                        a.take_log();
+                        got = a.malloc(&mut dev, e.size, e.stream, None);
+                    }
+                }
+                match got {
                     Ok(id) => {
                         if a.block(id).0 == addr {
                             out.blocks_matched += 1;

@@ -268,15 +268,7 @@ pub enum SearchArg {
     Gallop,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OutputFormat {
-    Table,
-    Json,
-    Csv,
-    Markdown,
-    Svg,
-    Html,
-}
+pub use crate::report::OutputFormat;
 
 #[derive(Debug, Args, Clone)]
 pub struct DeviceSelect {

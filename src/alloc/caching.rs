@@ -1181,7 +1181,10 @@ mod tests {
         assert_eq!(a.free_piece_at(base + 5 * MIB), Some((base, 12 * MIB)));
         let h = a.hold(base, 4 * MIB).expect("inside the free piece");
         assert_eq!(a.block(h), (base, 4 * MIB));
-        assert_eq!(a.free_piece_at(base + 5 * MIB), Some((base + 4 * MIB, 8 * MIB)));
+        assert_eq!(
+            a.free_piece_at(base + 5 * MIB),
+            Some((base + 4 * MIB, 8 * MIB))
+        );
         // The next 8 MiB request lands right after the held range, in the same segment.
         let y = alloc(&mut a, &mut d, 8 * MIB);
         assert_eq!(a.block(y).0, base + 4 * MIB);

@@ -17,8 +17,8 @@ use super::{
     MemoryInfo, STAGED_BYTES,
 };
 use crate::kernels::params::WordParams;
+use crate::kernels::pattern;
 use crate::kernels::{KernelId, Op};
-use crate::ops::words::pattern;
 
 /// A host-memory device.
 #[derive(Debug, Clone)]

@@ -81,6 +81,23 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
+    /// A typical CPU adapter (lavapipe's facts) of `total` bytes, for tests and sample reports.
+    pub fn sample(name: &str, total: u64) -> DeviceInfo {
+        DeviceInfo {
+            index: 0,
+            name: name.to_string(),
+            backend: BackendKind::Vulkan,
+            device_type: DeviceType::Cpu,
+            driver: "Mesa 22.3.6 (LLVM 15.0.6)".to_string(),
+            memory_total_bytes: Some(total),
+            memory_free_bytes: None,
+            max_buffer_size: (2 << 30) - 1,
+            max_storage_binding_size: 128 << 20,
+            overhead_bytes: None,
+            kernel_overhead_bytes: None,
+        }
+    }
+
     /// The largest single buffer a tensor chunk may use: one binding, one buffer.
     pub fn max_chunk_bytes(&self) -> u64 {
         self.max_buffer_size.min(self.max_storage_binding_size)

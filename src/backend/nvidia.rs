@@ -149,10 +149,9 @@ pub fn probe_note(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::sample::device;
 
     fn adapter(ty: DeviceType, backend: BackendKind) -> DeviceInfo {
-        let mut d = device("x", 1 << 30);
+        let mut d = DeviceInfo::sample("x", 1 << 30);
         d.device_type = ty;
         d.backend = backend;
         d

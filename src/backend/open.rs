@@ -319,7 +319,7 @@ mod tests {
 
     #[test]
     fn llvmpipe_on_gl_by_default_suggests_lavapipe() {
-        let mut info = crate::report::sample::device("llvmpipe", 2 << 30);
+        let mut info = super::super::DeviceInfo::sample("llvmpipe", 2 << 30);
         info.device_type = super::super::DeviceType::Cpu;
         info.backend = BackendKind::Gl;
         let hint = faster_driver_hint(&info, "auto").expect("a hint");

@@ -116,3 +116,22 @@ impl KernelId {
         format!("{}_{}", self.op.name(), self.storage.name())
     }
 }
+
+/// murmur3's 32-bit finaliser (the same as `fmix32` in `shaders/fill.wgsl`).
+pub fn fmix32(x: u32) -> u32 {
+    let mut h = x;
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^= h >> 16;
+    h
+}
+
+/// The word the fill kernel writes at tensor word `index` for `seed` (bit-identical to WGSL).
+pub fn pattern(index: u64, seed: u32) -> u32 {
+    let lo = index as u32;
+    let hi = (index >> 32) as u32;
+    let k = fmix32(seed ^ hi.wrapping_mul(0x9e37_79b9).wrapping_add(0x7f4a_7c15));
+    fmix32(lo ^ k) ^ (k >> 7)
+}

@@ -21,24 +21,7 @@ const MAX_REDUCE_GROUPS: u64 = 1024;
 /// byte than big ones (on lavapipe a barrier switches between all 256 invocations).
 const MIN_WORDS_PER_THREAD: u64 = 64;
 
-/// murmur3's 32-bit finaliser (the same as `fmix32` in `shaders/fill.wgsl`).
-pub fn fmix32(x: u32) -> u32 {
-    let mut h = x;
-    h ^= h >> 16;
-    h = h.wrapping_mul(0x85eb_ca6b);
-    h ^= h >> 13;
-    h = h.wrapping_mul(0xc2b2_ae35);
-    h ^= h >> 16;
-    h
-}
-
-/// The word the fill kernel writes at tensor word `index` for `seed` (bit-identical to WGSL).
-pub fn pattern(index: u64, seed: u32) -> u32 {
-    let lo = index as u32;
-    let hi = (index >> 32) as u32;
-    let k = fmix32(seed ^ hi.wrapping_mul(0x9e37_79b9).wrapping_add(0x7f4a_7c15));
-    fmix32(lo ^ k) ^ (k >> 7)
-}
+pub use crate::kernels::{fmix32, pattern};
 
 /// What `verify` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -326,6 +326,16 @@ pub fn size_for_time(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn predictions_use_what_is_left_after_the_context_and_kernels() {
+        use crate::backend::mock::MockBackend;
+        const MIB: u64 = 1 << 20;
+        let mut m = MockBackend::new(1024 * MIB).with_overhead(300 * MIB, 120 * MIB);
+        let info = crate::backend::overhead::measured_info(&mut m).expect("measured");
+        // Against free-after-overhead, not the total or what was free at open.
+        let cap = decide(&info, None);
+        assert_eq!(cap.predict_against, Some(604 * MIB));
+    }
 
     #[test]
     fn a_budget_above_host_memory_is_capped_on_cpu_adapters_unless_forced() {

@@ -1,12 +1,10 @@
 //! Replay an OOM case file on this device: each expectation's workload probed once with the
 //! case's card memory as the budget, beside the plan's verdict and the expected one.
 
-use serde::Serialize;
-
-use crate::backend::{DeviceInfo, DeviceType};
+use crate::backend::DeviceType;
 use crate::error::{CliError, CliResult};
 use crate::plan::Plan;
-use crate::report::{ProbeRecord, SCHEMA_VERSION};
+use crate::report::SCHEMA_VERSION;
 use crate::scenario::Scenario;
 use crate::units::fmt_bytes;
 use crate::workload::config::{CaseFile, Verdict};
@@ -19,32 +17,7 @@ use super::session::{isolation, select_device};
 use super::suite::RunSpec;
 use super::Compute;
 
-/// One expectation's replay.
-#[derive(Debug, Clone, Serialize)]
-pub struct ReplayRun {
-    pub expect_index: usize,
-    pub workload: crate::workload::Workload,
-    pub expected: Verdict,
-    /// The plan's verdict against the case memory.
-    pub predicted: Verdict,
-    pub plan_bytes: u64,
-    /// The device's verdict (None when the case could not run here).
-    pub measured: Option<Verdict>,
-    pub reproduced: Option<bool>,
-    pub probe: Option<ProbeRecord>,
-}
-
-/// The whole replay (`--json`).
-#[derive(Debug, Clone, Serialize)]
-pub struct ReplayReport {
-    pub schema_version: u32,
-    pub case: String,
-    pub memory_bytes: u64,
-    pub device: DeviceInfo,
-    /// Why the case was not run on this device, if it was not.
-    pub not_replayable: Option<String>,
-    pub runs: Vec<ReplayRun>,
-}
+pub use crate::report::replay::{ReplayReport, ReplayRun};
 
 /// Where and how to replay a case.
 #[derive(Debug, Clone)]

@@ -20,8 +20,6 @@
 //! this measures; the boundary it reports is still an adjacent fit and failure, each a real
 //! probe. Measured on lavapipe: 0.7-1.0 MiB.
 
-use serde::{Deserialize, Serialize};
-
 use crate::backend::{AllocError, Backend, BufferId};
 use crate::plan::Plan;
 use crate::report::{Outcome, ProbeRecord};
@@ -36,18 +34,7 @@ pub const MAX_REPLAYS: usize = 40;
 /// The largest reserve the calibration tries.
 pub const MAX_RESERVE: u64 = 1 << 30;
 
-/// What the replays found: the largest value whose allocations the device took, and the
-/// smallest above it that it refused (None where the replays did not reach one), with the
-/// reserve they were made under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DryBoundary {
-    pub fits: Option<u64>,
-    pub fails: Option<u64>,
-    /// Bytes held on the device before each replay.
-    pub reserve_bytes: u64,
-    /// Replays made (the reserve's calibration included).
-    pub replays: u32,
-}
+pub use crate::report::DryBoundary;
 
 /// Whether `plan`'s allocations, replayed unwritten on `backend` with `reserve` bytes held,
 /// fit (see [`replay`]). None: an error that is not the device's refusal.

@@ -16,8 +16,6 @@
 
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-
 use crate::backend::{Backend, BackendError, BufferId, DeviceInfo, DeviceType, HeapUsage};
 use crate::ops::words::{self, Scratch};
 use crate::tensor::DeviceTensor;
@@ -86,37 +84,7 @@ pub struct Region {
     pub seed: u32,
 }
 
-/// What the spill check measured (additive JSON: `probes[].spill`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SpillReport {
-    /// Bytes written and read on each side.
-    pub sample_bytes: u64,
-    /// Fastest write + read of the first-allocated buffers, seconds.
-    pub first_seconds: f64,
-    /// Fastest write + read of the last-allocated buffers, seconds.
-    pub last_seconds: f64,
-    /// "device" (the backend's device clock) or "wall".
-    pub clock: String,
-    /// Heap usage when the probe started and at the peak, where the API reports it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub heap_start: Option<HeapUsage>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub heap_peak: Option<HeapUsage>,
-    pub spilled: bool,
-    /// One line: the verdict and why.
-    pub reason: String,
-}
-
-impl SpillReport {
-    /// last / first (1.0 when the first side took no measurable time).
-    pub fn ratio(&self) -> f64 {
-        if self.first_seconds > 0.0 {
-            self.last_seconds / self.first_seconds
-        } else {
-            1.0
-        }
-    }
-}
+pub use crate::report::SpillReport;
 
 /// The regions of the live tensors not written by a kernel (their pattern is known), in
 /// allocation order (tensor index, then chunk).

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, ContentArrangement, Table};
 use serde::Serialize;
 
+use super::OutputFormat;
 use crate::backend::DeviceInfo;
-use crate::cli::OutputFormat;
 use crate::scenario::Scenario;
 
 use super::model::{Outcome, ProbeReport, RunResult, ToolInfo, SCHEMA_VERSION};

@@ -33,8 +33,18 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::cli::OutputFormat;
 use crate::error::CliError;
+
+/// A results format (`--format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+    Csv,
+    Markdown,
+    Svg,
+    Html,
+}
 
 /// Why a report could not be rendered, read or its format chosen.
 #[derive(Debug, Error)]

@@ -106,14 +106,14 @@ pub struct ProbeRecord {
     /// Additive: what the spill check at the step's peak measured, where it ran (see
     /// `probe::spill`); a spill makes the outcome `spilled`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spill: Option<crate::probe::spill::SpillReport>,
+    pub spill: Option<SpillReport>,
     /// Additive: the room a fitting probe measured with filler at its peak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub room: Option<RoomMeasurement>,
     /// Additive: where the step's own allocations, replayed unwritten after it, stopped fitting
     /// (see `probe::dry`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dry: Option<crate::probe::dry::DryBoundary>,
+    pub dry: Option<DryBoundary>,
     /// Additive: the caching allocator's counters at the probe's end, where tensors went
     /// through it (`--allocator pytorch`): `reserved_peak` is what the card had to give.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -268,4 +268,49 @@ pub struct ProbeReport {
     /// the last one may be partial.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub in_progress: bool,
+}
+
+/// What the spill check measured (additive JSON: `probes[].spill`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpillReport {
+    /// Bytes written and read on each side.
+    pub sample_bytes: u64,
+    /// Fastest write + read of the first-allocated buffers, seconds.
+    pub first_seconds: f64,
+    /// Fastest write + read of the last-allocated buffers, seconds.
+    pub last_seconds: f64,
+    /// "device" (the backend's device clock) or "wall".
+    pub clock: String,
+    /// Heap usage when the probe started and at the peak, where the API reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heap_start: Option<crate::backend::HeapUsage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heap_peak: Option<crate::backend::HeapUsage>,
+    pub spilled: bool,
+    /// One line: the verdict and why.
+    pub reason: String,
+}
+
+impl SpillReport {
+    /// last / first (1.0 when the first side took no measurable time).
+    pub fn ratio(&self) -> f64 {
+        if self.first_seconds > 0.0 {
+            self.last_seconds / self.first_seconds
+        } else {
+            1.0
+        }
+    }
+}
+
+/// What the replays found: the largest value whose allocations the device took, and the
+/// smallest above it that it refused (None where the replays did not reach one), with the
+/// reserve they were made under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DryBoundary {
+    pub fits: Option<u64>,
+    pub fails: Option<u64>,
+    /// Bytes held on the device before each replay.
+    pub reserve_bytes: u64,
+    /// Replays made (the reserve's calibration included).
+    pub replays: u32,
 }

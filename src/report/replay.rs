@@ -1,9 +1,39 @@
 //! The text view of a case replay: one row per expectation, expected beside predicted and
 //! measured.
 
-use crate::probe::case::ReplayReport;
+use serde::Serialize;
+
+use super::ProbeRecord;
+use crate::backend::DeviceInfo;
 use crate::units::fmt_bytes;
 use crate::workload::config::Verdict;
+
+/// One expectation's replay.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayRun {
+    pub expect_index: usize,
+    pub workload: crate::workload::Workload,
+    pub expected: Verdict,
+    /// The plan's verdict against the case memory.
+    pub predicted: Verdict,
+    pub plan_bytes: u64,
+    /// The device's verdict (None when the case could not run here).
+    pub measured: Option<Verdict>,
+    pub reproduced: Option<bool>,
+    pub probe: Option<ProbeRecord>,
+}
+
+/// The whole replay (`--json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayReport {
+    pub schema_version: u32,
+    pub case: String,
+    pub memory_bytes: u64,
+    pub device: DeviceInfo,
+    /// Why the case was not run on this device, if it was not.
+    pub not_replayable: Option<String>,
+    pub runs: Vec<ReplayRun>,
+}
 
 fn verdict_name(v: Verdict) -> &'static str {
     match v {

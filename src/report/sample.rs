@@ -5,7 +5,7 @@
 //! the plan's bytes `f(x)`, and a "device" that needs `f(x) · overhead + reserve` bytes, so the
 //! measured boundary sits a little below the predicted one, as on real hardware.
 
-use crate::backend::{BackendKind, DeviceInfo, DeviceType};
+use crate::backend::DeviceInfo;
 use crate::scenario::Scenario;
 use crate::workload::{Arch, Attention, Checkpoint, Workload};
 
@@ -154,19 +154,7 @@ pub fn simulate(spec: &SimSpec<'_>, capacity: u64) -> RunResult {
 
 /// A lavapipe-like device.
 pub fn device(name: &str, total: u64) -> DeviceInfo {
-    DeviceInfo {
-        index: 0,
-        name: name.to_string(),
-        backend: BackendKind::Vulkan,
-        device_type: DeviceType::Cpu,
-        driver: "Mesa 22.3.6 (LLVM 15.0.6)".to_string(),
-        memory_total_bytes: Some(total),
-        memory_free_bytes: None,
-        max_buffer_size: (2 << 30) - 1,
-        max_storage_binding_size: 128 << 20,
-        overhead_bytes: None,
-        kernel_overhead_bytes: None,
-    }
+    crate::backend::DeviceInfo::sample(name, total)
 }
 
 /// A synthetic report of the four scenarios (six runs) against `budget` bytes.

@@ -351,16 +351,7 @@ fn the_pytorch_allocator_places_tensors_in_segments_on_the_card() {
     let model = timeline::replay(&plan, &conf, None, timeline::STEPS, false);
     assert_eq!(rec.bytes_allocated, model.reserved_peak_bytes);
     // The least budget the model fits in, and a MiB less.
-    let fits = |c: u64| timeline::replay(&plan, &conf, Some(c), timeline::STEPS, false).fits();
-    let (mut lo, mut hi) = (0, model.reserved_peak_bytes);
-    while hi - lo > 1 {
-        let mid = (lo + hi) / 2;
-        if fits(mid) {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
+    let hi = timeline::least_capacity(&plan, &conf, timeline::STEPS);
     for (cap, want) in [(hi, Outcome::Fit), (hi - (1 << 20), Outcome::Budget)] {
         let b = Box::new(BudgetBackend::new(cuda(), cap));
         let mut p = PooledBackend::new(b, conf.clone()).unwrap();

@@ -69,18 +69,9 @@ fn the_probe_holds_the_segments_the_model_says_and_fits_exactly_where_it_says() 
             "{preset} {:?}: the probe's segments at its peak are the model's reserved peak",
             conf.text
         );
-        // The least capacity the model fits in (under a limit the allocator frees its cache
-        // and retries, so it can be below the unlimited reserved peak) ...
-        let fits = |c: u64| timeline::replay(&p, &conf, Some(c), timeline::STEPS, false).fits();
-        let (mut lo, mut hi) = (0, free.reserved_peak_bytes);
-        while hi - lo > 1 {
-            let mid = (lo + hi) / 2;
-            if fits(mid) {
-                hi = mid;
-            } else {
-                lo = mid;
-            }
-        }
+        // The least capacity the model fits in (below the unlimited reserved peak where the
+        // allocator frees its cache and retries) ...
+        let hi = timeline::least_capacity(&p, &conf, timeline::STEPS);
         // ... and around it, in 1 MiB steps: fit and OOM agree with the model everywhere.
         let need = hi + extra;
         let mut seen = [false; 2];

@@ -167,6 +167,22 @@ pub fn replay(
     out
 }
 
+/// The least capacity `plan` fits in for `steps` steps: under a limit the allocator frees its
+/// cache and retries, so it can be below the reserved peak it reaches with no limit.
+pub fn least_capacity(plan: &Plan, conf: &AllocConf, steps: usize) -> u64 {
+    let free = replay(plan, conf, None, steps, false);
+    let (mut lo, mut hi) = (0, free.reserved_peak_bytes);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if replay(plan, conf, Some(mid), steps, false).fits() {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi
+}
+
 /// At most `n` points: the highest (reserved, then allocated) of each of `n` equal runs.
 fn thin(points: Vec<ReservedPoint>, n: usize) -> Vec<ReservedPoint> {
     if points.len() <= n {

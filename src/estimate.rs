@@ -223,8 +223,9 @@ pub fn boundaries(
 pub fn describe(w: &Workload) -> String {
     let psi = param_count(w).map(fmt_count).unwrap_or_else(|_| "?".into());
     let prec = w.precision.name();
+    // Inference holds no optimizer and runs in eval mode (no dropout): the plan has neither.
     let opt = match w.optimizer {
-        crate::workload::Optimizer::None => "no optimizer (inference)",
+        _ if w.inference() => "no optimizer (inference)",
         o => o.name(),
     };
     let mut s = match w.arch {
@@ -325,7 +326,7 @@ pub fn describe(w: &Workload) -> String {
             Checkpoint::Sqrt => s.push_str(", sqrt checkpointing"),
             Checkpoint::Every(k) => s.push_str(&format!(", checkpoint every {k}")),
         }
-        if w.dropout {
+        if w.dropout && !w.inference() {
             s.push_str(", dropout");
         }
     }

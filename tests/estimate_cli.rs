@@ -522,3 +522,31 @@ fn several_gpus_add_an_nccl_communicator_outside_pytorch() {
     let set = json(&["--zero", "2", "--gpus", "4", "--non-pytorch", "700MiB"]);
     assert_eq!(set["non_pytorch_bytes"].as_u64(), Some(700 << 20));
 }
+
+/// Inference names no optimizer and no dropout: its plan has neither (issue 35).
+#[test]
+fn inference_names_no_optimizer_and_no_dropout() {
+    let out = oomprobe()
+        .args(["estimate", "--model", "gpt2", "--mode", "inference"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let first = text.lines().next().unwrap();
+    assert!(first.contains("no optimizer (inference)"), "{first}");
+    assert!(
+        !first.contains("adam") && !first.contains("dropout"),
+        "{first}"
+    );
+    // Training still names both.
+    let out = oomprobe()
+        .args(["estimate", "--model", "gpt2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let first = text.lines().next().unwrap();
+    assert!(
+        first.contains("adam") && first.contains("dropout"),
+        "{first}"
+    );
+}

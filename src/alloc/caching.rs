@@ -507,24 +507,31 @@ impl Allocator {
         }
     }
 
+    /// Cut the first `size` bytes of `block` off as a block of their own (linked before it,
+    /// free, in no pool's set); `block` keeps the rest. The free sets are the caller's.
+    fn split_front(&mut self, block: BlockId, size: u64) -> BlockId {
+        let rem = self.blocks[block].clone();
+        let id = self.new_block(Block::free_piece(
+            rem.addr,
+            size,
+            (rem.stream, rem.pool, rem.expandable),
+            true,
+            rem.prev,
+            Some(block),
+        ));
+        if let Some(p) = rem.prev {
+            self.blocks[p].next = Some(id);
+        }
+        let r = &mut self.blocks[block];
+        r.prev = Some(id);
+        r.addr += size;
+        r.size -= size;
+        id
+    }
+
     fn alloc_found_block(&mut self, block: BlockId, size: u64, orig: u64, split: bool) -> BlockId {
         let id = if split {
-            let rem = self.blocks[block].clone();
-            let id = self.new_block(Block::free_piece(
-                rem.addr,
-                size,
-                (rem.stream, rem.pool, rem.expandable),
-                true,
-                rem.prev,
-                Some(block),
-            ));
-            if let Some(p) = rem.prev {
-                self.blocks[p].next = Some(id);
-            }
-            let r = &mut self.blocks[block];
-            r.prev = Some(id);
-            r.addr += size;
-            r.size -= size;
+            let id = self.split_front(block, size);
             self.insert_free(block);
             id
         } else {
@@ -544,60 +551,33 @@ impl Allocator {
     /// A native segment held before the allocator was watched (a trace that starts with state):
     /// `[addr, addr + size)` on `stream` in the small or large pool, its blocks in use at
     /// `used` (address, block size, requested size; inside the segment, not overlapping), the
-    /// rest free pieces. The ids of the blocks in use, in `used`'s order.
+    /// rest free pieces. The ids of the blocks in use, in `used`'s order; None where they overlap.
     pub fn adopt_segment(
         &mut self,
         (addr, size, stream): (u64, u64, i64),
         small: bool,
         used: &[(u64, u64, u64)],
-    ) -> Vec<BlockId> {
+    ) -> Option<Vec<BlockId>> {
         let pool = if small { SMALL } else { LARGE };
-        let mut order: Vec<usize> = (0..used.len()).collect();
-        order.sort_by_key(|&i| used[i].0);
-        let mut ids = vec![0; used.len()];
-        let (mut cur, end) = (addr, addr + size);
-        let mut prev: Option<BlockId> = None;
-        let mut link = |a: &mut Self, b: Block| {
-            let id = a.new_block(Block { prev, ..b });
-            if let Some(p) = prev {
-                a.blocks[p].next = Some(id);
-            }
-            prev = Some(id);
-            id
-        };
-        for i in order {
-            let (at, bsize, requested) = used[i];
-            if at > cur {
-                let f = link(
-                    self,
-                    Block::free_piece(cur, at - cur, (stream, pool, None), true, None, None),
-                );
-                self.insert_free(f);
-            }
-            let id = link(
-                self,
-                Block {
-                    allocated: true,
-                    requested,
-                    ..Block::free_piece(at, bsize, (stream, pool, None), true, None, None)
-                },
-            );
-            self.stats.allocated += bsize;
-            self.stats.requested += requested;
-            ids[i] = id;
-            cur = at + bsize;
-        }
-        if cur < end {
-            let f = link(
-                self,
-                Block::free_piece(cur, end - cur, (stream, pool, None), true, None, None),
-            );
-            self.insert_free(f);
-        }
+        let whole = self.new_block(Block::free_piece(
+            addr,
+            size,
+            (stream, pool, None),
+            true,
+            None,
+            None,
+        ));
+        self.insert_free(whole);
         self.add_reserved(size);
         self.stats.segments += 1;
-        self.stats.allocated_peak = self.stats.allocated_peak.max(self.stats.allocated);
-        ids
+        used.iter()
+            .map(|&(at, bsize, requested)| {
+                let id = self.hold(at, bsize)?;
+                self.blocks[id].requested = requested;
+                self.stats.requested = self.stats.requested - bsize + requested;
+                Some(id)
+            })
+            .collect()
     }
 
     /// The free mapped piece that holds `addr`: its start and size.
@@ -613,62 +593,29 @@ impl Allocator {
     /// (one a trace never shows but its run's allocations went around): its id, or None where
     /// the range is not inside one free piece.
     pub fn hold(&mut self, addr: u64, size: u64) -> Option<BlockId> {
-        let id = self
+        let mut id = self
             .pools
             .iter()
             .flat_map(|p| p.blocks.iter())
             .find_map(|&(_, s, at, id)| (at <= addr && addr + size <= at + s).then_some(id))?;
         self.remove_free(id);
-        let b = self.blocks[id].clone();
-        let tag = (b.stream, b.pool, b.expandable);
-        let mut mid = id;
-        if addr > b.addr {
-            // The piece before stays free.
-            let before = self.new_block(Block::free_piece(
-                b.addr,
-                addr - b.addr,
-                tag,
-                true,
-                b.prev,
-                Some(id),
-            ));
-            if let Some(p) = b.prev {
-                self.blocks[p].next = Some(before);
-            }
-            let m = &mut self.blocks[id];
-            m.prev = Some(before);
-            m.addr = addr;
-            m.size -= addr - b.addr;
+        let start = self.blocks[id].addr;
+        if addr > start {
+            let before = self.split_front(id, addr - start);
             self.insert_free(before);
-            mid = id;
         }
-        let end = addr + size;
-        let m_end = self.blocks[mid].addr + self.blocks[mid].size;
-        if end < m_end {
-            let next = self.blocks[mid].next;
-            let after = self.new_block(Block::free_piece(
-                end,
-                m_end - end,
-                tag,
-                true,
-                Some(mid),
-                next,
-            ));
-            if let Some(n) = next {
-                self.blocks[n].prev = Some(after);
-            }
-            let m = &mut self.blocks[mid];
-            m.next = Some(after);
-            m.size = size;
-            self.insert_free(after);
+        if self.blocks[id].size > size {
+            let mid = self.split_front(id, size);
+            self.insert_free(id);
+            id = mid;
         }
-        let m = &mut self.blocks[mid];
+        let m = &mut self.blocks[id];
         m.allocated = true;
         m.requested = size;
         self.stats.allocated += size;
         self.stats.requested += size;
         self.stats.allocated_peak = self.stats.allocated_peak.max(self.stats.allocated);
-        Some(mid)
+        Some(id)
     }
 
     /// Free a block allocated by [`Allocator::malloc`].

@@ -186,7 +186,9 @@ pub fn replay(snap: &Snapshot, device: usize, conf: &AllocConf) -> Result<Alloca
     let mut by_addr: HashMap<u64, BlockId> = HashMap::new();
     if before != 0 {
         for seg in state_before(snap, device, trace, &a)? {
-            let ids = a.adopt_segment((seg.addr, seg.size, seg.stream), seg.small, &seg.blocks);
+            let ids = a
+                .adopt_segment((seg.addr, seg.size, seg.stream), seg.small, &seg.blocks)
+                .ok_or("blocks in use before the trace do not fit their segment")?;
             for (b, id) in seg.blocks.iter().zip(ids) {
                 by_addr.insert(b.0, id);
             }

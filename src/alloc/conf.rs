@@ -285,14 +285,19 @@ fn divisions(c: &mut Cursor) -> Result<[u64; INTERVALS], ConfError> {
 
 /// The settings in force: `--alloc-conf` when given, else `PYTORCH_ALLOC_CONF`, else
 /// `PYTORCH_CUDA_ALLOC_CONF` (PyTorch reads them in that order), else the default. Returns the
-/// settings and where they came from.
-pub fn from_flag_or_env(flag: Option<&str>) -> Result<(AllocConf, &'static str), ConfError> {
+/// settings and where they came from; a bad setting is one line that names its source and key.
+pub fn from_flag_or_env(flag: Option<&str>) -> Result<(AllocConf, &'static str), String> {
+    let sourced = |text: &str, from: &'static str| {
+        parse(text)
+            .map(|c| (c, from))
+            .map_err(|e| format!("{from}: {e}"))
+    };
     if let Some(f) = flag {
-        return Ok((parse(f)?, "--alloc-conf"));
+        return sourced(f, "--alloc-conf");
     }
     for var in ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"] {
         if let Ok(v) = std::env::var(var) {
-            return parse(&v).map(|c| (c, var));
+            return sourced(&v, var);
         }
     }
     Ok((AllocConf::default(), "PyTorch's defaults"))

@@ -71,15 +71,7 @@ impl AllocatorPick {
                 backend.as_str()
             ));
         }
-        let (conf, _) =
-            crate::alloc::conf::from_flag_or_env(self.conf.as_deref()).map_err(|e| {
-                let flag = if self.conf.is_some() {
-                    "--alloc-conf"
-                } else {
-                    "PYTORCH_CUDA_ALLOC_CONF"
-                };
-                format!("{flag}: {e}")
-            })?;
+        let (conf, _) = crate::alloc::conf::from_flag_or_env(self.conf.as_deref())?;
         if conf.expandable_segments {
             return Err(EXPANDABLE.into());
         }

@@ -274,19 +274,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
 /// The allocator's settings in force (`--alloc-conf`, else the environment) and where they came
 /// from; a bad one is bad input naming its source.
 fn alloc_conf(args: &EstimateArgs) -> CliResult<(crate::alloc::AllocConf, &'static str)> {
-    crate::alloc::conf::from_flag_or_env(args.alloc_conf.as_deref())
-        .map_err(|e| CliError::usage(format!("{}: {e}", conf_flag(&args.alloc_conf))))
-}
-
-/// Where an allocator setting came from, for its error line.
-fn conf_flag(flag: &Option<String>) -> &'static str {
-    if flag.is_some() {
-        "--alloc-conf"
-    } else if std::env::var_os("PYTORCH_ALLOC_CONF").is_some() {
-        "PYTORCH_ALLOC_CONF"
-    } else {
-        "PYTORCH_CUDA_ALLOC_CONF"
-    }
+    crate::alloc::conf::from_flag_or_env(args.alloc_conf.as_deref()).map_err(CliError::usage)
 }
 
 /// `estimate --mode serve`: the serving sizing on a card of `memory` bytes.

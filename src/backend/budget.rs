@@ -53,6 +53,8 @@ impl<B: Backend + ?Sized> BudgetBackend<B> {
 }
 
 impl<B: Backend + ?Sized> Backend for BudgetBackend<B> {
+    super::forward_to_inner!(inner);
+
     fn info(&self) -> &DeviceInfo {
         self.inner.info()
     }
@@ -90,55 +92,8 @@ impl<B: Backend + ?Sized> Backend for BudgetBackend<B> {
         self.inner.free_buffer(id);
     }
 
-    fn write_buffer(&mut self, id: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
-        self.inner.write_buffer(id, offset, data)
-    }
-
-    fn read_buffer(
-        &mut self,
-        id: BufferId,
-        offset: u64,
-        len: u64,
-    ) -> Result<Vec<u8>, BackendError> {
-        self.inner.read_buffer(id, offset, len)
-    }
-
-    fn dispatch(
-        &mut self,
-        kernel: KernelId,
-        params: &[u8],
-        buffers: &[BufferId],
-        workgroups: [u32; 3],
-    ) -> Result<(), BackendError> {
-        self.inner.dispatch(kernel, params, buffers, workgroups)
-    }
-
-    fn synchronize(&mut self) -> Result<(), BackendError> {
-        self.inner.synchronize()
-    }
-
-    fn warm_up(&mut self) -> Result<(), BackendError> {
-        self.inner.warm_up()
-    }
-
     fn allocated_bytes(&self) -> u64 {
         self.inner.allocated_bytes()
-    }
-
-    fn prepare(&mut self, kernels: &[KernelId]) -> Result<(), BackendError> {
-        self.inner.prepare(kernels)
-    }
-
-    fn staging_after_prepare(&self) -> u64 {
-        self.inner.staging_after_prepare()
-    }
-
-    fn device_seconds(&self) -> Option<f64> {
-        self.inner.device_seconds()
-    }
-
-    fn heap_usage(&self) -> Option<HeapUsage> {
-        self.inner.heap_usage()
     }
 
     /// A view costs nothing: its parent was counted.

@@ -3,6 +3,47 @@
 //! Everything above this trait (tensor chunking, kernel orchestration, budgets, probes, search)
 //! is written once and shared by all backends.
 
+/// The `Backend` methods a wrapper (budget, pooled) passes straight to the backend it wraps,
+/// `self.<field path>`.
+macro_rules! forward_to_inner {
+    ($($inner:ident).+) => {
+        fn write_buffer(&mut self, id: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+            self.$($inner).+.write_buffer(id, offset, data)
+        }
+        fn read_buffer(&mut self, id: BufferId, offset: u64, len: u64) -> Result<Vec<u8>, BackendError> {
+            self.$($inner).+.read_buffer(id, offset, len)
+        }
+        fn dispatch(
+            &mut self,
+            kernel: KernelId,
+            params: &[u8],
+            buffers: &[BufferId],
+            workgroups: [u32; 3],
+        ) -> Result<(), BackendError> {
+            self.$($inner).+.dispatch(kernel, params, buffers, workgroups)
+        }
+        fn synchronize(&mut self) -> Result<(), BackendError> {
+            self.$($inner).+.synchronize()
+        }
+        fn warm_up(&mut self) -> Result<(), BackendError> {
+            self.$($inner).+.warm_up()
+        }
+        fn prepare(&mut self, kernels: &[KernelId]) -> Result<(), BackendError> {
+            self.$($inner).+.prepare(kernels)
+        }
+        fn staging_after_prepare(&self) -> u64 {
+            self.$($inner).+.staging_after_prepare()
+        }
+        fn device_seconds(&self) -> Option<f64> {
+            self.$($inner).+.device_seconds()
+        }
+        fn heap_usage(&self) -> Option<HeapUsage> {
+            self.$($inner).+.heap_usage()
+        }
+    };
+}
+pub(crate) use forward_to_inner;
+
 pub mod astrace;
 pub mod budget;
 #[cfg(feature = "cuda")]

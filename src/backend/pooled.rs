@@ -211,6 +211,8 @@ pub fn oom_text(o: &Oom) -> String {
 }
 
 impl Backend for PooledBackend {
+    super::forward_to_inner!(seg.inner);
+
     fn info(&self) -> &DeviceInfo {
         &self.info
     }
@@ -259,33 +261,6 @@ impl Backend for PooledBackend {
         self.seg.inner.free_buffer(id);
     }
 
-    fn write_buffer(&mut self, id: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
-        self.seg.inner.write_buffer(id, offset, data)
-    }
-
-    fn read_buffer(
-        &mut self,
-        id: BufferId,
-        offset: u64,
-        len: u64,
-    ) -> Result<Vec<u8>, BackendError> {
-        self.seg.inner.read_buffer(id, offset, len)
-    }
-
-    fn dispatch(
-        &mut self,
-        kernel: KernelId,
-        params: &[u8],
-        buffers: &[BufferId],
-        workgroups: [u32; 3],
-    ) -> Result<(), BackendError> {
-        self.seg.inner.dispatch(kernel, params, buffers, workgroups)
-    }
-
-    fn synchronize(&mut self) -> Result<(), BackendError> {
-        self.seg.inner.synchronize()
-    }
-
     /// What the device holds for the allocator: its segments (PyTorch's "reserved").
     fn allocated_bytes(&self) -> u64 {
         self.seg.inner.allocated_bytes()
@@ -297,26 +272,6 @@ impl Backend for PooledBackend {
 
     fn release_outside(&mut self) {
         self.seg.inner.release_outside()
-    }
-
-    fn warm_up(&mut self) -> Result<(), BackendError> {
-        self.seg.inner.warm_up()
-    }
-
-    fn prepare(&mut self, kernels: &[KernelId]) -> Result<(), BackendError> {
-        self.seg.inner.prepare(kernels)
-    }
-
-    fn staging_after_prepare(&self) -> u64 {
-        self.seg.inner.staging_after_prepare()
-    }
-
-    fn device_seconds(&self) -> Option<f64> {
-        self.seg.inner.device_seconds()
-    }
-
-    fn heap_usage(&self) -> Option<HeapUsage> {
-        self.seg.inner.heap_usage()
     }
 
     fn allocator_stats(&self) -> Option<Stats> {

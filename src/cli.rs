@@ -240,6 +240,10 @@ pub struct EstimateArgs {
 
 #[derive(Debug, Args)]
 pub struct DiagnoseArgs {
+    /// Read the out-of-memory messages in FILE (a log, a traceback, a pasted issue; `-` for
+    /// stdin) and say what caused each. With a workload, also check the message against it.
+    #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
+    pub oom: Option<String>,
     #[command(flatten)]
     pub workload: WorkloadArgs,
     #[command(flatten)]

@@ -7,6 +7,9 @@ use crate::error::{CliError, CliResult};
 use crate::workload::overrides::resolve;
 
 pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
+    if let Some(file) = &args.oom {
+        return oom(file, args);
+    }
     if crate::commands::snapshot::wanted(&args.snapshot) {
         // The card the snapshot was recorded on (its OOM), or --memory; never this machine's.
         let memory = args.memory.as_deref().map(memory_arg).transpose()?;
@@ -49,4 +52,70 @@ pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
     } else {
         out(&render(&d))
     }
+}
+
+/// Read an input the user named: a file or `-` (stdin), streamed.
+fn open_input(file: &str) -> CliResult<Box<dyn std::io::BufRead>> {
+    if file == "-" {
+        return Ok(Box::new(std::io::BufReader::new(std::io::stdin())));
+    }
+    let f = std::fs::File::open(file)
+        .map_err(|e| CliError::usage(format!("cannot read {file}: {e}")))?;
+    if f.metadata().is_ok_and(|m| m.is_dir()) {
+        return Err(CliError::usage(format!(
+            "cannot read {file}: it is a directory"
+        )));
+    }
+    Ok(Box::new(std::io::BufReader::new(f)))
+}
+
+/// `diagnose --oom FILE`: every message in the input, judged.
+fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
+    let input = open_input(file)?;
+    let messages = crate::oom::scan::scan(input)
+        .map_err(|e| CliError::usage(format!("cannot read {file}: {e}")))?;
+    let name = if file == "-" { "stdin" } else { file };
+    if messages.is_empty() {
+        return Err(CliError::usage(format!(
+            "no out-of-memory message found in {name}"
+        )));
+    }
+    let judged: Vec<_> = messages
+        .iter()
+        .map(|m| (m, crate::oom::judge::judge(m)))
+        .collect();
+    if args.json {
+        let entries: Vec<_> = judged
+            .iter()
+            .map(|(m, j)| crate::oom::render::entry(m, j))
+            .collect();
+        let doc = serde_json::json!({
+            "schema_version": 1,
+            "source": name,
+            "messages": entries,
+        });
+        let s = serde_json::to_string_pretty(&doc).map_err(|e| CliError::run(e.to_string()))?;
+        return out(&format!("{s}\n"));
+    }
+    let mut text = String::new();
+    let shown = crate::oom::render::TEXT_MESSAGES;
+    if judged.len() > 1 {
+        text += &format!(
+            "{} distinct out-of-memory messages in {name}{}\n\n",
+            judged.len(),
+            if judged.len() > shown {
+                format!("; the last {shown} follow (--json lists all)")
+            } else {
+                String::new()
+            }
+        );
+    }
+    let skip = judged.len().saturating_sub(shown);
+    for (i, (m, j)) in judged.iter().enumerate().skip(skip) {
+        if i > skip {
+            text.push('\n');
+        }
+        text += &crate::oom::render::text(m, j, &[]);
+    }
+    out(&text)
 }

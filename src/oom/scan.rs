@@ -1,0 +1,170 @@
+//! Find every out-of-memory message in a log, read as it streams: only the lines near a head
+//! are kept, their per-line prefixes (`[rank0]: `, `> `, `SUBPROCESS: `, quotes) dropped and the
+//! lines joined, so a message hard-wrapped over eight lines reads as one.
+
+use std::io::BufRead;
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+use super::parse::{message, HEAD};
+use super::Message;
+
+/// Lines kept after a line with a head: a wrapped message is shorter.
+const FOLLOW: usize = 24;
+/// A longer line is cut here (a log with its newlines lost is still read, in pieces).
+const MAX_LINE: usize = 1 << 20;
+/// A region of kept lines is read once it is this long, so memory stays bounded.
+const MAX_REGION: usize = 2000;
+
+/// A line holds one of the heads' words (cheaper than the head pattern itself).
+static HINT: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
+    regex::bytes::Regex::new(
+        r"out of memory|Tried to allocate|total capacity|allocate memory|not enough memory|ALLOC_FAILED|NOT_ENOUGH_WORKSPACE|valid cuDNN algorithm|12 vs 0|executable batch size",
+    )
+    .expect("hint pattern")
+});
+
+/// What a line may start with that is not the message: quote marks, markdown quotes, log
+/// prefixes a launcher adds to each line.
+static PREFIX: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"^(?:\s+|>+|#+|`+|"|'|\[rank\d+\]:|SUBPROCESS:|\x1b\[[0-9;]*m)"#)
+        .expect("prefix pattern")
+});
+
+fn clean(line: &str) -> String {
+    let mut s = line.trim_end_matches(['\r', '\n']);
+    while let Some(m) = PREFIX.find(s) {
+        if m.end() == 0 {
+            break;
+        }
+        s = &s[m.end()..];
+    }
+    s.to_string()
+}
+
+/// Lines near heads, joined, with the input line each piece started on.
+#[derive(Default)]
+struct Region {
+    flat: String,
+    /// (offset in `flat`, input line), ascending.
+    starts: Vec<(usize, usize)>,
+}
+
+impl Region {
+    fn push(&mut self, line_no: usize, text: &str) {
+        if !self.flat.is_empty() {
+            self.flat.push(' ');
+        }
+        self.starts.push((self.flat.len(), line_no));
+        // Runs of spaces (PyTorch's own "fragmentation.  See") read as one.
+        let mut last_space = self.flat.ends_with(' ');
+        for ch in text.chars() {
+            let space = ch.is_whitespace();
+            if !(space && last_space) {
+                self.flat.push(if space { ' ' } else { ch });
+            }
+            last_space = space;
+        }
+    }
+
+    fn line_at(&self, offset: usize) -> usize {
+        let i = self.starts.partition_point(|(o, _)| *o <= offset);
+        self.starts[i.saturating_sub(1)].1
+    }
+
+    fn read(&self, out: &mut Vec<Message>) {
+        let mut pos = 0;
+        while let Some(h) = HEAD.find_at(&self.flat, pos) {
+            match message(&self.flat, h.start(), self.line_at(h.start())) {
+                Some((m, end)) => {
+                    add(out, m);
+                    pos = end.max(h.end());
+                }
+                None => pos = h.end(),
+            }
+        }
+    }
+}
+
+/// A message already seen (a logger's copy, a retry) counts as a repeat.
+fn add(out: &mut Vec<Message>, m: Message) {
+    match out.iter_mut().find(|o| o.text == m.text) {
+        Some(o) => o.repeats += 1,
+        None => out.push(m),
+    }
+}
+
+/// Every distinct message in `input`, in order.
+pub fn scan<R: BufRead>(mut input: R) -> std::io::Result<Vec<Message>> {
+    let mut out = Vec::new();
+    let mut region = Region::default();
+    let mut left = 0usize;
+    let mut kept = 0usize;
+    let mut buf = Vec::new();
+    let mut line_no = 0usize;
+    loop {
+        buf.clear();
+        let n = <&mut R as std::io::Read>::take(&mut input, MAX_LINE as u64)
+            .read_until(b'\n', &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        // A cut piece of a long line counts as its own line, on the same line number.
+        if buf.ends_with(b"\n") || n < MAX_LINE {
+            line_no += 1;
+        }
+        if HINT.is_match(&buf) {
+            left = FOLLOW + 1;
+        }
+        if left > 0 {
+            left -= 1;
+            region.push(line_no.max(1), &clean(&String::from_utf8_lossy(&buf)));
+            kept += 1;
+        }
+        if (left == 0 && kept > 0) || kept >= MAX_REGION {
+            region.read(&mut out);
+            region = Region::default();
+            kept = 0;
+        }
+    }
+    region.read(&mut out);
+    Ok(out)
+}
+
+/// Every message in a string (tests, the library).
+pub fn scan_str(s: &str) -> Vec<Message> {
+    scan(s.as_bytes()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hard_wrapped_message_reads_as_one() {
+        let t = "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 138.00 MiB.\nGPU 0 has a total capacty of 15.90 GiB of which 8.44 MiB is free.\nProcess 1246069 has 577.00 MiB memory in use. Including non-PyTorch memory,\nthis process has 15.32 GiB memory in use. Of the allocated memory\n14.12 GiB is allocated by PyTorch, and 410.41 MiB is reserved\nby PyTorch but unallocated.\n";
+        let m = scan_str(t);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].line, 1);
+        assert_eq!(m[0].process.as_ref().unwrap().text, "15.32 GiB");
+        assert_eq!(m[0].release, "PyTorch 2.1");
+        assert!(!m[0].truncated);
+    }
+
+    #[test]
+    fn prefixes_are_dropped_and_copies_counted() {
+        let one = "CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 1.96 GiB total capacity; 923.43 MiB already allocated; 15.62 MiB free; 954.00 MiB reserved in total by PyTorch)";
+        let t = format!("[rank0]: {one}\nnoise\n> {one}\n");
+        let m = scan_str(&t);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].repeats, 1);
+        assert_eq!(m[0].format, super::super::Format::Cuda1);
+    }
+
+    #[test]
+    fn no_head_no_message() {
+        assert!(scan_str("").is_empty());
+        assert!(scan_str("\u{0}\u{1}binary\u{ff}").is_empty());
+    }
+}

@@ -1,0 +1,130 @@
+//! `oomprobe diagnose --oom` from the outside: the cause in the first line, a pipe on stdin, the
+//! JSON contract, and bad input exiting 2 with one line.
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+const DIR: &str = "tests/fixtures/oom";
+
+fn oomprobe() -> Command {
+    Command::cargo_bin("oomprobe").unwrap()
+}
+
+fn fixture(num: &str) -> String {
+    let f = std::fs::read_dir(DIR)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|f| f.starts_with(num))
+        .unwrap();
+    format!("{DIR}/{f}")
+}
+
+fn stdout(c: &mut Command) -> String {
+    String::from_utf8(c.assert().success().get_output().stdout.clone()).unwrap()
+}
+
+#[test]
+fn the_cause_comes_first_then_the_evidence() {
+    // The first example: fragmentation; the pids of the second, another process.
+    let s = stdout(oomprobe().args(["diagnose", "--oom", &fixture("003")]));
+    assert!(s.starts_with("fragmentation: "), "{s}");
+    assert!(s.contains("expandable_segments:True"), "{s}");
+    let s = stdout(oomprobe().args(["diagnose", "--oom", &fixture("024")]));
+    assert!(s.starts_with("other_process: "), "{s}");
+    assert!(s.contains("1246069"), "{s}");
+    assert!(s.contains("also fragmentation"), "{s}");
+}
+
+#[test]
+fn it_reads_a_pipe() {
+    let log = std::fs::read(fixture("069")).unwrap();
+    let s = stdout(oomprobe().args(["diagnose", "--oom", "-"]).write_stdin(log));
+    assert!(s.starts_with("non_pytorch: "), "{s}");
+    assert!(s.contains("Process 105400 is this process"), "{s}");
+}
+
+#[test]
+fn json_carries_every_figure_in_bytes_with_its_rounding() {
+    let out = stdout(oomprobe().args(["diagnose", "--oom", &fixture("004"), "--json"]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let m = &v["messages"][0];
+    let mib = 1u64 << 20;
+    let gib = 1u64 << 30;
+    assert_eq!(m["requested_bytes"], 86 * mib);
+    assert_eq!(m["free_bytes"], 264 * mib);
+    assert_eq!(m["backend"], "cuda");
+    assert_eq!(m["gpu"], 0);
+    assert_eq!(m["cause"], "other_process");
+    assert_eq!(m["other_processes"].as_array().unwrap().len(), 2);
+    assert_eq!(m["other_processes"][1]["pid"], 2797307);
+    // 8.04 GiB − (7.63 GiB + 40.11 MiB): about 380 MiB outside PyTorch.
+    let non_pt = m["non_pytorch_bytes"].as_u64().unwrap();
+    assert!((370 * mib..390 * mib).contains(&non_pt), "{non_pt}");
+    let b = &m["bounds"]["total_bytes"];
+    let (lo, hi) = (b[0].as_u64().unwrap(), b[1].as_u64().unwrap());
+    assert!(lo < 2364 * gib / 100 && hi > 2364 * gib / 100 && hi - lo <= gib / 100 + 1);
+    // Free exceeded the request, so nothing was missing, but the margin was thin.
+    assert_eq!(m["missing_bytes"], 0);
+    assert_eq!(m["card"]["ids"][0], "rtx4090");
+}
+
+fn refused(path: &str) {
+    let out = oomprobe()
+        .args(["diagnose", "--oom", path])
+        .assert()
+        .code(2)
+        .get_output()
+        .clone();
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        err,
+        format!("oomprobe: no out-of-memory message found in {path}\n")
+    );
+}
+
+#[test]
+fn empty_binary_huge_and_cut_inputs_exit_2_with_one_line() {
+    let dir = std::env::temp_dir().join(format!("oomprobe-oom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, bytes: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    refused(&write("empty.log", b""));
+    // Binary: a fixed pseudo-random stream.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let bin: Vec<u8> = (0..1 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    refused(&write("binary.bin", &bin));
+    // 100 MB of log with no OOM in it.
+    let line = b"step 1200 | loss 2.31 | lr 3e-4 | 412 tokens/s | GPU memory 21.3 GiB\n";
+    let big: Vec<u8> = line.iter().copied().cycle().take(100_000_000).collect();
+    refused(&write("big.log", &big));
+    // Cut mid-number: no figure is whole.
+    refused(&write(
+        "cut.log",
+        b"RuntimeError: CUDA out of memory. Tried to allocate 2.3",
+    ));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_missing_file_exits_2() {
+    let out = oomprobe()
+        .args(["diagnose", "--oom", "/nonexistent/train.log"])
+        .assert()
+        .code(2)
+        .get_output()
+        .clone();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cannot read /nonexistent/train.log"), "{err}");
+}

@@ -35,7 +35,9 @@ Examples:
   oomprobe diagnose --model qwen2.5-7b --seq 4096 --memory 24GiB
   oomprobe diagnose --config cases/llama13b-full-training-80gb.toml --json
   oomprobe diagnose --snapshot snap.pickle
-  oomprobe diagnose --snapshot snap.pickle --memory 24GiB";
+  oomprobe diagnose --snapshot snap.pickle --memory 24GiB
+  python train.py 2>&1 | oomprobe diagnose --oom -
+  oomprobe diagnose --oom train.log --model gpt2 --batch 16 --json";
 
 pub const COMPARE: &str = "\
 Examples:

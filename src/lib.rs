@@ -12,6 +12,7 @@ pub mod error;
 pub mod estimate;
 pub mod help;
 pub mod kernels;
+pub mod message_check;
 pub mod oom;
 pub mod ops;
 pub mod plan;

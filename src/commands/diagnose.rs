@@ -71,6 +71,16 @@ fn open_input(file: &str) -> CliResult<Box<dyn std::io::BufRead>> {
 
 /// `diagnose --oom FILE`: every message in the input, judged.
 fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
+    if args.memory.is_some() {
+        return Err(CliError::usage(
+            "--memory does not go with --oom: the message says what the card had",
+        ));
+    }
+    if crate::commands::snapshot::wanted(&args.snapshot) {
+        return Err(CliError::usage(
+            "--snapshot does not go with --oom: pass one of them (a snapshot's own OOM is read by `diagnose --snapshot`)",
+        ));
+    }
     let input = open_input(file)?;
     let messages = crate::oom::scan::scan(input)
         .map_err(|e| CliError::usage(format!("cannot read {file}: {e}")))?;
@@ -84,10 +94,33 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
         .iter()
         .map(|m| (m, crate::oom::judge::judge(m)))
         .collect();
+    // With a workload: each message against it, on the memory PyTorch had there.
+    let given = args.workload.model.is_some() || args.workload.config.is_some();
+    let mut checks = Vec::new();
+    if given {
+        let r = resolve(&args.workload, "gpt2")?;
+        for w in &r.warnings {
+            eprintln!("oomprobe: warning: {w}");
+        }
+        for (m, _) in &judged {
+            checks.push(crate::message_check::check(&r.workload, m).map_err(plan_error)?);
+        }
+    }
     if args.json {
         let entries: Vec<_> = judged
             .iter()
-            .map(|(m, j)| crate::oom::render::entry(m, j))
+            .enumerate()
+            .map(|(i, (m, j))| {
+                let mut v =
+                    serde_json::to_value(crate::oom::render::entry(m, j)).unwrap_or_default();
+                if let (Some(Some(c)), Some(o)) = (checks.get(i), v.as_object_mut()) {
+                    o.insert(
+                        "workload_check".into(),
+                        serde_json::to_value(c).unwrap_or_default(),
+                    );
+                }
+                v
+            })
             .collect();
         let doc = serde_json::json!({
             "schema_version": 1,
@@ -115,7 +148,17 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
         if i > skip {
             text.push('\n');
         }
-        text += &crate::oom::render::text(m, j, &[]);
+        let extra = match checks.get(i) {
+            Some(Some(c)) => crate::message_check::lines(c),
+            Some(None) => {
+                vec![
+                    "workload: the message lacks the reserved and free figures to check it against"
+                        .into(),
+                ]
+            }
+            None => Vec::new(),
+        };
+        text += &crate::oom::render::text(m, j, &extra);
     }
     out(&text)
 }

@@ -375,6 +375,24 @@ pub fn judge(m: &Message) -> Judgement {
     }
     also.sort_by_key(|f| std::cmp::Reverse(f.bytes));
     j.causes.extend(also);
+    // Short by less than the cache: the free memory and the cached pieces together were
+    // enough, which expandable segments can join (the allocator model calls this fragmentation
+    // too); never the deciding cause by the hand rules, so listed after it.
+    if let (Cause::Shortage, Some(u), Some(h), Some(t)) = (j.cause, unalloc, headroom, req) {
+        let together = u + h;
+        if u.hi > 0 && together.lo >= t.hi && !too_big {
+            j.causes.push(Finding {
+                cause: Cause::Fragmentation,
+                bytes: Some(u.mid()),
+                reason: format!(
+                    "the {} free and the {} cached in pieces together would serve the {} request: expandable segments map the free memory next to cached pages",
+                    b(h),
+                    b(u),
+                    b(t)
+                ),
+            });
+        }
+    }
     remedies(m, &mut j);
     j
 }

@@ -436,35 +436,4 @@ pub fn one_line_error(e: &clap::Error) -> String {
     }
 }
 
-/// `--mode serve`'s engine arguments (vLLM's names; see README "Serving").
-#[derive(Debug, Args, Clone, Default, PartialEq, Eq)]
-pub struct ServeArgs {
-    /// vllm | sglang | trtllm: whose startup sizing is followed (default vllm).
-    #[arg(long, value_name = "E", allow_hyphen_values = true)]
-    pub engine: Option<String>,
-    /// The engine's memory fraction in (0, 1]: vLLM's --gpu-memory-utilization (default 0.9),
-    /// SGLang's --mem-fraction-static (default by card size), TensorRT-LLM's
-    /// free_gpu_memory_fraction (default 0.9, below 1).
-    #[arg(long, value_name = "F", allow_hyphen_values = true)]
-    pub gpu_memory_utilization: Option<String>,
-    /// Tokens per request (default: the config's max_position_embeddings, rope scaling applied).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub max_model_len: Option<String>,
-    /// Sequences per scheduler step (default: vLLM's API-server default for the card).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub max_num_seqs: Option<String>,
-    /// Tokens per scheduler step, the profiling forward's size (default: vLLM's API-server
-    /// default for the card).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub max_num_batched_tokens: Option<String>,
-    /// Tokens per KV block: vLLM's 1 8 16 32 64 128 256 (default 16), SGLang's page_size
-    /// (default 1), TensorRT-LLM's tokens_per_block (default 32).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub block_size: Option<String>,
-    /// auto (the model's dtype) | fp8 (1 byte per element).
-    #[arg(long, value_name = "D", allow_hyphen_values = true)]
-    pub kv_cache_dtype: Option<String>,
-    /// Tensor-parallel GPUs: weights and KV heads split over them (sizes are per GPU).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub tp: Option<String>,
-}
+pub use crate::workload::serve::ServeArgs;

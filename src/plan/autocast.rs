@@ -19,18 +19,9 @@
 //! (`tests/fixtures/validation_autocast.json`) check the same model.
 
 use super::DType;
-use serde::{Deserialize, Serialize};
 
-/// The device type whose autocast op lists apply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Device {
-    /// `AutocastCUDA` (what predictions use).
-    #[default]
-    Cuda,
-    /// `AutocastCPU` (what the CPU validation measures).
-    Cpu,
-}
+/// The device type whose autocast op lists apply (a workload's field, so the workload owns it).
+pub use crate::workload::AutocastDevice as Device;
 
 /// An autocast cast policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -303,7 +303,7 @@ pub struct Workload {
     /// Whose autocast op lists decide per-op types under `amp-*`: CUDA's (what a prediction
     /// uses) or CPU's (what the CPU validation measures).
     #[serde(default, skip_serializing_if = "is_cuda")]
-    pub autocast_device: crate::plan::autocast::Device,
+    pub autocast_device: AutocastDevice,
     /// Key/value heads (`num_key_value_heads`: grouped-query attention when fewer than
     /// `heads`, multi-query with 1). None: one per query head.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -344,8 +344,8 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-fn is_cuda(d: &crate::plan::autocast::Device) -> bool {
-    *d == crate::plan::autocast::Device::Cuda
+fn is_cuda(d: &AutocastDevice) -> bool {
+    *d == AutocastDevice::Cuda
 }
 
 impl Workload {
@@ -403,4 +403,15 @@ impl Workload {
     pub fn is_transformer(&self) -> bool {
         self.is_text_transformer() || self.arch == Arch::Vit
     }
+}
+
+/// The device type whose autocast op lists apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutocastDevice {
+    /// `AutocastCUDA` (what predictions use).
+    #[default]
+    Cuda,
+    /// `AutocastCPU` (what the CPU validation measures).
+    Cpu,
 }

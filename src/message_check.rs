@@ -11,6 +11,7 @@ use crate::diagnose::{diagnose, Diagnosis};
 use crate::oom::Message;
 use crate::plan::build::PlanError;
 use crate::plan::Plan;
+use crate::snapshot::report::OomReport;
 use crate::units::fmt_bytes;
 use crate::workload::Workload;
 
@@ -158,4 +159,82 @@ pub fn lines(c: &MessageCheck) -> Vec<String> {
         v.push(format!("    {}: {}", r.name, r.effect));
     }
     v
+}
+
+/// How far a snapshot's recorded request may sit from the message's "Tried to allocate": the
+/// trace records the request rounded to 512 B, the message the segment size asked of the driver
+/// (2 MiB pages, 20 MiB for requests of 1-10 MiB).
+const REQUEST_SLACK: u64 = 20 << 20;
+
+/// A snapshot's recorded OOM against the message: the same failure or not.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotMatch {
+    pub device: usize,
+    pub entry: usize,
+    pub same_oom: bool,
+    pub lines: Vec<String>,
+}
+
+fn within(p: &Option<crate::oom::Printed>, v: u64, slack: u64) -> Option<bool> {
+    let p = p.as_ref()?;
+    Some(v + slack >= p.min && v <= p.max + slack)
+}
+
+/// Compare `m` with the OOM a snapshot recorded.
+pub fn against_snapshot(m: &Message, o: &OomReport) -> SnapshotMatch {
+    let mut lines = Vec::new();
+    let mut same = true;
+    let mut row = |name: &str, ok: Option<bool>, snap: u64, msg: &Option<crate::oom::Printed>| {
+        if let Some(ok) = ok {
+            same &= ok;
+            lines.push(format!(
+                "  {name}: snapshot {}, message {}{}",
+                fmt_bytes(snap),
+                msg.as_ref().map_or("?", |p| p.text.as_str()),
+                if ok { "" } else { "  (differs)" }
+            ));
+        }
+    };
+    row(
+        "requested",
+        within(&m.requested, o.requested_bytes, REQUEST_SLACK),
+        o.requested_bytes,
+        &m.requested,
+    );
+    if let Some(f) = o.device_free_bytes {
+        row("free", within(&m.free, f, 0), f, &m.free);
+    }
+    row(
+        "allocated",
+        within(&m.allocated, o.allocated_bytes, 0),
+        o.allocated_bytes,
+        &m.allocated,
+    );
+    if let Some(g) = m.gpu {
+        if g as usize != o.device {
+            same = false;
+            lines.push(format!(
+                "  device: snapshot cuda:{}, message GPU {g}  (differs)",
+                o.device
+            ));
+        }
+    }
+    let head = if same {
+        format!(
+            "snapshot: the same OOM (device {}, trace entry {}, asked by {})",
+            o.device, o.entry, o.frame
+        )
+    } else {
+        format!(
+            "snapshot: a different OOM from the one recorded on device {} (entry {}): the figures disagree",
+            o.device, o.entry
+        )
+    };
+    lines.insert(0, head);
+    SnapshotMatch {
+        device: o.device,
+        entry: o.entry,
+        same_oom: same,
+        lines,
+    }
 }

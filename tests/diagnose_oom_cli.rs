@@ -166,8 +166,9 @@ fn a_workload_is_checked_against_the_message() {
 }
 
 #[test]
-fn memory_and_snapshot_do_not_go_with_oom() {
-    for extra in [&["--memory", "8GiB"][..], &["--snapshot", "x.pickle"][..]] {
+fn memory_does_not_go_with_oom_nor_a_snapshot_without_an_oom() {
+    let no_oom = "tests/fixtures/snapshots/real/torch26-small-trace.pickle";
+    for extra in [&["--memory", "8GiB"][..], &["--snapshot", no_oom][..]] {
         let out = oomprobe()
             .args(["diagnose", "--oom", "-"])
             .args(extra)
@@ -178,4 +179,27 @@ fn memory_and_snapshot_do_not_go_with_oom() {
             .clone();
         assert_eq!(String::from_utf8(out.stderr).unwrap().lines().count(), 1);
     }
+}
+
+/// The message PyTorch would print for the OOM recorded in the committed expandable-segments
+/// snapshot (device 1: 90.01 MiB asked, 9.50 MiB free, 60.01 MiB allocated, 21.99 MiB cached).
+#[test]
+fn a_snapshot_says_whether_it_recorded_this_oom() {
+    let snap = "tests/fixtures/snapshots/variants/expandable-oom-4dev.pickle";
+    let msg = |alloc: &str| {
+        format!("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 90.01 MiB. GPU 1 has a total capacity of 100.00 MiB of which 9.50 MiB is free. Of the allocated memory {alloc} is allocated by PyTorch, and 21.99 MiB is reserved by PyTorch but unallocated.\n")
+    };
+    let run = |alloc: &str| -> Value {
+        let out = stdout(
+            oomprobe()
+                .args(["diagnose", "--oom", "-", "--json", "--snapshot", snap])
+                .write_stdin(msg(alloc)),
+        );
+        serde_json::from_str(&out).unwrap()
+    };
+    let same = run("60.01 MiB");
+    assert_eq!(same["messages"][0]["snapshot_check"]["same_oom"], true);
+    assert_eq!(same["messages"][0]["snapshot_check"]["device"], 1);
+    let other = run("50.00 MiB");
+    assert_eq!(other["messages"][0]["snapshot_check"]["same_oom"], false);
 }

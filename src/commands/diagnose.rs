@@ -76,11 +76,18 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
             "--memory does not go with --oom: the message says what the card had",
         ));
     }
-    if crate::commands::snapshot::wanted(&args.snapshot) {
-        return Err(CliError::usage(
-            "--snapshot does not go with --oom: pass one of them (a snapshot's own OOM is read by `diagnose --snapshot`)",
-        ));
-    }
+    let recorded = if crate::commands::snapshot::wanted(&args.snapshot) {
+        let v = crate::commands::snapshot::recorded_ooms(&args.snapshot)?;
+        if v.is_empty() {
+            return Err(CliError::usage(format!(
+                "{}: the snapshot recorded no OOM to compare the message with",
+                args.snapshot.snapshot[0].display()
+            )));
+        }
+        v
+    } else {
+        Vec::new()
+    };
     let input = open_input(file)?;
     let messages = crate::oom::scan::scan(input)
         .map_err(|e| CliError::usage(format!("cannot read {file}: {e}")))?;
@@ -106,6 +113,18 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
             checks.push(crate::message_check::check(&r.workload, m).map_err(plan_error)?);
         }
     }
+    // With a snapshot: each message against the OOM it recorded (the best-matching device).
+    let matches: Vec<Option<crate::message_check::SnapshotMatch>> = judged
+        .iter()
+        .map(|(m, _)| {
+            let mut all: Vec<_> = recorded
+                .iter()
+                .map(|o| crate::message_check::against_snapshot(m, o))
+                .collect();
+            let pick = all.iter().position(|x| x.same_oom).unwrap_or(0);
+            (pick < all.len()).then(|| all.swap_remove(pick))
+        })
+        .collect();
     if args.json {
         let entries: Vec<_> = judged
             .iter()
@@ -117,6 +136,12 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
                     o.insert(
                         "workload_check".into(),
                         serde_json::to_value(c).unwrap_or_default(),
+                    );
+                }
+                if let (Some(Some(x)), Some(o)) = (matches.get(i), v.as_object_mut()) {
+                    o.insert(
+                        "snapshot_check".into(),
+                        serde_json::to_value(x).unwrap_or_default(),
                     );
                 }
                 v
@@ -148,7 +173,7 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
         if i > skip {
             text.push('\n');
         }
-        let extra = match checks.get(i) {
+        let mut extra = match checks.get(i) {
             Some(Some(c)) => crate::message_check::lines(c),
             Some(None) => {
                 vec![
@@ -158,6 +183,9 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
             }
             None => Vec::new(),
         };
+        if let Some(Some(x)) = matches.get(i) {
+            extra.extend(x.lines.iter().cloned());
+        }
         text += &crate::oom::render::text(m, j, &extra);
     }
     out(&text)

@@ -261,6 +261,19 @@ pub fn diagnose(args: &SnapshotArgs, memory: Option<u64>, as_json: bool) -> CliR
     out(&render::diagnose(&d))
 }
 
+/// The OOMs a snapshot recorded, one per device that has one.
+pub fn recorded_ooms(args: &SnapshotArgs) -> CliResult<Vec<crate::snapshot::report::OomReport>> {
+    let src = source(args)?;
+    let e = verdict::estimate(&src, select(args)?, None).map_err(|e| bad(&src.files[0], e))?;
+    let mut v: Vec<_> = e.devices.iter().filter_map(|d| d.oom.clone()).collect();
+    if let Some(o) = e.oom {
+        if !v.iter().any(|x| x.device == o.device && x.entry == o.entry) {
+            v.push(o);
+        }
+    }
+    Ok(v)
+}
+
 /// `estimate --export-snapshot FILE`: the plan's timeline as a snapshot pickle.
 pub fn export(plan: &Plan, path: &Path) -> CliResult<()> {
     crate::snapshot::write::write_file(&Trace::from_plan(plan), path)

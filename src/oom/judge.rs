@@ -373,6 +373,16 @@ pub fn judge(m: &Message) -> Judgement {
             },
         );
     }
+    // Within the rounding: a shortage whose cache might have been as large as the request
+    // (29.11 − 29.04 GiB against 70 MiB), or headroom that might have reached the margin.
+    j.borderline = match (j.cause, unalloc, req, headroom) {
+        (Cause::Shortage, Some(u), Some(t), _) if u.hi >= t.lo && u.lo < t.hi => true,
+        (Cause::Shortage | Cause::Unknown, _, Some(t), Some(h)) => {
+            let edge = t.mid() + UNEXPLAINED_MARGIN;
+            h.lo < edge && h.hi >= edge
+        }
+        _ => false,
+    };
     also.sort_by_key(|f| std::cmp::Reverse(f.bytes));
     j.causes.extend(also);
     // Short by less than the cache: the free memory and the cached pieces together were

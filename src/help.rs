@@ -36,7 +36,8 @@ Examples:
   oomprobe diagnose --config cases/llama13b-full-training-80gb.toml --json
   oomprobe diagnose --snapshot snap.pickle
   oomprobe diagnose --snapshot snap.pickle --memory 24GiB
-  python train.py 2>&1 | oomprobe diagnose --oom -
+  oomprobe diagnose --oom -       # in a pipe: python train.py 2>&1 | oomprobe diagnose --oom -
+  oomprobe diagnose --oom train.log   # every OOM message in a log: its figures and cause
   oomprobe diagnose --oom train.log --model gpt2 --batch 16 --json";
 
 pub const COMPARE: &str = "\

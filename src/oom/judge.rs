@@ -21,7 +21,7 @@ use serde::Serialize;
 use crate::alloc::cards::{Card, CARDS};
 use crate::units::fmt_bytes;
 
-use super::{Format, Message, Range};
+use super::{range, Format, Message, Range};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -113,10 +113,6 @@ fn b(r: Range) -> String {
     fmt_bytes(r.mid())
 }
 
-fn range_of(p: &Option<super::Printed>) -> Option<Range> {
-    p.as_ref().map(|p| p.range())
-}
-
 /// Judge one message.
 pub fn judge(m: &Message) -> Judgement {
     let mut j = Judgement {
@@ -157,12 +153,12 @@ pub fn judge(m: &Message) -> Judgement {
         return j;
     }
 
-    let req = range_of(&m.requested);
-    let total = range_of(&m.total);
+    let req = range(&m.requested);
+    let total = range(&m.total);
     let cap = if m.format == Format::Mps {
-        range_of(&m.allowed)
+        range(&m.allowed)
     } else {
-        match (total, range_of(&m.allowed)) {
+        match (total, range(&m.allowed)) {
             (Some(t), Some(a)) => Some(t.min(a)),
             (t, a) => t.or(a),
         }
@@ -227,7 +223,7 @@ pub fn judge(m: &Message) -> Judgement {
         });
     }
     let non_pt_fig = if m.format == Format::Mps {
-        range_of(&m.other_allocations)
+        range(&m.other_allocations)
     } else {
         non_pt
     };
@@ -267,7 +263,7 @@ pub fn judge(m: &Message) -> Judgement {
         (Some(t), Some(c)) => t.mid() > c.mid(),
         _ => false,
     };
-    let free_contradicts = match (range_of(&m.free), total) {
+    let free_contradicts = match (range(&m.free), total) {
         (Some(f), Some(t)) => f.lo > t.hi,
         _ => false,
     };
@@ -335,20 +331,18 @@ pub fn judge(m: &Message) -> Judgement {
             "the message prints no free figure, so the shortfall cannot be read (older XPU and IPEX texts)".into(),
         );
         also.clear();
-    } else if let Some(f) = (others.hi > 0)
-        .then(|| take(&mut also, Cause::OtherProcess))
-        .flatten()
-    {
-        j.cause = Cause::OtherProcess;
-        j.causes.insert(0, f);
-    } else if let Some(f) = take(&mut also, Cause::Fragmentation) {
-        j.cause = Cause::Fragmentation;
-        j.causes.insert(0, f);
-    } else if let Some(f) = take(&mut also, Cause::OtherProcess) {
-        j.cause = Cause::OtherProcess;
-        j.causes.insert(0, f);
-    } else if let Some(f) = take(&mut also, Cause::NonPytorch) {
-        j.cause = Cause::NonPytorch;
+    } else if let Some(f) = {
+        // Rules 3-6: listed processes first (rule 3), then fragmentation (4), then memory
+        // outside the allocator that no process line explains (5), then non-PyTorch (6).
+        use Cause::*;
+        let order = if others.hi > 0 {
+            [OtherProcess, Fragmentation, NonPytorch]
+        } else {
+            [Fragmentation, OtherProcess, NonPytorch]
+        };
+        order.into_iter().find_map(|c| take(&mut also, c))
+    } {
+        j.cause = f.cause;
         j.causes.insert(0, f);
     } else {
         let need = shortfall.map_or(0, |s| s.mid());

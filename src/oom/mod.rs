@@ -47,6 +47,11 @@ impl Printed {
     }
 }
 
+/// A figure's interval, if it was printed.
+pub fn range(p: &Option<Printed>) -> Option<Range> {
+    p.as_ref().map(Printed::range)
+}
+
 /// An interval of bytes, for figures derived from rounded ones (signed: a difference of
 /// rounded figures can dip below zero).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -200,7 +205,7 @@ pub struct Message {
 
 impl Message {
     fn r(p: &Option<Printed>) -> Option<Range> {
-        p.as_ref().map(Printed::range)
+        range(p)
     }
 
     /// Reserved but unallocated: printed (2.x, "cached"), or reserved − allocated (1.x).

@@ -11,6 +11,7 @@ pub mod diagnose;
 pub mod error;
 pub mod estimate;
 pub mod help;
+pub mod input;
 pub mod kernels;
 pub mod message_check;
 pub mod oom;

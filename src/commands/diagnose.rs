@@ -59,13 +59,9 @@ fn open_input(file: &str) -> CliResult<Box<dyn std::io::BufRead>> {
     if file == "-" {
         return Ok(Box::new(std::io::BufReader::new(std::io::stdin())));
     }
-    let f = std::fs::File::open(file)
+    // A pipe or FIFO is streamed (a log piped in); a device or a directory is refused.
+    let f = crate::input::open_stream(std::path::Path::new(file))
         .map_err(|e| CliError::usage(format!("cannot read {file}: {e}")))?;
-    if f.metadata().is_ok_and(|m| m.is_dir()) {
-        return Err(CliError::usage(format!(
-            "cannot read {file}: it is a directory"
-        )));
-    }
     Ok(Box::new(std::io::BufReader::new(f)))
 }
 

@@ -43,12 +43,17 @@ pub struct LoadedFile {
     pub report: ProbeReport,
 }
 
+/// The largest result file read (a run of thousands of probes writes a few MB).
+pub const MAX_RESULT_BYTES: u64 = 64 << 20;
+
 /// Read and check one probe result file. Errors name the file: unreadable, not JSON, not a
 /// probe result (missing or wrong fields), or a newer `schema_version`.
 pub fn load_report(path: &Path) -> Result<ProbeReport, ReportError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ReportError::Read {
-        path: path.to_path_buf(),
-        source,
+    let text = crate::input::read_text_capped(path, MAX_RESULT_BYTES).map_err(|source| {
+        ReportError::Read {
+            path: path.to_path_buf(),
+            source,
+        }
     })?;
     parse_report(path, &text)
 }

@@ -63,7 +63,7 @@ pub enum ReportError {
     #[error("{}: cannot read: {source}", path.display())]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        source: crate::input::InputError,
     },
     /// A result file is not a probe result (malformed JSON or wrong fields).
     #[error("{}: not an oomprobe probe result: {detail}", path.display())]

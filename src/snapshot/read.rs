@@ -24,9 +24,14 @@ pub fn read_file(path: &Path) -> Result<Snapshot, SnapshotError> {
     Ok(load_file(path)?.snapshot)
 }
 
+/// The largest snapshot file read: `_dump_snapshot` with a million trace entries and their
+/// stacks writes a few hundred MB.
+pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
+
 /// Read a snapshot file and say what kind of file it was.
 pub fn load_file(path: &Path) -> Result<Loaded, SnapshotError> {
-    let bytes = std::fs::read(path).map_err(|e| SnapshotError::Io(e.to_string()))?;
+    let bytes = crate::input::read_capped(path, MAX_SNAPSHOT_BYTES)
+        .map_err(|e| SnapshotError::Io(e.to_string()))?;
     load_bytes(&bytes)
 }
 
@@ -59,6 +64,8 @@ pub fn load_bytes(bytes: &[u8]) -> Result<Loaded, SnapshotError> {
 
 /// A pickle: the snapshot dict, or a bare list of segments (the state at dump time).
 fn from_pickle(bytes: &[u8]) -> Result<(Snapshot, String), SnapshotError> {
+    // The decoder recurses as deep as the objects nest: refuse what would overflow the stack.
+    super::nesting::check(bytes).map_err(|e| SnapshotError::NotSnapshot(e.to_string()))?;
     let opts = serde_pickle::DeOptions::new;
     match serde_pickle::from_slice::<Snapshot>(bytes, opts()) {
         Ok(s) => Ok((s, "pickle".into())),
@@ -201,9 +208,70 @@ pub fn fill_addresses(snap: &mut Snapshot) {
 
 /// What serde cannot check: sane sizes. (Unknown actions and entries without an address are
 /// skipped with a note when the trace is built: a newer PyTorch may add actions.)
+/// The most bytes one segment, block or trace entry may claim: the 48-bit virtual address space
+/// of today's CPUs and GPUs (256 TiB). A larger size is no allocation that happened, and sums of
+/// such sizes would overflow.
+pub const MAX_ENTRY_BYTES: u64 = 1 << 48;
+
+/// More memory than any one device has (the largest, MI355X, has 288 GB).
+pub const MAX_DEVICE_BYTES: u64 = 1 << 40;
+
+/// Why the file's segments are no driver allocations, when they are not: a CPU or GPU profile
+/// turned into a snapshot by `torch.cuda._memory_viz._profile_to_snapshot` holds one made-up
+/// segment per device, from the lowest tensor address to the highest (tens of TiB for host
+/// memory), and trace entries with the profiler's `category`. Such a file is read as blocks.
+pub fn synthetic_segments(snap: &Snapshot) -> Option<String> {
+    if let Some(seg) = snap
+        .segments
+        .iter()
+        .find(|s| s.total_size > MAX_DEVICE_BYTES)
+    {
+        return Some(format!(
+            "a segment of {} at {:#x} is larger than any device: its segments are made up, as \
+             _profile_to_snapshot makes them (one per device, from the lowest tensor address to \
+             the highest)",
+            crate::units::fmt_bytes(seg.total_size),
+            seg.address
+        ));
+    }
+    snap.device_traces
+        .iter()
+        .flatten()
+        .any(|e| e.category.is_some())
+        .then(|| {
+            "its trace entries carry a profiler's categories: a profile turned into a snapshot by \
+             _profile_to_snapshot, whose segments are made up"
+                .to_string()
+        })
+}
+
 fn check(snap: &Snapshot) -> Result<(), SnapshotError> {
+    let too_large = |what: String, size: u64| {
+        SnapshotError::Schema(format!(
+            "{what} claims {size} bytes, more than a 48-bit address space ({MAX_ENTRY_BYTES}): \
+             no allocation is that large"
+        ))
+    };
+    for (d, trace) in snap.device_traces.iter().enumerate() {
+        if let Some((i, e)) = trace
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.size > MAX_ENTRY_BYTES)
+        {
+            return Err(too_large(format!("device {d}'s trace entry {i}"), e.size));
+        }
+    }
     for (s, seg) in snap.segments.iter().enumerate() {
-        let blocks: u64 = seg.blocks.iter().map(|b| b.size).sum();
+        if seg.total_size > MAX_ENTRY_BYTES {
+            return Err(too_large(format!("segment {s}"), seg.total_size));
+        }
+        if let Some(b) = seg.blocks.iter().find(|b| b.size > MAX_ENTRY_BYTES) {
+            return Err(too_large(format!("a block of segment {s}"), b.size));
+        }
+        let blocks = seg
+            .blocks
+            .iter()
+            .fold(0u64, |a, b| a.saturating_add(b.size));
         if !seg.is_expandable && blocks > seg.total_size {
             return Err(SnapshotError::Schema(format!(
                 "segment {s} at {:#x}: its blocks ({blocks} bytes) exceed its size ({})",

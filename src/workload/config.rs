@@ -223,35 +223,22 @@ pub const MAX_EXPECTS: usize = 256;
 
 /// Load a config.json (any extension but `.toml`) or a case file (`.toml`).
 pub fn load_config(path: &Path) -> Result<LoadedConfig, ConfigError> {
-    use std::io::Read;
     let p = path.display().to_string();
-    let io_err = |e: std::io::Error| match e.kind() {
-        std::io::ErrorKind::NotFound => ConfigError::NotFound(p.clone()),
-        _ => ConfigError::Read {
-            path: p.clone(),
-            msg: e.to_string(),
-        },
-    };
-    // Read at most one byte past the cap: a huge file (or a device, a FIFO) is refused
-    // without being read whole.
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .map_err(io_err)?
-        .take(MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io_err)?;
-    if bytes.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(ConfigError::Read {
+    // What is not a regular file (a FIFO, a device) is refused before it is opened, and a huge
+    // file without being read whole.
+    let text = crate::input::read_text_capped(path, MAX_CONFIG_BYTES).map_err(|e| match e {
+        crate::input::InputError::NotFound => ConfigError::NotFound(p.clone()),
+        crate::input::InputError::TooLarge { .. } => ConfigError::Read {
             path: p.clone(),
             msg: format!(
                 "larger than {} MiB: no config.json or case file is this large",
                 MAX_CONFIG_BYTES >> 20
             ),
-        });
-    }
-    let text = String::from_utf8(bytes).map_err(|_| ConfigError::Read {
-        path: p.clone(),
-        msg: "not UTF-8 text".into(),
+        },
+        e => ConfigError::Read {
+            path: p.clone(),
+            msg: e.to_string(),
+        },
     })?;
     // A UTF-8 byte-order mark (some Windows editors write one) is not part of the text.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);

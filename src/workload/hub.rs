@@ -20,7 +20,12 @@ pub enum HubError {
     },
     #[error("folder '{0}' has no config.json")]
     NoConfig(String),
+    #[error("cannot read the cache's ref {}: {why}", .path.display())]
+    BadRef { path: PathBuf, why: String },
 }
+
+/// The largest ref file read (a ref holds one commit hash: 40 hex digits).
+const MAX_REF_BYTES: u64 = 4 << 10;
 
 /// True when `model` names a Hugging Face id or a folder rather than a preset: it has a slash.
 pub fn is_id_or_path(model: &str) -> bool {
@@ -79,14 +84,23 @@ pub fn config_path(model: &str, revision: Option<&str>) -> Result<PathBuf, HubEr
         return Err(not_cached());
     }
     cached.sort();
-    let read_ref = |r: &str| {
-        std::fs::read_to_string(repo.join("refs").join(r))
-            .ok()
-            .map(|s| s.trim().to_string())
+    // A ref that is not there is None; one that is there but cannot be read (a FIFO, a link to
+    // a device, a huge file) is an error, not a silent fall back to another snapshot.
+    let read_ref = |r: &str| -> Result<Option<String>, HubError> {
+        let path = repo.join("refs").join(r);
+        if std::fs::symlink_metadata(&path).is_err() {
+            return Ok(None);
+        }
+        crate::input::read_text_capped(&path, MAX_REF_BYTES)
+            .map(|s| Some(s.trim().to_string()))
+            .map_err(|e| HubError::BadRef {
+                path: path.clone(),
+                why: e.to_string(),
+            })
     };
     let commit = match revision {
         Some(rev) => {
-            let c = read_ref(rev).unwrap_or_else(|| rev.to_string());
+            let c = read_ref(rev)?.unwrap_or_else(|| rev.to_string());
             // A commit may be given by its prefix.
             cached
                 .iter()
@@ -99,7 +113,7 @@ pub fn config_path(model: &str, revision: Option<&str>) -> Result<PathBuf, HubEr
                     cached: cached.iter().map(|(_, n)| n.clone()).collect(),
                 })?
         }
-        None => read_ref("main")
+        None => read_ref("main")?
             .filter(|c| cached.iter().any(|(_, n)| n == c))
             .unwrap_or_else(|| cached.last().map(|(_, n)| n.clone()).unwrap_or_default()),
     };

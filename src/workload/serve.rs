@@ -162,7 +162,7 @@ pub fn derived_max_len(max_positions: u64, rope_scaling: Option<&serde_json::Val
 
 /// The `rope_scaling` object of a Hugging Face config.json, if `path` is one and it has one.
 fn rope_scaling_of(path: &std::path::Path) -> Option<serde_json::Value> {
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = crate::input::read_text_capped(path, super::config::MAX_CONFIG_BYTES).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
     let cfg = v.get("text_config").cloned().unwrap_or(v);
     cfg.get("rope_scaling").filter(|r| !r.is_null()).cloned()

@@ -4,6 +4,7 @@
 //! opens. See docs/snapshots.md.
 
 pub mod allocator;
+pub mod nesting;
 pub mod read;
 pub mod render;
 pub mod replay;

@@ -396,7 +396,8 @@ fn rows_of(t: &Trace, live: Vec<usize>, oom_ix: Option<usize>) -> Vec<Row> {
         } else {
             a.role.name().to_string()
         };
-        *by.entry(label).or_default() += a.bytes;
+        let e = by.entry(label).or_default();
+        *e = e.saturating_add(a.bytes);
     }
     sorted(by)
 }

@@ -17,6 +17,10 @@ The layouts follow PyTorch's own writers (docs/snapshots.md cites the files and 
   profile-to-snapshot.pickle  what torch.cuda._memory_viz._profile_to_snapshot builds from a
                               profiler run: blocks of only size/state, no addresses, frames
                               with filename 'none', trace entries with a `category`
+  profile-to-snapshot-cpu.pickle  the same from a CPU profile (no CUDA device: the host is
+                              device 0): heap and mmap addresses ~41 TiB apart make one
+                              made-up segment of that size (PyTorch's `_profile_to_snapshot`,
+                              torch/cuda/_memory_viz.py; the shape issue 35 met in a real file)
   segments-list-dev1.json     a bare list of segments (torch.cuda.memory_snapshot()) on cuda:1
   future-actions.pickle       `user_defined` annotations and an action no release has written
 The same generator state (fixed sizes, no randomness) always writes the same bytes.
@@ -193,6 +197,47 @@ def profile_to_snapshot():
                           "blocks": blocks}]}
 
 
+def cpu_profile_to_snapshot():
+    """_profile_to_snapshot over a CPU profile, built as its code builds it: the segment runs
+    from the lowest tensor address (glibc's heap, 0x55..) to the highest (an mmap, 0x7f..)."""
+    heap, mmap = 0x55D4_1A20_0000, 0x7F3A_C000_0000
+    allocs = [  # (addr, size, category, pre-existing, freed)
+        (heap, 4 * MIB, "parameter", True, False),
+        (heap + 4 * MIB, 4 * MIB, "optimizer_state", True, False),
+        (mmap, 16 * MIB, "activation", False, True),
+        (mmap + 16 * MIB, 8 * MIB, "temporary", False, True),
+        (mmap + 32 * MIB, 4 * MIB, "gradient", False, False),
+    ]
+    fr = [{"filename": "none", "line": 0, "name": "forward"}]
+    trace = []
+    for addr, size, cat, pre, _ in allocs[:4]:
+        if not pre:
+            trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0,
+                          "frames": fr, "category": cat})
+    for addr, size, cat, pre, freed in reversed(allocs[:4]):
+        if freed:
+            for a in ("free_requested", "free_completed"):
+                trace.append({"action": a, "addr": addr, "size": size, "stream": 0, "frames": fr})
+    addr, size, cat, _, _ = allocs[4]
+    trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0, "frames": fr,
+                  "category": cat})
+    end = max(a + s for a, s, *_ in allocs)
+    blocks, last = [], heap
+    for addr, size, cat, pre, freed in allocs:
+        if freed:
+            continue
+        if last < addr:
+            blocks.append({"size": addr - last, "state": "inactive"})
+        blocks.append({"size": size, "state": "active_allocated", "requested_size": size,
+                       "frames": fr})
+        last = addr + size
+    if last < end:
+        blocks.append({"size": end - last, "state": "inactive"})
+    return {"device_traces": [trace],
+            "segments": [{"device": 0, "address": heap, "total_size": end - heap, "stream": 0,
+                          "blocks": blocks}]}
+
+
 def segments_list_dev1():
     d = Device(1, 0x7C00_0000_0000)
     for i in range(4):
@@ -270,6 +315,7 @@ def main():
     write("expandable-oom-4dev.json", snap, "json")
     write("expandable-oom-4dev.html", snap, "html")
     write("profile-to-snapshot.pickle", profile_to_snapshot())
+    write("profile-to-snapshot-cpu.pickle", cpu_profile_to_snapshot())
     write("segments-list-dev1.json", segments_list_dev1(), "json")
     write("future-actions.pickle", future_actions())
     with open(os.path.join(out_dir, "expected.json"), "w") as f:

@@ -64,9 +64,16 @@ pub fn source(args: &SnapshotArgs) -> CliResult<Source> {
             "--granularity segments: scaling works on tensor blocks (segments are the allocator's response and change in number with the batch)",
         ));
     }
+    let mut synthetic = false;
     for f in &args.snapshot {
-        crate::snapshot::read::read_file(f).map_err(|e| bad(f, e))?;
+        let snap = crate::snapshot::read::read_file(f).map_err(|e| bad(f, e))?;
+        synthetic |= crate::snapshot::read::synthetic_segments(&snap).is_some();
     }
+    // Made-up segments say nothing of what a device held: read the tensors, unless asked.
+    let granularity = match args.granularity {
+        None if synthetic => Granularity::Blocks,
+        _ => granularity,
+    };
     let device = match select(args)? {
         DeviceSelect::One(d) => Some(d),
         DeviceSelect::All => None,

@@ -545,6 +545,14 @@ pub fn trace_of_device(
         .filter(|s| s.device.max(0) as usize == device)
         .collect();
     let mut notes: Vec<String> = Vec::new();
+    if let Some(why) = super::read::synthetic_segments(snap) {
+        notes.push(match granularity {
+            Granularity::Blocks => format!("read as tensor blocks: {why}"),
+            Granularity::Segments => {
+                format!("{why}; --granularity blocks reads the tensors instead")
+            }
+        });
+    }
     if entries.iter().all(|e| e.action == "snapshot") {
         notes.push(format!(
             "cuda:{device} has no trace (history was not recorded): only the state at dump time"

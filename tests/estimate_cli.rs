@@ -550,3 +550,52 @@ fn inference_names_no_optimizer_and_no_dropout() {
         "{first}"
     );
 }
+
+/// Issue 35: with kbit preparation the residual stream is fp32, so grouped-query SDPA falls back
+/// to math; the summary line said "flash kernel" while the plan put the peak at grad_scores.
+#[test]
+fn qlora_summary_names_the_kernel_the_plan_uses() {
+    let out = oomprobe()
+        .args(["estimate", "--model", "llama3-8b", "--lora", "16"])
+        .args([
+            "--lora-targets",
+            "all-linear",
+            "--quant",
+            "nf4",
+            "--memory",
+            "24GiB",
+        ])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(out).unwrap();
+    let first = text.lines().next().unwrap();
+    assert!(first.contains("math fallback"), "{first}");
+    assert!(text.contains("grad_scores"), "{text}");
+    // Without kbit preparation the stream stays bf16 and the flash kernel runs.
+    let out = oomprobe()
+        .args([
+            "estimate",
+            "--model",
+            "llama3-8b",
+            "--lora",
+            "16",
+            "--quant",
+            "nf4",
+        ])
+        .args(["--kbit-prep", "off", "--memory", "24GiB"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let first = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(first.contains("flash kernel"), "{first}");
+}

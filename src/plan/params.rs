@@ -32,6 +32,17 @@ pub fn compute_dtype(p: Precision) -> DType {
     }
 }
 
+/// The residual stream's type: the compute type, or fp32 when a quantized base trains under
+/// PEFT's `prepare_model_for_kbit_training` (it upcasts the embeddings, norms and head). The
+/// plan and its one-line summary both read it.
+pub fn residual_dtype(w: &Workload) -> DType {
+    if w.quant.is_some_and(|q| q.prepare) && !w.inference() {
+        DType::F32
+    } else {
+        compute_dtype(w.precision)
+    }
+}
+
 /// The type parameters and gradients are stored in: fp32 under autocast.
 pub fn param_dtype(p: Precision) -> DType {
     if p.is_autocast() {

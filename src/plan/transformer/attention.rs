@@ -6,7 +6,7 @@ use super::lora::Proj;
 use super::T;
 use crate::plan::autocast;
 use crate::plan::build::{prod, PlanError};
-use crate::plan::params::compute_dtype;
+use crate::plan::params::residual_dtype;
 use crate::plan::{DType, Role, Step, TensorIx};
 use crate::workload::{Attention, Checkpoint, Target, Workload};
 
@@ -65,7 +65,7 @@ pub fn attention_summary(w: &Workload) -> String {
         Attention::Sdpa => {
             let dtype = match crate::plan::params::autocast(w) {
                 Some(a) => a.low,
-                None => compute_dtype(w.precision),
+                None => residual_dtype(w),
             };
             let grouped = w.kv_heads() != w.heads;
             let dropout = w.dropout && !w.inference();

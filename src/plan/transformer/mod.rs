@@ -103,7 +103,7 @@ mod vit;
 
 use super::autocast::{self, Autocast};
 use super::build::{prod, Builder, PlanError};
-use super::params::{compute_dtype, param_dtype, States};
+use super::params::{param_dtype, residual_dtype, States};
 use super::{DType, Phase, Role, Step, TensorIx};
 use crate::workload::{Attention, Checkpoint, Target, Workload};
 use spec::{Embed, Head, Mlp, Norm, Spec};
@@ -778,11 +778,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     let train = !w.inference();
     // A quantized base in training runs in fp32 around its 4-bit matmuls: PEFT's
     // `prepare_model_for_kbit_training` upcasts the embeddings, norms and head.
-    let c = if w.quant.is_some_and(|q| q.prepare) && train {
-        DType::F32
-    } else {
-        compute_dtype(w.precision)
-    };
+    let c = residual_dtype(w);
     let states = States::setup(b, w, &pieces(w)?)?;
     let zero3 = w.zero == 3 && w.gpus > 1;
     let ac = super::params::autocast(w);

@@ -439,6 +439,30 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
     }
     apply_finetune(args, &mut w, &mut warnings)?;
     super::serve::apply(&mut w, &args.serve, args.config.as_deref())?;
+    // An inference forward steps no optimizer: the workload says none, in the text and the JSON.
+    if w.inference() && w.optimizer != Optimizer::None {
+        if let Some(o) = &args.optimizer {
+            warnings.push(format!(
+                "--optimizer {o} does not apply to --mode {} (no optimizer step); ignored",
+                if w.mode == Mode::Serve {
+                    "serve"
+                } else {
+                    "inference"
+                }
+            ));
+        }
+        w.optimizer = Optimizer::None;
+        w.optimizer_impl = None;
+    }
+    // transformers' Gemma 2 has no SDPA path (`_supports_sdpa = False`): what would run is not
+    // what was asked, so say so instead of planning it.
+    if w.arch == super::Arch::Gemma2 && w.attention == Attention::Sdpa {
+        return Err(CliError::usage(format!(
+            "attention sdpa for {name}: transformers does not run Gemma 2 with sdpa (it soft-caps the attention scores, \
+             `_supports_sdpa = False`): use eager (its default) or flash (flash-attn 2.6+ caps \
+             in the kernel)"
+        )));
+    }
     validate(&w).map_err(|e| CliError::usage(format!("invalid workload {name}: {e}")))?;
     if text && w.max_positions > 0 && w.seq > w.max_positions {
         warnings.push(format!(

@@ -1,6 +1,8 @@
 //! What a read-back that disagrees with what the probe wrote means: lost work (nothing read
-//! back, or zeros where a pattern was written: `verify_failed`, possibly OOM or the watchdog,
-//! as Metal reports a command buffer aborted for either) or corruption (`error`).
+//! back, or zeros where a pattern was written, possibly OOM or the watchdog, as Metal reports
+//! a command buffer aborted for either) or corruption (wrong words, as GL under an address-space
+//! limit returns at the memory edge). Both are `verify_failed`: an outcome of that probe, which
+//! the runner retries in a fresh child, never a failure of the run. The detail tells them apart.
 
 use crate::ops::words::{Checksum, VerifyResult};
 use crate::report::Outcome;
@@ -36,9 +38,10 @@ pub fn verify_failure(
         );
     }
     (
-        Outcome::Error,
+        Outcome::VerifyFailed,
         format!(
-            "tensor {tensor} read back wrong: {} of {expected} words seen, {} mismatches",
+            "{VERIFY_FAILED}: tensor {tensor} read back wrong ({} of {expected} words seen, {} \
+             mismatches): the adapter corrupted what was written",
             v.words_seen, v.mismatches
         ),
     )
@@ -65,9 +68,10 @@ pub fn checksum_failure(tensor: &str, expected: u64, c: &Checksum) -> Option<(Ou
         )
     } else {
         (
-            Outcome::Error,
+            Outcome::VerifyFailed,
             format!(
-                "tensor {tensor} checksum covered {} of {expected} words",
+                "{VERIFY_FAILED}: the checksum over tensor {tensor} covered {} of {expected} \
+                 words",
                 c.words
             ),
         )
@@ -79,7 +83,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nothing_seen_or_zeros_is_verify_failed_other_mismatches_are_errors() {
+    fn every_wrong_read_back_is_verify_failed_and_says_which_kind() {
         let none = VerifyResult {
             words_seen: 0,
             mismatches: 0,
@@ -92,12 +96,17 @@ mod tests {
         let (o, d) = verify_failure("t", 8, all, Some(true));
         assert_eq!(o, Outcome::VerifyFailed);
         assert!(d.starts_with(VERIFY_FAILED), "{d}");
-        assert_eq!(verify_failure("t", 8, all, Some(false)).0, Outcome::Error);
+        assert!(d.contains("zeros"), "{d}");
+        let (o, d) = verify_failure("t", 8, all, Some(false));
+        assert_eq!(o, Outcome::VerifyFailed);
+        assert!(d.contains("corrupted"), "{d}");
         let one = VerifyResult {
             words_seen: 8,
             mismatches: 1,
         };
-        assert_eq!(verify_failure("t", 8, one, None).0, Outcome::Error);
+        let (o, d) = verify_failure("t", 8, one, None);
+        assert_eq!(o, Outcome::VerifyFailed);
+        assert!(d.contains("1 mismatches"), "{d}");
     }
 
     #[test]
@@ -112,7 +121,7 @@ mod tests {
             checksum_failure("t", 8, &Checksum { sum: 5, words: 4 })
                 .unwrap()
                 .0,
-            Outcome::Error
+            Outcome::VerifyFailed
         );
         assert!(all_zero(&Checksum { sum: 0, words: 8 }, 8));
         assert!(!all_zero(&Checksum { sum: 0, words: 4 }, 8));

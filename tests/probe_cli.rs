@@ -767,3 +767,27 @@ fn the_pytorch_allocator_is_refused_where_buffers_bind_whole() {
         assert!(err.contains(want), "{extra:?}: {err}");
     }
 }
+
+/// Issue 35: a timeout says in the JSON what limit it ran past (every child probe records it).
+#[test]
+fn a_timed_out_probe_records_its_limit() {
+    require_adapter();
+    let out = oomprobe()
+        .args([
+            "probe",
+            "--model",
+            "tiny-gpt",
+            "--scenario",
+            "batch",
+            "--at",
+            "3",
+        ])
+        .args(["--timeout", "2", "--json", "--quiet"])
+        .env("OOMPROBE_TEST_HANG_AT", "3")
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).expect("probe --json prints JSON");
+    let p = &only_run(&v)["probes"][0];
+    assert_eq!(p["outcome"], "timeout", "{p}");
+    assert_eq!(p["time_limit_seconds"], 2.0, "{p}");
+}

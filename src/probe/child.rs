@@ -371,13 +371,15 @@ impl ChildRunner {
         let plan = Plan::for_value(&req.workload, req.scenario, req.value).ok();
         let bytes = plan.as_ref().map_or(0, Plan::peak_bytes);
         let work = plan.as_ref().map_or(0, Plan::allocated_bytes);
-        let rec = self.run_once(req, bytes, work);
+        let limit = self.timeout.for_bytes(work);
+        let mut rec = self.run_once(req, bytes, limit);
+        rec.time_limit_seconds = Some(limit.as_secs_f64());
         self.timeout.observe(&rec, work);
         rec
     }
 
-    /// One probe of a plan that peaks at `bytes` and allocates `work` bytes in all.
-    fn run_once(&self, req: &ChildRequest, bytes: u64, work: u64) -> ProbeRecord {
+    /// One probe of a plan that peaks at `bytes`, in a child killed after `limit`.
+    fn run_once(&self, req: &ChildRequest, bytes: u64, limit: Duration) -> ProbeRecord {
         let started = Instant::now();
         let fail =
             |outcome, detail: String| failed_record(req.value, bytes, outcome, detail, started);
@@ -385,7 +387,6 @@ impl ChildRunner {
             Ok(j) => j,
             Err(e) => return fail(Outcome::Error, format!("cannot encode request: {e}")),
         };
-        let limit = self.timeout.for_bytes(work);
         let mut cmd = Command::new(&self.exe);
         cmd.arg("probe-child")
             .arg("--request")

@@ -118,6 +118,10 @@ pub struct ProbeRecord {
     /// through it (`--allocator pytorch`): `reserved_peak` is what the card had to give.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocator: Option<crate::alloc::Stats>,
+    /// Additive: the time limit the probe's child ran under (`--timeout`, or the automatic
+    /// one sized from the bytes it allocates), so a `timeout` says what it ran past.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_seconds: Option<f64>,
 }
 
 impl ProbeRecord {
@@ -139,6 +143,7 @@ impl ProbeRecord {
             room: None,
             dry: None,
             allocator: None,
+            time_limit_seconds: None,
         }
     }
 }

@@ -80,6 +80,7 @@ pub fn simulate(spec: &SimSpec<'_>, capacity: u64) -> RunResult {
             room: None,
             allocator: None,
             dry: None,
+            time_limit_seconds: None,
         });
         ok
     };

@@ -32,6 +32,11 @@ fn refused(c: &mut Command, needle: &str) {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
 
+/// The stdout of a run that must succeed.
+fn stdout_of(c: &mut Command) -> String {
+    String::from_utf8(c.assert().success().get_output().stdout.clone()).unwrap()
+}
+
 fn mkfifo(p: &Path) {
     let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
     // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
@@ -141,29 +146,18 @@ fn a_cache_ref_that_cannot_be_read_is_an_error_not_a_silent_fallback() {
 fn a_profile_turned_into_a_snapshot_reads_as_its_block_peak() {
     // _profile_to_snapshot over a CPU profile: one made-up segment of 41.40 TiB.
     let f = fixture("snapshots/variants/profile-to-snapshot-cpu.pickle");
-    let out = oomprobe()
-        .args(["estimate", "--snapshot", f.to_str().unwrap()])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let text = String::from_utf8(out).unwrap();
+    let text = stdout_of(oomprobe().args(["estimate", "--snapshot", f.to_str().unwrap()]));
     // 8 MiB held before the trace, 16 + 8 MiB live at once in it.
     assert!(text.contains("peak 32.00 MiB (33554432 B)"), "{text}");
     assert!(text.contains("blocks granularity"), "{text}");
     let notes: Vec<&str> = text.lines().filter(|l| l.contains("made up")).collect();
     assert_eq!(notes.len(), 1, "{text}");
     // Asked for segments, it reads them, and says what they are.
-    let out = oomprobe()
-        .args(["estimate", "--snapshot", f.to_str().unwrap()])
-        .args(["--granularity", "segments"])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let text = String::from_utf8(out).unwrap();
+    let text = stdout_of(
+        oomprobe()
+            .args(["estimate", "--snapshot", f.to_str().unwrap()])
+            .args(["--granularity", "segments"]),
+    );
     assert!(
         text.contains("--granularity blocks reads the tensors"),
         "{text}"
@@ -180,21 +174,15 @@ fn gemma2_with_sdpa_is_refused_and_inference_names_no_optimizer() {
         .args(["estimate", "--model", "gemma2-9b", "--attention", "flash"])
         .assert()
         .success();
-    let out = oomprobe()
-        .args([
-            "estimate",
-            "--model",
-            "tiny-gpt",
-            "--mode",
-            "inference",
-            "--json",
-        ])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let text = stdout_of(oomprobe().args([
+        "estimate",
+        "--model",
+        "tiny-gpt",
+        "--mode",
+        "inference",
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["workload"]["optimizer"], "none", "{}", v["workload"]);
     let out = oomprobe()
         .args(["estimate", "--model", "tiny-gpt", "--mode", "inference"])

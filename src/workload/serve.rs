@@ -160,12 +160,24 @@ pub fn derived_max_len(max_positions: u64, rope_scaling: Option<&serde_json::Val
     ((base as f64) * factor.max(1.0)) as u64
 }
 
-/// The `rope_scaling` object of a Hugging Face config.json, if `path` is one and it has one.
+/// The `rope_scaling` object of a Hugging Face config.json, if `path` is one and it has one
+/// (its `text_config`'s for a multimodal config). Every other key is skipped unread, so a
+/// config with a million unknown keys costs one pass (issue 35), not a second full tree.
 fn rope_scaling_of(path: &std::path::Path) -> Option<serde_json::Value> {
+    #[derive(serde::Deserialize)]
+    struct Rope {
+        #[serde(default)]
+        rope_scaling: Option<serde_json::Value>,
+        #[serde(default)]
+        text_config: Option<Box<Rope>>,
+    }
     let text = crate::input::read_text_capped(path, super::config::MAX_CONFIG_BYTES).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let cfg = v.get("text_config").cloned().unwrap_or(v);
-    cfg.get("rope_scaling").filter(|r| !r.is_null()).cloned()
+    let v: Rope = serde_json::from_str(&text).ok()?;
+    match v.text_config {
+        Some(t) => t.rope_scaling,
+        None => v.rope_scaling,
+    }
+    .filter(|r| !r.is_null())
 }
 
 /// Apply `--mode serve`'s flags to `w` (after `--mode` is parsed): serve flags without the

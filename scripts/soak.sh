@@ -46,6 +46,17 @@ mkfifo "$work/fifo"
 ln -s /proc/self/fd/1 "$work/stdout-link"
 head -c $((17 << 20)) /dev/zero | tr '\0' ' ' >"$work/huge.json"
 tiny="--model tiny-gpt --scenario batch --budget 24MiB --quiet"
+# Issue 35's inputs: a pickle nested 2e5 deep; a real snapshot whose trace sizes are all 2^62.
+python3 -c "open('$work/nested.pickle','wb').write(b'\x80\x02'+b']'*200000+b'a'*199999+b'.')"
+python3 - "$PWD/tests/fixtures/snapshots/gpt2-tiny-b1.pickle" "$work/huge-sizes.pickle" <<'PY'
+import pickle, sys
+s = pickle.load(open(sys.argv[1], "rb"))
+for dev in s["device_traces"]:
+    for e in dev:
+        e["size"] = 1 << 62
+pickle.dump(s, open(sys.argv[2], "wb"))
+PY
+profiled="$PWD/tests/fixtures/snapshots/variants/profile-to-snapshot-cpu.pickle"
 echo "| fault | expected exit | exit |"
 echo "|---|---|---|"
 while IFS='|' read -r name want envs cmd; do
@@ -64,6 +75,15 @@ done <<EOF_FAULTS
 --out in a missing folder|2|SOAK=1|probe $tiny --out $work/missing/run.json
 a 17 MiB config.json|2|SOAK=1|estimate --config $work/huge.json
 verify_failed at every probe of one value|0|OOMPROBE_TEST_VERIFY_FAIL_AT=40|probe $tiny --json
+a pickle nested 2e5 deep (estimate)|2|SOAK=1|estimate --snapshot $work/nested.pickle
+a pickle nested 2e5 deep (diagnose)|2|SOAK=1|diagnose --snapshot $work/nested.pickle
+a pickle nested 2e5 deep (probe)|2|SOAK=1|probe --snapshot $work/nested.pickle --budget 64MiB
+trace sizes of 2^62|2|SOAK=1|probe --snapshot $work/huge-sizes.pickle --budget 64MiB
+/dev/zero as --snapshot|2|SOAK=1|estimate --snapshot /dev/zero
+/dev/zero to compare|2|SOAK=1|compare /dev/zero
+a FIFO with no writer as --config|2|SOAK=1|estimate --config $work/fifo
+a snapshot made by _profile_to_snapshot|0|SOAK=1|estimate --snapshot $profiled
+gemma2 with --attention sdpa|2|SOAK=1|estimate --model gemma2-9b --attention sdpa
 EOF_FAULTS
 echo
 

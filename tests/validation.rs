@@ -537,13 +537,7 @@ fn lora_checks() -> Vec<Check> {
             p.check_timeline().unwrap();
             let peak = p.peak();
             let k = format!("train_foreach_free_{key}");
-            // Checkpointed rows peak inside a recomputed layer's backward, whose order of
-            // gradients the plan does not follow op by op: 5 % (docs/validation.md).
-            let tol = if w.checkpoint == oomprobe::workload::Checkpoint::None {
-                0.01
-            } else {
-                0.05
-            };
+            let tol = checkpointed_tolerance(&w).unwrap_or(0.01);
             out.push(Check {
                 row: id.clone(),
                 what: format!("backward max {key}"),
@@ -571,9 +565,61 @@ fn lora_checks() -> Vec<Check> {
     out
 }
 
+/// The step-peak tolerance of a checkpointed row (None without checkpointing). Eager layers
+/// are followed op by op through their recomputed attention's backward (issue 35): LoRA and
+/// QLoRA within 0.1 %; full fine-tuning within 0.5 %, as the plan makes a block's weight
+/// gradients in one piece where PyTorch makes o_proj's before and q, k, v's after the
+/// attention core (measured +0.42 % at s512). SDPA rows peak inside a recomputed layer's
+/// backward whose order of gradients the plan does not follow op by op: 5 %
+/// (docs/validation.md).
+fn checkpointed_tolerance(w: &Workload) -> Option<f64> {
+    use oomprobe::workload::Checkpoint;
+    match (w.checkpoint, w.attention) {
+        (Checkpoint::None, _) => None,
+        (_, Attention::Naive) if w.lora.is_some() => Some(0.001),
+        (_, Attention::Naive) => Some(0.005),
+        _ => Some(0.05),
+    }
+}
+
 /// LoRA and QLoRA fine-tuning (PEFT 0.21.2, bitsandbytes 0.50.2, torch 2.15 on the CPU):
 /// trainable parameters exactly, saved tensors, backward maximum and step peaks within 1 %.
 #[test]
 fn lora_rows_are_reproduced() {
     assert_checks(&lora_checks(), "OOMPROBE_LORA_TABLE");
+}
+
+/// Developer aid: `OOMPROBE_LORA_TRACE=<row id> cargo test --test validation lora_row_trace --
+/// --ignored --nocapture` prints the plan's events for one LoRA fixture row (first step) with
+/// the live bytes after each, to set beside a PyTorch allocator trace of the same row.
+#[test]
+#[ignore]
+fn lora_row_trace() {
+    let id = std::env::var("OOMPROBE_LORA_TRACE").expect("OOMPROBE_LORA_TRACE=<row id>");
+    let fx = load("finetune/lora_measured.json");
+    let r = fx["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("no row {id}"));
+    let mut w = lora_workload(r);
+    w.step = StepKind::First;
+    w.optimizer_impl = Some(OptimizerImpl::Foreach);
+    let p = Plan::for_workload(&w).unwrap();
+    p.walk(|_, e, live| {
+        let (sign, t) = match e.kind {
+            oomprobe::plan::EventKind::Alloc(t) => ('+', t),
+            oomprobe::plan::EventKind::Free(t) => ('-', t),
+            oomprobe::plan::EventKind::Kernel(_) => return,
+        };
+        let t = &p.tensors[t];
+        println!(
+            "{:>12} {sign}{:>11} {} {}",
+            live.total(),
+            t.bytes,
+            e.phase.name(),
+            t.name
+        );
+    });
 }

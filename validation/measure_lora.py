@@ -122,11 +122,22 @@ def rows() -> list[dict]:
         # every non-4-bit param (embeddings, norms, lm_head) to fp32
         ("qlora", 8, "all-linear", 0.0, False, "sdpa", "bf16"),
         ("qlora", 8, "all-linear", 0.0, True, "sdpa", "bf16"),
+        # Checkpointed eager layers (issue 35): the [b, 1, s, s] mask and the RNG states each
+        # checkpoint keeps until its layer's backward, at s 512 and 1024 (s^2 terms). The first
+        # four built the plan's model; the last three were held out until it was done.
+        ("full", 0, "", 0.0, True, "eager", "fp32", dict(seq=512)),
+        ("lora", 8, "q_proj,v_proj", 0.0, True, "eager", "fp32", dict(seq=512)),
+        ("lora", 8, "all-linear", 0.1, True, "eager", "fp32", dict(seq=512)),
+        ("lora", 8, "all-linear", 0.0, True, "eager", "fp32", dict(seq=1024)),
+        ("qlora", 8, "all-linear", 0.0, True, "eager", "fp32", dict(seq=512)),
+        ("qlora", 8, "all-linear", 0.0, True, "eager", "fp32", dict(seq=1024)),
+        ("lora", 16, "all-linear", 0.1, True, "eager", "bf16", dict(batch=3, seq=512)),
     ]
     out = []
-    for method, rank, targets, p, gc_, attn, *prec in spec:
-        precision = prec[0] if prec else "fp32"
-        r = dict(BASE, method=method, rank=rank, lora_alpha=LORA_ALPHA if rank else 0, targets=targets,
+    for method, rank, targets, p, gc_, attn, *rest in spec:
+        precision = rest[0] if rest else "fp32"
+        shape = rest[1] if len(rest) > 1 else {}
+        r = dict(BASE, **shape, method=method, rank=rank, lora_alpha=LORA_ALPHA if rank else 0, targets=targets,
                  lora_dropout=p, grad_ckpt=gc_, attn_implementation=attn, precision=precision,
                  quant_type="nf4" if method == "qlora" else "", double_quant=method == "qlora",
                  compute_dtype=("bfloat16" if precision == "bf16" else "float32") if method == "qlora" else "",

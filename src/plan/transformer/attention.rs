@@ -96,7 +96,7 @@ struct Qkv {
 
 impl T<'_> {
     /// A [b, heads, s, d] tensor (q, k or v in attention's layout).
-    fn heads_t(
+    pub(super) fn heads_t(
         &mut self,
         name: &str,
         heads: u64,

@@ -85,6 +85,8 @@
 //! every K-th layer (`ckpt*`, ⌈L/K⌉ tensors of B·sbh) and one segment's activations for the
 //! recomputation (`recompute.*`): min(K, L) full layers minus the segment input, which is the
 //! checkpoint. Full recompute thus holds `L·B·sbh + (one layer − B·sbh)`.
+//! Eager attention's [b, 1, s, s] mask is an input of every checkpointed layer: a saved
+//! activation until layer 0's backward is done.
 
 mod attention;
 mod bert;
@@ -711,25 +713,42 @@ impl T<'_> {
                     .saved
                     .iter()
                     .any(|&t| self.b.tensor(t).name.ends_with(".attn.probs"));
+                let mut grad_v = None;
                 if scores_saved {
-                    // probs·V backward: the gradient of the probabilities; softmax backward: of
-                    // the scores (in the probabilities' type); the scale/mask ops pass on one
-                    // more of the same size.
+                    // probs·V backward (BmmBackward0, measured op by op): the gradient of V at
+                    // the query heads, then of the probabilities; then the node's saved copy of
+                    // V (repeated for grouped heads, or copied out of a fused projection) and
+                    // its incoming gradient go. Softmax backward: the scores' gradient (in the
+                    // probabilities' type); the scale/mask ops pass on one more of that size.
                     let pt = fr
                         .saved
                         .iter()
                         .map(|&t| self.b.tensor(t))
                         .find(|t| t.name.ends_with(".attn.probs"))
                         .map_or(c, |t| t.dtype);
+                    // The output projection's backward made `gctx`: what it saved (the
+                    // context, and its adapter's copies) goes (measured: before the core's).
+                    let lname = fr.piece.trim_end_matches(".attn").to_string();
+                    let ctx = format!("{lname}.ctx");
+                    let o = format!("{lname}.o_proj.");
+                    self.release_saved(&mut fr.saved, |n| {
+                        n == ctx || n.starts_with(&format!("{ctx}.")) || n.starts_with(&o)
+                    });
+                    let a = self.a;
+                    grad_v = Some(self.heads_t(&format!("{p}.grad_v"), a, c, Role::Workspace)?);
                     let g1 = self.scores(&format!("{p}.grad_probs"), Role::Workspace, c)?;
+                    self.release_saved(&mut fr.saved, |n| {
+                        n.ends_with(".v_rep") || n.ends_with(".v_copy")
+                    });
+                    self.b.free(last);
                     let g2 = self.scores(&format!("{p}.grad_scores"), Role::Workspace, pt)?;
                     self.b.free(g1);
-                    self.b.free(last);
                     last = g2;
                 }
                 let width = self.qw + 2 * self.kvw;
                 let gqkv = self.rows_t(&format!("{p}.grad_qkv"), Role::Workspace, c, width)?;
                 self.b.free(last);
+                self.b.free_all(grad_v);
                 gqkv
             }
         };
@@ -902,13 +921,19 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     // embeddings' type (Gemma 2/3 one more for their sliding-window layers), alive as long.
     let llm = w.is_decoder_llm();
     let mut masks = Vec::new();
+    // Checkpointed layers keep the mask for their backward: a saved activation then.
+    let mask_role = if train && segment(w.checkpoint, w.layers).is_some() {
+        Role::Activations
+    } else {
+        Role::Workspace
+    };
     if llm && w.attention == Attention::Naive {
         let n = if spec.sandwich_norms { 2 } else { 1 };
         for i in 0..n {
             let r = t.r;
             masks.push(t.b.push(
                 &format!("attn.causal_mask{i}"),
-                Role::Workspace,
+                mask_role,
                 r,
                 &[bsz, 1, s, s],
                 s,
@@ -1032,8 +1057,12 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
             t.b.free(head_in);
         }
         // The model's forward returns: its mask and `inputs_embeds` go (the embeddings unless
-        // the first layer saved them or they are the first checkpoint).
-        t.b.free_all(std::mem::take(&mut masks));
+        // the first layer saved them or they are the first checkpoint). Checkpointed layers
+        // were handed the mask as an input: each checkpoint keeps it until its layer's backward
+        // is done, so it lives until layer 0's (measured, issue 35).
+        if seg.is_none() {
+            t.b.free_all(std::mem::take(&mut masks));
+        }
         if llm && seg.is_none() && !frames.iter().any(|f| f.saved.contains(&x0)) {
             t.b.free(x0);
         }
@@ -1221,6 +1250,8 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
                     t.b.free(x);
                 }
             }
+            // The first segment's backward released the last checkpoint holding the mask.
+            t.b.free_all(std::mem::take(&mut masks));
         }
     }
     // Embedding backward: the dense gradient of the token embedding (added into the tied head's

@@ -599,3 +599,19 @@ fn qlora_summary_names_the_kernel_the_plan_uses() {
         .to_string();
     assert!(first.contains("flash kernel"), "{first}");
 }
+
+/// The checkpointing note reads as English at every segment length ("every 1th layer" before).
+#[test]
+fn the_checkpointing_note_names_its_segment_in_words() {
+    for (ckpt, want) in [
+        ("full", "checkpointing: every layer's input stored (2 of 2)"),
+        ("every:2", "the input of every 2nd layer stored (1 of 2)"),
+        ("every:3", "the input of every 3rd layer stored (1 of 2)"),
+        ("every:11", "the input of every 11th layer stored (1 of 2)"),
+        ("every:21", "the input of every 21st layer stored (1 of 2)"),
+    ] {
+        let v = json(&["estimate", "--model", "tiny-gpt", "--checkpoint", ckpt]);
+        let notes = v["notes"].to_string();
+        assert!(notes.contains(want), "{ckpt}: {notes}");
+    }
+}

@@ -770,6 +770,18 @@ impl T<'_> {
     }
 }
 
+/// "2nd", "3rd", "11th", "21st": the K of a checkpoint note.
+fn ordinal(k: u64) -> String {
+    let suffix = match (k % 10, k % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{k}{suffix}")
+}
+
 /// Checkpoint segment length K, or None without checkpointing.
 pub fn segment(checkpoint: Checkpoint, layers: u64) -> Option<u64> {
     match checkpoint {
@@ -981,8 +993,12 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
                 x = out;
                 j = end;
             }
+            let which = match k {
+                1 => "every layer's input".to_string(),
+                _ => format!("the input of every {} layer", ordinal(k)),
+            };
             t.b.note(format!(
-                "checkpointing: inputs of every {k}th layer stored ({} of {l}), each segment recomputed in backward",
+                "checkpointing: {which} stored ({} of {l}), each segment recomputed in backward",
                 ckpts.len()
             ));
             x

@@ -728,11 +728,12 @@ impl T<'_> {
                         .map_or(c, |t| t.dtype);
                     // The output projection's backward made `gctx`: what it saved (the
                     // context, and its adapter's copies) goes (measured: before the core's).
-                    let lname = fr.piece.trim_end_matches(".attn").to_string();
+                    let lname = fr.piece.trim_end_matches(".attn");
                     let ctx = format!("{lname}.ctx");
+                    let ctx_copy = format!("{ctx}.");
                     let o = format!("{lname}.o_proj.");
                     self.release_saved(&mut fr.saved, |n| {
-                        n == ctx || n.starts_with(&format!("{ctx}.")) || n.starts_with(&o)
+                        n == ctx || n.starts_with(&ctx_copy) || n.starts_with(&o)
                     });
                     let a = self.a;
                     grad_v = Some(self.heads_t(&format!("{p}.grad_v"), a, c, Role::Workspace)?);
@@ -933,8 +934,14 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     // embeddings' type (Gemma 2/3 one more for their sliding-window layers), alive as long.
     let llm = w.is_decoder_llm();
     let mut masks = Vec::new();
+    let l = w.layers;
+    let seg = if train {
+        segment(w.checkpoint, l)
+    } else {
+        None
+    };
     // Checkpointed layers keep the mask for their backward: a saved activation then.
-    let mask_role = if train && segment(w.checkpoint, w.layers).is_some() {
+    let mask_role = if seg.is_some() {
         Role::Activations
     } else {
         Role::Workspace
@@ -955,18 +962,12 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     t.mask("emb.drop_mask", &mut emb_saved)?;
 
     // Layers.
-    let l = w.layers;
     let name_out = |i: u64| {
         if i + 1 == l {
             "head.in".to_string()
         } else {
             format!("L{}.in", i + 1)
         }
-    };
-    let seg = if train {
-        segment(w.checkpoint, l)
-    } else {
-        None
     };
     let mut frames = Vec::new();
     let mut ckpts = Vec::new();

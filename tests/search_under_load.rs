@@ -4,6 +4,12 @@
 //! was busy said 33 MiB where it is 1.5 MiB (`probe::dry::measure_settled` now takes the middle
 //! of three measurements). Here on tiny-gpt's batch scenario under 1.4 GiB (the CI soak's case),
 //! with a busy loop per core.
+//!
+//! The edge itself is noisy by one value under an address-space limit, loaded or not: idle on
+//! lavapipe, batch 410 failed and then fit in 1 of 4 runs here (where the mappings land varies),
+//! and the search reports that run `flaky` after a second confirmation pair (7 probes, batch
+//! 409 as always). The first CI run of this test met that edge and failed on the count; a flaky
+//! run is allowed that pair, and nothing more.
 
 #[path = "common/adapter.rs"]
 mod adapter;
@@ -21,8 +27,8 @@ impl Drop for Load {
     }
 }
 
-/// (max fit, probes) of a search under a real address-space limit.
-fn search() -> (u64, usize) {
+/// (max fit, probes, flaky) of a search under a real address-space limit.
+fn search() -> (u64, usize, bool) {
     let out = std::process::Command::new("prlimit")
         .arg("--as=1468006400")
         .arg(assert_cmd::cargo::cargo_bin("oomprobe"))
@@ -47,7 +53,22 @@ fn search() -> (u64, usize) {
     let fit = run["max_fit"]
         .as_u64()
         .unwrap_or_else(|| panic!("no boundary: {run}"));
-    (fit, run["probes"].as_array().map_or(0, Vec::len))
+    (
+        fit,
+        run["probes"].as_array().map_or(0, Vec::len),
+        run["flaky"]
+            .as_bool()
+            .expect("a run says whether it was flaky"),
+    )
+}
+
+/// Probes a search may take: 6, and the confirmation pair of a flaky edge.
+fn allowed(flaky: bool) -> usize {
+    if flaky {
+        8
+    } else {
+        6
+    }
 }
 
 #[cfg(target_os = "linux")]
@@ -69,5 +90,9 @@ fn a_search_on_a_loaded_machine_finds_the_idle_boundary_in_at_most_6_probes() {
     let loaded = search();
     drop(load);
     assert_eq!(loaded.0, idle.0, "loaded {loaded:?}, idle {idle:?}");
-    assert!(loaded.1 <= 6, "loaded {loaded:?}, idle {idle:?}");
+    assert!(idle.1 <= allowed(idle.2), "idle {idle:?}");
+    assert!(
+        loaded.1 <= allowed(loaded.2),
+        "loaded {loaded:?}, idle {idle:?}"
+    );
 }

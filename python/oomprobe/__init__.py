@@ -1,0 +1,129 @@
+"""oomprobe from Python: the CLI's estimate, diagnose and max batch, as dicts, over its JSON.
+
+No torch is needed to import it. Flags are keyword arguments with the CLI's names
+(`lora=16, lora_targets="all-linear"` is `--lora 16 --lora-targets all-linear`); bad arguments
+raise ValueError with the CLI's one line.
+
+    >>> import oomprobe
+    >>> oomprobe.max_batch(model="llama3-8b", seq=1024, memory="24GiB", lora=16,
+    ...                    lora_targets="all-linear", quant="nf4", checkpoint="full")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Iterator, Optional, Union
+
+from ._cli import OomprobeError, binary, flag_args, run, run_json
+
+__all__ = [
+    "OomprobeError",
+    "binary",
+    "estimate",
+    "diagnose",
+    "diagnose_oom",
+    "max_batch",
+    "version",
+]
+
+#: A config: a path to config.json, a dict of its keys, or a transformers PretrainedConfig
+#: (anything with `to_json_string` or `to_dict`).
+Config = Union[str, "os.PathLike[str]", Dict[str, Any], Any]
+
+
+def _config_json(config: Any) -> str:
+    if isinstance(config, dict):
+        return json.dumps(config)
+    to_json = getattr(config, "to_json_string", None)
+    if callable(to_json):
+        # use_diff=False: every key, not just those that differ from the class defaults.
+        return str(to_json(use_diff=False))
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        return json.dumps(to_dict(), default=str)
+    raise ValueError(
+        f"config must be a path, a dict or a PretrainedConfig, not {type(config).__name__}"
+    )
+
+
+@contextlib.contextmanager
+def _workload_args(model: Optional[str], config: Optional[Config], flags: Dict[str, Any]) -> Iterator[list]:
+    """The workload's flags; a dict or PretrainedConfig config is written to a temporary
+    config.json for the run."""
+    args: list = []
+    if model is not None:
+        args += ["--model", str(model)]
+    with contextlib.ExitStack() as stack:
+        if config is not None:
+            if isinstance(config, (str, os.PathLike)):
+                args += ["--config", os.fspath(config)]
+            else:
+                text = _config_json(config)
+                d = stack.enter_context(tempfile.TemporaryDirectory(prefix="oomprobe-"))
+                path = Path(d) / "config.json"
+                path.write_text(text)
+                args += ["--config", str(path)]
+        yield args + flag_args(flags)
+
+
+def estimate(model: Optional[str] = None, config: Optional[Config] = None, **flags: Any) -> Dict[str, Any]:
+    """`oomprobe estimate --json`: the step's plan, its peak and, with `memory=` or `gpu=`, the
+    predicted boundaries."""
+    with _workload_args(model, config, flags) as args:
+        return run_json(["estimate", *args])
+
+
+def diagnose(model: Optional[str] = None, config: Optional[Config] = None, **flags: Any) -> Dict[str, Any]:
+    """`oomprobe diagnose --json`: why a workload runs out of memory and what each remedy buys."""
+    with _workload_args(model, config, flags) as args:
+        return run_json(["diagnose", *args])
+
+
+def diagnose_oom(
+    text: str, model: Optional[str] = None, config: Optional[Config] = None, **flags: Any
+) -> Dict[str, Any]:
+    """`oomprobe diagnose --oom -`: the OOM messages in `text` (a log, a traceback), each read
+    and judged; with a workload, checked against it."""
+    with _workload_args(model, config, flags) as args:
+        return run_json(["diagnose", "--oom", "-", *args], stdin=text)
+
+
+def _batch_boundary(report: Dict[str, Any]) -> Dict[str, Any]:
+    bounds = report.get("boundaries") or []
+    for b in sorted(bounds, key=lambda b: b.get("scenario") != "batch"):
+        if b.get("dimension") == "batch":
+            return b
+    raise ValueError("this workload has no batch boundary (give memory= or gpu=)")
+
+
+def max_batch(
+    model: Optional[str] = None,
+    config: Optional[Config] = None,
+    *,
+    tensors_only: bool = False,
+    **flags: Any,
+) -> int:
+    """The largest batch that fits: what PyTorch's caching allocator gets on the card
+    (`max_reserved`), or with `tensors_only=True` what the tensors alone need (`max`; right
+    where no caching allocator sits between the tensors and the memory, as on a CPU).
+
+    Needs `memory=` (e.g. "24GiB", with `non_pytorch=` for what lives outside PyTorch) or
+    `gpu=` (a card from the table). Raises ValueError when not even batch 1 fits.
+    """
+    if flags.get("memory") is None and flags.get("gpu") is None:
+        raise ValueError("max_batch needs memory= (e.g. '24GiB') or gpu= (e.g. 'rtx4090')")
+    b = _batch_boundary(estimate(model, config, **flags))
+    value = b.get("max" if tensors_only else "max_reserved")
+    if value is None:
+        raise ValueError("not even batch 1 fits in that memory")
+    return int(value)
+
+
+def version() -> str:
+    """The binary's version, e.g. '0.1.0'."""
+    out = run(["--version"]).stdout.strip()
+    return out.split()[-1] if out else out

@@ -1,0 +1,175 @@
+"""A Lightning callback that asks oomprobe for the max batch, then checks it with real steps.
+
+    from oomprobe.lightning import BatchSizeFinder
+    trainer = Trainer(callbacks=[BatchSizeFinder(seq=1024, memory="24GiB")])
+
+It subclasses Lightning's own `BatchSizeFinder`. It predicts the max batch from the module's
+config (`config=` or `model=`, else `pl_module.config` or `pl_module.model.config`), runs one
+trial at the prediction and one at prediction + 1, and walks by one until a fitting batch sits
+next to a failing one (`oomprobe.verify.bracket`). A trial is `steps_per_trial` optimizer
+steps, as in Lightning. When the workload cannot be expressed (no config, no memory on a CPU,
+a config oomprobe refuses), it falls back to Lightning's own search and says why in
+`fallback_reason`. Needs lightning (2.6); `import oomprobe` does not.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional, Union
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import BatchSizeFinder as _LightningFinder
+from lightning.pytorch.tuner import batch_size_scaling as _bs
+from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
+from lightning.pytorch.utilities.parsing import lightning_setattr
+
+from . import max_batch
+from .verify import Bracket, bracket
+
+__all__ = ["BatchSizeFinder", "device_memory"]
+
+Memory = Union[str, int, Callable[["pl.Trainer", "pl.LightningModule"], Union[str, int]], None]
+
+
+def device_memory(pl_module: "pl.LightningModule") -> Optional[dict]:
+    """On a CUDA device: the card's memory and what lives outside PyTorch's allocator on it now
+    (total − free − reserved: the CUDA context, workspaces, other processes). None elsewhere."""
+    import torch
+
+    dev = pl_module.device
+    if dev.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(dev)
+    reserved = torch.cuda.memory_reserved(dev)
+    return {"memory": str(total), "non_pytorch": str(max(0, total - free - reserved))}
+
+
+def _module_config(pl_module: Any) -> Any:
+    for owner in (pl_module, getattr(pl_module, "model", None)):
+        cfg = getattr(owner, "config", None)
+        if cfg is not None and (hasattr(cfg, "to_json_string") or isinstance(cfg, dict)):
+            return cfg
+    return None
+
+
+class BatchSizeFinder(_LightningFinder):
+    """Lightning's BatchSizeFinder, started from oomprobe's prediction.
+
+    Arguments other than Lightning's (`mode`, `steps_per_trial`, `init_val`, `max_trials`,
+    `batch_arg_name`, `max_val`) are oomprobe's flags, as `oomprobe.max_batch` takes them:
+    `model=` or `config=`, `seq=`, `memory=` (a size, or a callable of (trainer, module) that
+    returns one, e.g. to subtract a baseline measured at fit start), `lora=`, .... After the
+    search: `optimal_batch_size`, `predicted`, `bracket` (every trial) and `fallback_reason`.
+    """
+
+    def __init__(
+        self,
+        *,
+        mode: str = "binsearch",
+        steps_per_trial: int = 2,
+        init_val: int = 2,
+        max_trials: int = 25,
+        batch_arg_name: str = "batch_size",
+        max_val: int = 8192,
+        memory: Memory = None,
+        tensors_only: Optional[bool] = None,
+        **flags: Any,
+    ) -> None:
+        super().__init__(
+            mode=mode,
+            steps_per_trial=steps_per_trial,
+            init_val=init_val,
+            max_trials=max_trials,
+            batch_arg_name=batch_arg_name,
+            margin=0.0,
+            max_val=max_val,
+        )
+        self._memory = memory
+        self._tensors_only = tensors_only
+        self._flags = flags
+        self.predicted: Optional[int] = None
+        self.bracket: Optional[Bracket] = None
+        self.fallback_reason: Optional[str] = None
+
+    def predict(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> int:
+        """oomprobe's max batch for this module on its device; ValueError when it cannot say."""
+        flags = dict(self._flags)
+        if "model" not in flags and "config" not in flags:
+            cfg = _module_config(pl_module)
+            if cfg is None:
+                raise ValueError("no model= or config= given and the module has no config")
+            flags["config"] = cfg
+        memory = self._memory(trainer, pl_module) if callable(self._memory) else self._memory
+        tensors_only = self._tensors_only
+        if memory is None and "gpu" not in flags:
+            cuda = device_memory(pl_module)
+            if cuda is None:
+                raise ValueError(f"no memory= given for a {pl_module.device.type} device")
+            flags.update(cuda)
+        elif memory is not None:
+            flags["memory"] = str(memory)
+        if tensors_only is None:
+            # No caching allocator between a CPU's tensors and its memory.
+            tensors_only = pl_module.device.type == "cpu"
+        return max_batch(tensors_only=tensors_only, **flags)
+
+    def scale_batch_size(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if trainer.state.fn != "fit":
+            self.fallback_reason = f"oomprobe predicts training steps, not {trainer.state.fn}"
+            return super().scale_batch_size(trainer, pl_module)
+        try:
+            self.predicted = self.predict(trainer, pl_module)
+        except (ValueError, FileNotFoundError) as e:
+            self.fallback_reason = str(e)
+            return super().scale_batch_size(trainer, pl_module)
+        self.bracket = _verify(trainer, self.predicted, self._batch_arg_name,
+                               self._steps_per_trial, self._max_val)
+        self.optimal_batch_size = self.bracket.batch
+        lightning_setattr(pl_module, self._batch_arg_name, self.bracket.batch)
+        if self._early_exit:
+            from lightning.pytorch.utilities.exceptions import _TunerExitException
+
+            raise _TunerExitException()
+
+
+def _verify(trainer: "pl.Trainer", predicted: int, arg: str, steps_per_trial: int,
+            max_val: int) -> Bracket:
+    """The bracket, each trial run as Lightning's finder runs one (its loop, from a checkpoint
+    saved first and restored after)."""
+    # Lightning's module-level helpers (double-underscore names, so fetched by name).
+    dump = getattr(_bs, "__scale_batch_dump_params")
+    reset = getattr(_bs, "__scale_batch_reset_params")
+    restore = getattr(_bs, "__scale_batch_restore_params")
+    limit = max_val
+    loop = trainer._active_loop
+    loop.setup_data()
+    try:
+        # A batch the data cannot fill would "fit" at the data's size: the search stops there.
+        limit = min(limit, loop._combined_loader._dataset_length())
+    except NotImplementedError:  # iterable datasets
+        pass
+    ckpt = os.path.join(trainer.default_root_dir, ".oomprobe_scale_batch_size.ckpt")
+    trainer.save_checkpoint(ckpt)
+    params = dump(trainer)
+    reset(trainer, steps_per_trial)
+    if trainer.progress_bar_callback:
+        trainer.progress_bar_callback.disable()
+
+    def step(b: int) -> None:
+        garbage_collection_cuda()
+        _bs._reset_progress(trainer)
+        lightning_setattr(trainer.lightning_module, arg, b)
+        _bs._reset_dataloaders(trainer)
+        try:
+            _bs._try_loop_run(trainer, params)
+        finally:
+            garbage_collection_cuda()
+
+    try:
+        return bracket(min(predicted, limit), step, limit=limit, oom=is_oom_error)
+    finally:
+        restore(trainer, params)
+        if trainer.progress_bar_callback:
+            trainer.progress_bar_callback.enable()
+        trainer._checkpoint_connector.restore(ckpt)
+        trainer.strategy.remove_checkpoint(ckpt)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, integration (on the first wgpu adapter: lavapipe without a GPU),
-# the NVRTC compile check of every CUDA kernel, and a build of the benches.
+# the NVRTC compile check of every CUDA kernel, a build of the benches, and the Python wheel's
+# pytest suite (scripts/test-python.sh).
 #
 # It installs what the tests need when it is missing: a Vulkan driver (lavapipe, with apt-get,
 # when run as root) and NVRTC (with pip). Where it cannot, it stops at once and prints the one
@@ -113,3 +114,7 @@ if [ -n "${nvrtc_lib}" ]; then
 fi
 
 cargo test --all-targets "$@"
+# The wheel and the Python package (pytest in a fresh venv); only for the whole suite.
+if [ "$#" -eq 0 ]; then
+  scripts/test-python.sh
+fi

@@ -143,10 +143,19 @@ pub struct WorkloadArgs {
     /// | serve (a serving engine's KV cache: see --engine).
     #[arg(long, value_name = "M", allow_hyphen_values = true)]
     pub mode: Option<String>,
-    /// free | keep: gradients freed by zero_grad(set_to_none=True) (PyTorch's default) or kept
-    /// between steps (gradient accumulation).
+    /// free | keep | until-backward: gradients freed by zero_grad(set_to_none=True) after the
+    /// step (PyTorch's default), kept between steps (gradient accumulation), or kept until the
+    /// next backward begins (Lightning's closure: forward, zero_grad, backward).
     #[arg(long, value_name = "G", allow_hyphen_values = true)]
     pub grads: Option<String>,
+    /// bool | input: what a dropout saves: native_dropout's 1-byte mask (CUDA) or the CPU's
+    /// noise tensor in the input's type.
+    #[arg(long, value_name = "M", allow_hyphen_values = true)]
+    pub dropout_mask: Option<String>,
+    /// kept | dropped: the loop holds the model's outputs (logits) until backward is done
+    /// (`out = model(**batch)`), or only the loss leaves the step (HF Trainer, Lightning).
+    #[arg(long, value_name = "O", allow_hyphen_values = true)]
+    pub outputs: Option<String>,
     /// steady | first: a steady-state step (optimizer state present) or the first step.
     #[arg(long, value_name = "S", allow_hyphen_values = true)]
     pub step: Option<String>,

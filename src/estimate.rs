@@ -271,8 +271,13 @@ pub fn describe(w: &Workload) -> String {
     if w.inference() {
         s.push_str(", inference forward");
     } else {
-        if w.grads == Grads::Keep {
-            s.push_str(", gradients kept");
+        match w.grads {
+            Grads::Keep => s.push_str(", gradients kept"),
+            Grads::UntilBackward => s.push_str(", gradients kept until the backward"),
+            Grads::Free => {}
+        }
+        if w.outputs == crate::workload::Outputs::Dropped {
+            s.push_str(", outputs dropped before the backward");
         }
         if w.step == StepKind::First {
             s.push_str(", first step");
@@ -328,6 +333,9 @@ pub fn describe(w: &Workload) -> String {
         }
         if w.dropout && !w.inference() {
             s.push_str(", dropout");
+            if w.dropout_mask == crate::workload::DropoutMask::Input {
+                s.push_str(" (the CPU's noise masks)");
+            }
         }
     }
     if w.zero > 0 {

@@ -217,6 +217,8 @@ pub struct States {
     kinds: Vec<StateKind>,
     flat: bool,
     keep_grads: bool,
+    /// The last step's gradients are freed when the backward begins (`Grads::UntilBackward`).
+    grads_until_backward: bool,
     first_step: bool,
     /// A tied parameter's first gradient contributions, waiting in autograd's input buffer for
     /// the last one: (piece, tensor).
@@ -274,6 +276,7 @@ impl States {
             kinds,
             flat,
             keep_grads: flat || w.grads == Grads::Keep,
+            grads_until_backward: !flat && w.grads == Grads::UntilBackward,
             first_step: !flat && w.step == StepKind::First,
             pending: Vec::new(),
             low: autocast(w).filter(|_| !flat).map(|a| a.low),
@@ -292,7 +295,7 @@ impl States {
                     _ if p.frozen => false,
                     // Kept gradients exist before a steady step; the first step has none
                     // before its first backward, whatever zero_grad does later.
-                    Role::Gradients => s.keep_grads && !s.first_step,
+                    Role::Gradients => (s.keep_grads || s.grads_until_backward) && !s.first_step,
                     _ => kind.name == "opt.master" || !s.first_step,
                 };
                 if present {
@@ -303,6 +306,20 @@ impl States {
             s.pieces.push(ps);
         }
         Ok(s)
+    }
+
+    /// The backward begins (phase `Backward`): under `Grads::UntilBackward` the last step's
+    /// gradients are freed here (Lightning's closure calls `zero_grad` between the forward and
+    /// the backward), and the backward makes them anew as under `Grads::Free`.
+    pub fn begin_backward(&mut self, b: &mut Builder) {
+        b.phase(Phase::Backward);
+        if self.grads_until_backward {
+            for ps in &mut self.pieces {
+                if let Some(g) = ps.grad.take() {
+                    b.free(g);
+                }
+            }
+        }
     }
 
     /// A state tensor of `kind` for piece `i` (named `piece`): its count of elements and its
@@ -744,7 +761,7 @@ impl States {
 pub fn build_dense(b: &mut Builder, w: &Workload, psi: u64) -> Result<(), PlanError> {
     let mut s = States::setup(b, w, &[Piece::new("", psi)])?;
     if !w.inference() {
-        b.phase(Phase::Backward);
+        s.begin_backward(b);
         s.gradient(b, "", w)?;
         s.optimizer_step(b, w)?;
     }

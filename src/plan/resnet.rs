@@ -458,7 +458,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         lp_dtype,
     )?;
     r.states.autocast_exit(r.b, |_| false);
-    r.b.phase(Phase::Backward);
+    r.states.begin_backward(r.b);
     let g_lp =
         r.b.push("grad.logprobs", Role::Workspace, lp_dtype, &shape, classes)?;
     let gl_dtype = if half_to_float { c } else { lp_dtype };

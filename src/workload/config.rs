@@ -196,6 +196,8 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         gpus,
         mode,
         grads,
+        outputs,
+        dropout_mask,
         step,
         optimizer_impl,
         gelu,
@@ -878,7 +880,7 @@ fn hf_size(key: &str) -> Option<&'static str> {
 }
 
 /// Workload keys of a case file and how each is typed.
-const STRING_KEYS: [&str; 11] = [
+const STRING_KEYS: [&str; 13] = [
     "precision",
     "optimizer",
     "attention",
@@ -886,6 +888,8 @@ const STRING_KEYS: [&str; 11] = [
     "model",
     "mode",
     "grads",
+    "outputs",
+    "dropout_mask",
     "step",
     "optimizer_impl",
     "gelu",
@@ -928,6 +932,8 @@ fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
         "kv_cache" => &mut args.kv_cache,
         "mode" => &mut args.mode,
         "grads" => &mut args.grads,
+        "outputs" => &mut args.outputs,
+        "dropout_mask" => &mut args.dropout_mask,
         "step" => &mut args.step,
         "optimizer_impl" => &mut args.optimizer_impl,
         "gelu" => &mut args.gelu,

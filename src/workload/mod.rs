@@ -212,6 +212,48 @@ pub enum Grads {
     Free,
     /// Gradient accumulation (or `set_to_none=False`): gradients exist before the step.
     Keep,
+    /// Lightning's automatic optimization: its closure runs the forward, then `zero_grad`, then
+    /// the backward, so the last step's gradients live through this step's forward.
+    #[serde(rename = "until-backward")]
+    UntilBackward,
+}
+
+/// What a dropout keeps for its backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DropoutMask {
+    /// `native_dropout` (CUDA, XPU, ...): a 1-byte bool mask.
+    #[default]
+    Bool,
+    /// The CPU's `at::dropout` (`_dropout_impl` in aten/src/ATen/native/Dropout.cpp): the
+    /// noise `empty_like(input).bernoulli_()`, in the input's type.
+    Input,
+}
+
+impl DropoutMask {
+    pub fn is_bool(&self) -> bool {
+        *self == DropoutMask::Bool
+    }
+}
+
+/// What the training loop holds of the model's outputs (logits, a kept KV cache) while the
+/// backward runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outputs {
+    /// `out = model(**batch); out.loss.backward()`: the outputs live until the step is over
+    /// (the loop of Hugging Face's course and of validation/measure.py).
+    #[default]
+    Kept,
+    /// Only the loss leaves the step function (Hugging Face Trainer's `compute_loss`,
+    /// Lightning's `training_step` returning `.loss`): the logits go before the backward.
+    Dropped,
+}
+
+impl Outputs {
+    pub fn is_kept(&self) -> bool {
+        *self == Outputs::Kept
+    }
 }
 
 /// Which training step: the first (no optimizer state yet: Adam creates it in `step()`) or a
@@ -277,6 +319,8 @@ pub struct Workload {
     pub attention: Attention,
     pub checkpoint: Checkpoint,
     pub dropout: bool,
+    #[serde(default, skip_serializing_if = "DropoutMask::is_bool")]
+    pub dropout_mask: DropoutMask,
     /// ZeRO stage 0..=3 and the data-parallel degree it shards over.
     pub zero: u8,
     pub gpus: u64,
@@ -288,6 +332,8 @@ pub struct Workload {
     pub mode: Mode,
     #[serde(default)]
     pub grads: Grads,
+    #[serde(default, skip_serializing_if = "Outputs::is_kept")]
+    pub outputs: Outputs,
     #[serde(default)]
     pub step: StepKind,
     /// None: the precision's default (fused for `mixed`, DeepSpeed's FusedAdam; foreach

@@ -14,8 +14,8 @@ use crate::units::parse_count;
 use super::config::{load_config, LoadedConfig};
 use super::presets::{self, vit_tokens};
 use super::{
-    Arch, Attention, Checkpoint, Gelu, Grads, Mode, Optimizer, OptimizerImpl, Precision, StepKind,
-    Workload,
+    Arch, Attention, Checkpoint, DropoutMask, Gelu, Grads, Mode, Optimizer, OptimizerImpl, Outputs,
+    Precision, StepKind, Workload,
 };
 
 /// A resolved workload and the warnings a person should see.
@@ -194,7 +194,31 @@ pub fn parse_mode(v: &str) -> Result<Mode, CliError> {
 }
 
 pub fn parse_grads(v: &str) -> Result<Grads, CliError> {
-    choice("grads", v, &[("free", Grads::Free), ("keep", Grads::Keep)])
+    choice(
+        "grads",
+        v,
+        &[
+            ("free", Grads::Free),
+            ("keep", Grads::Keep),
+            ("until-backward", Grads::UntilBackward),
+        ],
+    )
+}
+
+pub fn parse_dropout_mask(v: &str) -> Result<DropoutMask, CliError> {
+    choice(
+        "dropout-mask",
+        v,
+        &[("bool", DropoutMask::Bool), ("input", DropoutMask::Input)],
+    )
+}
+
+pub fn parse_outputs(v: &str) -> Result<Outputs, CliError> {
+    choice(
+        "outputs",
+        v,
+        &[("kept", Outputs::Kept), ("dropped", Outputs::Dropped)],
+    )
 }
 
 pub fn parse_step(v: &str) -> Result<StepKind, CliError> {
@@ -426,6 +450,12 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
     }
     if let Some(v) = &args.step {
         w.step = parse_step(v)?;
+    }
+    if let Some(v) = &args.dropout_mask {
+        w.dropout_mask = parse_dropout_mask(v)?;
+    }
+    if let Some(v) = &args.outputs {
+        w.outputs = parse_outputs(v)?;
     }
     if let Some(v) = &args.optimizer_impl {
         w.optimizer_impl = Some(parse_optimizer_impl(v)?);

@@ -76,6 +76,8 @@ pub fn base(name: &str, arch: Arch) -> Workload {
         tie_embeddings: None,
         mode: Mode::Train,
         grads: Grads::Free,
+        outputs: Default::default(),
+        dropout_mask: Default::default(),
         step: StepKind::Steady,
         optimizer_impl: None,
         gelu: Gelu::Fused,

@@ -326,8 +326,10 @@ impl T<'_> {
         }
         let returned = returned.unwrap_or(pv);
         if self.dropout {
-            // native_dropout saves its 1-byte mask; its input is not saved.
-            let m = self.scores(&format!("{p}.attn.drop_mask"), Role::Attention, DType::U8)?;
+            // native_dropout saves its 1-byte mask (the CPU's dropout its noise); its input is
+            // not saved.
+            let mt = self.mask_type(self.dtype(pv));
+            let m = self.scores(&format!("{p}.attn.drop_mask"), Role::Attention, mt)?;
             saved.push(m);
             let o = self.scores(&format!("{p}.attn.drop_out"), Role::Attention, c)?;
             if pv != probs {
@@ -555,10 +557,15 @@ impl T<'_> {
                 cur_saved = false;
             }
             if self.dropout {
-                // native_dropout saves its 1-byte mask; its input is not saved.
-                let m = self.scores(&format!("{p}.attn.drop_mask"), Role::Attention, DType::U8)?;
-                saved.push(m);
+                // native_dropout saves its 1-byte mask (the CPU's dropout its noise); its input
+                // is not saved.
                 let dt = self.dtype(cur);
+                let m = self.scores(
+                    &format!("{p}.attn.drop_mask"),
+                    Role::Attention,
+                    self.mask_type(dt),
+                )?;
+                saved.push(m);
                 let o = self.scores(&format!("{p}.attn.drop_out"), Role::Attention, dt)?;
                 if !cur_saved {
                     self.b.free(cur);

@@ -246,7 +246,8 @@ impl T<'_> {
         }
         if lora.dropout > 0.0 {
             let dropped = f32_rows(self, "dropout", inp, DType::F32)?;
-            let mask = f32_rows(self, "dropout_mask", inp, DType::U8)?;
+            let mt = self.mask_type(DType::F32);
+            let mask = f32_rows(self, "dropout_mask", inp, mt)?;
             if self.saving && self.live {
                 saved.push(mask);
             } else {

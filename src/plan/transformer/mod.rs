@@ -107,7 +107,7 @@ use super::autocast::{self, Autocast};
 use super::build::{prod, Builder, PlanError};
 use super::params::{param_dtype, residual_dtype, States};
 use super::{DType, Phase, Role, Step, TensorIx};
-use crate::workload::{Attention, Checkpoint, Target, Workload};
+use crate::workload::{Attention, Checkpoint, DropoutMask, Outputs, Target, Workload};
 use spec::{Embed, Head, Mlp, Norm, Spec};
 
 pub use attention::{attention_summary, sdpa_backend, SdpaBackend};
@@ -223,12 +223,17 @@ impl T<'_> {
     fn mask(&mut self, name: &str, saved: &mut Vec<TensorIx>) -> Result<(), PlanError> {
         if self.dropout {
             let (bsz, s, h) = (self.bsz, self.s, self.h);
-            saved.push(
-                self.b
-                    .push(name, Role::Activations, DType::U8, &[bsz, s, h], h)?,
-            );
+            let t = self.mask_type(self.c);
+            saved.push(self.b.push(name, Role::Activations, t, &[bsz, s, h], h)?);
         }
         Ok(())
+    }
+    /// The type of the mask a dropout over `input` saves (`DropoutMask`).
+    fn mask_type(&self, input: DType) -> DType {
+        match self.w.dropout_mask {
+            DropoutMask::Bool => DType::U8,
+            DropoutMask::Input => input,
+        }
     }
     fn rows(&self) -> u64 {
         self.bsz.saturating_mul(self.s)
@@ -1202,9 +1207,15 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     t.states
         .autocast_exit(t.b, |name| ckpt_layers && name.starts_with('L'));
 
+    // Only the loss leaves the step function: the outputs (logits, a cache's copies) go now;
+    // log_softmax saved its output, not the logits.
+    if t.w.outputs == Outputs::Dropped {
+        let held = std::mem::take(&mut t.held);
+        t.b.free_all(held);
+    }
     // Backward: nll_loss and log_softmax backward make two [rows, V] gradients (fp32 when the
     // log-probabilities are; `half_to_float`'s backward gives the logits' type directly).
-    t.b.phase(Phase::Backward);
+    t.states.begin_backward(t.b);
     let g_lp =
         t.b.push("grad.logprobs", Role::Workspace, lp_dtype, &logit_shape, v)?;
     let gl_dtype = if half_to_float { c } else { lp_dtype };
@@ -1286,8 +1297,8 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     if let Some(gb) = t.gather.take() {
         t.b.free(gb);
     }
-    // The caller drops the outputs (logits, cache) once backward is done: Hugging Face's Trainer
-    // and Lightning keep only the detached loss through the optimizer step.
+    // A loop that kept the outputs (logits, cache) drops them once backward is done; only the
+    // detached loss lives through the optimizer step.
     let held = std::mem::take(&mut t.held);
     t.b.free_all(held);
     t.b.free_all(inputs);

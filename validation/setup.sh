@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates the validation venv OUTSIDE the repository and installs torch, torchvision,
-# transformers, peft, bitsandbytes and accelerate from PyPI into it. Never used by CI: the
+# transformers, peft, bitsandbytes, accelerate and lightning from PyPI into it. Never used by CI: the
 # committed fixtures (tests/fixtures/validation.json, ...) are what the Rust tests read.
 #
 #   validation/setup.sh                      # venv at $HOME/.cache/oomprobe-validation-venv
@@ -31,6 +31,8 @@ TRANSFORMERS="${OOMPROBE_TRANSFORMERS:-transformers==5.24.0}"
 PEFT="${OOMPROBE_PEFT:-peft==0.21.2}"
 BITSANDBYTES="${OOMPROBE_BITSANDBYTES:-bitsandbytes==0.50.2}"
 ACCELERATE="${OOMPROBE_ACCELERATE:-accelerate==1.15.0}"
+# Lightning's own BatchSizeFinder for the end-to-end batch table (validation/batch_finder.py).
+LIGHTNING="${OOMPROBE_LIGHTNING:-lightning==2.6.6}"
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
@@ -38,13 +40,15 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/pip" install --quiet "$TORCH" "$TORCHVISION" "$TRANSFORMERS"
 "$VENV/bin/pip" install --quiet "$PEFT" "$BITSANDBYTES" "$ACCELERATE"
+"$VENV/bin/pip" install --quiet "$LIGHTNING"
 "$VENV/bin/python" - <<'PY'
-import torch, torchvision, transformers, peft, bitsandbytes, accelerate
+import torch, torchvision, transformers, peft, bitsandbytes, accelerate, lightning
 x = torch.randn(4, 4, requires_grad=True)
 (x @ x).sum().backward()
 print(f"validation venv ready: torch {torch.__version__}, torchvision {torchvision.__version__}, "
       f"transformers {transformers.__version__}, peft {peft.__version__}, "
-      f"bitsandbytes {bitsandbytes.__version__}, accelerate {accelerate.__version__}")
+      f"bitsandbytes {bitsandbytes.__version__}, accelerate {accelerate.__version__}, "
+      f"lightning {lightning.__version__}")
 PY
 echo "run: $VENV/bin/python $REPO/validation/measure.py"
 echo "     $VENV/bin/python $REPO/validation/measure_lora.py"

@@ -44,6 +44,25 @@ def device_memory(pl_module: "pl.LightningModule") -> Optional[dict]:
     return {"memory": str(total), "non_pytorch": str(max(0, total - free - reserved))}
 
 
+# Lightning's Trainer(precision=...) as oomprobe's --precision.
+_PRECISION = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "amp-bf16", "16-mixed": "amp-fp16",
+              "bf16-true": "bf16", "16-true": "fp16"}
+
+
+def step_flags(trainer: Any, device_type: str) -> dict:
+    """How Lightning runs a step, as oomprobe's flags: its closure runs the forward, then
+    zero_grad, then the backward (the last step's gradients live through the forward); the
+    training_step hands back the loss only; the precision plugin's type; on a CPU, the CPU's
+    kernels and dropout noise, and torch's CPU default Adam (for-loop)."""
+    flags = {"grads": "until-backward", "outputs": "dropped"}
+    precision = _PRECISION.get(str(getattr(trainer, "precision", "32-true")))
+    if precision:
+        flags["precision"] = precision
+    if device_type == "cpu":
+        flags.update(autocast_device="cpu", dropout_mask="input", optimizer_impl="for-loop")
+    return flags
+
+
 def _module_config(pl_module: Any) -> Any:
     for owner in (pl_module, getattr(pl_module, "model", None)):
         cfg = getattr(owner, "config", None)
@@ -58,8 +77,10 @@ class BatchSizeFinder(_LightningFinder):
     Arguments other than Lightning's (`mode`, `steps_per_trial`, `init_val`, `max_trials`,
     `batch_arg_name`, `max_val`) are oomprobe's flags, as `oomprobe.max_batch` takes them:
     `model=` or `config=`, `seq=`, `memory=` (a size, or a callable of (trainer, module) that
-    returns one, e.g. to subtract a baseline measured at fit start), `lora=`, .... After the
-    search: `optimal_batch_size`, `predicted`, `bracket` (every trial) and `fallback_reason`.
+    returns one, e.g. to subtract a baseline measured after the warm-up), `lora=`, ....
+    `warmup=True` runs one trial at batch 1 before the memory is read. After the search:
+    `optimal_batch_size`, `predicted`, `bracket` (every trial after the warm-up),
+    `warmup_trials` and `fallback_reason`.
     """
 
     def __init__(
@@ -73,6 +94,7 @@ class BatchSizeFinder(_LightningFinder):
         max_val: int = 8192,
         memory: Memory = None,
         tensors_only: Optional[bool] = None,
+        warmup: bool = True,
         **flags: Any,
     ) -> None:
         super().__init__(
@@ -86,6 +108,8 @@ class BatchSizeFinder(_LightningFinder):
         )
         self._memory = memory
         self._tensors_only = tensors_only
+        self._warmup = warmup
+        self.warmup_trials = 0
         self._flags = flags
         self.predicted: Optional[int] = None
         self.bracket: Optional[Bracket] = None
@@ -93,7 +117,7 @@ class BatchSizeFinder(_LightningFinder):
 
     def predict(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> int:
         """oomprobe's max batch for this module on its device; ValueError when it cannot say."""
-        flags = dict(self._flags)
+        flags = {**step_flags(trainer, pl_module.device.type), **self._flags}
         if "model" not in flags and "config" not in flags:
             cfg = _module_config(pl_module)
             if cfg is None:
@@ -117,59 +141,76 @@ class BatchSizeFinder(_LightningFinder):
         if trainer.state.fn != "fit":
             self.fallback_reason = f"oomprobe predicts training steps, not {trainer.state.fn}"
             return super().scale_batch_size(trainer, pl_module)
-        try:
-            self.predicted = self.predict(trainer, pl_module)
-        except (ValueError, FileNotFoundError) as e:
-            self.fallback_reason = str(e)
+        with _Trials(trainer, self._batch_arg_name, self._steps_per_trial, self._max_val) as t:
+            if self._warmup:
+                # One trial at batch 1 first: the threads, the allocator's pools and (on CUDA)
+                # the cuBLAS workspaces exist when the memory outside the tensors is measured.
+                try:
+                    t.step(1)
+                    self.warmup_trials = 1
+                except BaseException as e:  # noqa: BLE001 - only OOM is an outcome
+                    if not is_oom_error(e):
+                        raise
+                    self.bracket = Bracket(batch=0, first_fail=1, predicted=0, steps=[(1, False)])
+            if self.bracket is None:
+                try:
+                    self.predicted = self.predict(trainer, pl_module)
+                except (ValueError, FileNotFoundError) as e:
+                    self.fallback_reason = str(e)
+                else:
+                    start = max(1, min(self.predicted, t.limit))
+                    self.bracket = bracket(start, t.step, limit=t.limit, oom=is_oom_error)
+        if self.bracket is None:
             return super().scale_batch_size(trainer, pl_module)
-        self.bracket = _verify(trainer, self.predicted, self._batch_arg_name,
-                               self._steps_per_trial, self._max_val)
         self.optimal_batch_size = self.bracket.batch
-        lightning_setattr(pl_module, self._batch_arg_name, self.bracket.batch)
+        lightning_setattr(pl_module, self._batch_arg_name, max(1, self.bracket.batch))
         if self._early_exit:
             from lightning.pytorch.utilities.exceptions import _TunerExitException
 
             raise _TunerExitException()
 
 
-def _verify(trainer: "pl.Trainer", predicted: int, arg: str, steps_per_trial: int,
-            max_val: int) -> Bracket:
-    """The bracket, each trial run as Lightning's finder runs one (its loop, from a checkpoint
-    saved first and restored after)."""
-    # Lightning's module-level helpers (double-underscore names, so fetched by name).
-    dump = getattr(_bs, "__scale_batch_dump_params")
-    reset = getattr(_bs, "__scale_batch_reset_params")
-    restore = getattr(_bs, "__scale_batch_restore_params")
-    limit = max_val
-    loop = trainer._active_loop
-    loop.setup_data()
-    try:
-        # A batch the data cannot fill would "fit" at the data's size: the search stops there.
-        limit = min(limit, loop._combined_loader._dataset_length())
-    except NotImplementedError:  # iterable datasets
-        pass
-    ckpt = os.path.join(trainer.default_root_dir, ".oomprobe_scale_batch_size.ckpt")
-    trainer.save_checkpoint(ckpt)
-    params = dump(trainer)
-    reset(trainer, steps_per_trial)
-    if trainer.progress_bar_callback:
-        trainer.progress_bar_callback.disable()
+class _Trials:
+    """Trials run as Lightning's finder runs them: its loop, `steps_per_trial` optimizer steps
+    each, from a checkpoint saved on entry and restored on exit."""
 
-    def step(b: int) -> None:
+    def __init__(self, trainer: "pl.Trainer", arg: str, steps_per_trial: int, max_val: int):
+        self.trainer, self.arg, self.steps_per_trial = trainer, arg, steps_per_trial
+        self.limit = max_val
+        self.ckpt = os.path.join(trainer.default_root_dir, ".oomprobe_scale_batch_size.ckpt")
+
+    def __enter__(self) -> "_Trials":
+        trainer = self.trainer
+        loop = trainer._active_loop
+        loop.setup_data()
+        try:
+            # A batch the data cannot fill would "fit" at the data's size: stop there.
+            self.limit = min(self.limit, loop._combined_loader._dataset_length())
+        except NotImplementedError:  # iterable datasets
+            pass
+        trainer.save_checkpoint(self.ckpt)
+        # Lightning's module-level helpers (double-underscore names, so fetched by name).
+        self.params = getattr(_bs, "__scale_batch_dump_params")(trainer)
+        getattr(_bs, "__scale_batch_reset_params")(trainer, self.steps_per_trial)
+        if trainer.progress_bar_callback:
+            trainer.progress_bar_callback.disable()
+        return self
+
+    def step(self, b: int) -> None:
+        trainer = self.trainer
         garbage_collection_cuda()
         _bs._reset_progress(trainer)
-        lightning_setattr(trainer.lightning_module, arg, b)
+        lightning_setattr(trainer.lightning_module, self.arg, b)
         _bs._reset_dataloaders(trainer)
         try:
-            _bs._try_loop_run(trainer, params)
+            _bs._try_loop_run(trainer, self.params)
         finally:
             garbage_collection_cuda()
 
-    try:
-        return bracket(min(predicted, limit), step, limit=limit, oom=is_oom_error)
-    finally:
-        restore(trainer, params)
+    def __exit__(self, *exc: Any) -> None:
+        trainer = self.trainer
+        getattr(_bs, "__scale_batch_restore_params")(trainer, self.params)
         if trainer.progress_bar_callback:
             trainer.progress_bar_callback.enable()
-        trainer._checkpoint_connector.restore(ckpt)
-        trainer.strategy.remove_checkpoint(ckpt)
+        trainer._checkpoint_connector.restore(self.ckpt)
+        trainer.strategy.remove_checkpoint(self.ckpt)

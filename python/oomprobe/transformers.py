@@ -28,6 +28,27 @@ from .verify import Bracket, bracket
 __all__ = ["find_batch_size"]
 
 
+def step_flags(args: Any, device_type: str) -> dict:
+    """How transformers' Trainer runs a step, as oomprobe's flags: `compute_loss` hands back the
+    loss only (the logits go before the backward), `model.zero_grad()` after the optimizer
+    step, AdamW fused (TrainingArguments' default optim on torch >= 2.8), the precision of
+    `bf16=`/`fp16=` (autocast); on a CPU, the CPU's kernels and dropout noise."""
+    flags = {"grads": "free", "outputs": "dropped"}
+    optim = str(getattr(args, "optim", "adamw_torch_fused"))
+    optim = getattr(getattr(args, "optim", None), "value", optim)
+    if optim == "adamw_torch_fused":
+        flags["optimizer_impl"] = "fused"
+    elif optim == "adamw_torch":
+        flags["optimizer_impl"] = "for-loop" if device_type == "cpu" else "foreach"
+    if getattr(args, "bf16", False):
+        flags["precision"] = "amp-bf16"
+    elif getattr(args, "fp16", False):
+        flags["precision"] = "amp-fp16"
+    if device_type == "cpu":
+        flags.update(autocast_device="cpu", dropout_mask="input")
+    return flags
+
+
 def _collate(trainer: Any, b: int) -> Any:
     ds = trainer.train_dataset
     n = len(ds)
@@ -63,6 +84,7 @@ def find_batch_size(
 
     model = trainer.model
     device = next(model.parameters()).device
+    flags = {**step_flags(getattr(trainer, "args", None), device.type), **flags}
     if "model" not in flags and "config" not in flags:
         flags["config"] = model.config
     if memory is not None:

@@ -9,7 +9,7 @@ import types
 import pytest
 
 import oomprobe
-from oomprobe.transformers import find_batch_size
+from oomprobe.transformers import find_batch_size, step_flags
 
 FLAGS = dict(model="tiny-gpt", memory="512MiB")
 
@@ -79,7 +79,7 @@ class Trainer:
 
 @pytest.mark.parametrize("off,trials", [(0, 2), (1, 3), (-1, 2), (-3, 5), (6, 7)])
 def test_find_batch_size_brackets_the_edge(fake_torch, off, trials):
-    predicted = oomprobe.max_batch(tensors_only=True, **FLAGS)
+    predicted = oomprobe.max_batch(tensors_only=True, **step_flags(None, "cpu"), **FLAGS)
     trainer = Trainer(edge=predicted + off)
     found = find_batch_size(trainer, steps_per_trial=2, **FLAGS)
     assert found.predicted == predicted
@@ -106,3 +106,14 @@ def test_other_errors_are_not_ooms(fake_torch):
     with pytest.raises(KeyError):
         find_batch_size(trainer, **FLAGS)
     assert trainer.model.weights == {"w": 1.0}
+
+
+def test_step_flags_follow_the_trainers_arguments():
+    args = types.SimpleNamespace(optim="adamw_torch", bf16=True, fp16=False)
+    assert step_flags(args, "cuda") == {"grads": "free", "outputs": "dropped",
+                                        "optimizer_impl": "foreach", "precision": "amp-bf16"}
+    assert step_flags(None, "cpu") == {"grads": "free", "outputs": "dropped",
+                                       "optimizer_impl": "fused", "autocast_device": "cpu",
+                                       "dropout_mask": "input"}
+    # Each is a flag the binary takes: the prediction runs with them.
+    assert oomprobe.max_batch(tensors_only=True, **step_flags(args, "cuda"), **FLAGS) >= 1

@@ -543,16 +543,25 @@ fn killing_the_parent_leaves_no_orphan_and_keeps_the_finished_probes() {
     for sig in [libc::SIGKILL, libc::SIGTERM, libc::SIGINT] {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.json");
-        let parent = std::process::Command::new(assert_cmd::cargo::cargo_bin("oomprobe"))
-            .arg("probe")
+        let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("oomprobe"));
+        cmd.arg("probe")
             .args(TINY_BATCH)
             .args(["--quiet", "--timeout", "600", "--out"])
             .arg(&path)
             .env("OOMPROBE_TEST_HANG_AT", hang.to_string())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+            .stderr(std::process::Stdio::null());
+        // A suite started in the background from a non-interactive shell inherits SIGINT
+        // ignored, and the parent would wait out its hung child: give it the default, as a
+        // terminal's ^C finds it.
+        // SAFETY: signal(2) is async-signal-safe, the only call between fork and exec.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let parent = cmd.spawn().unwrap();
         let mut parent = Reap(parent);
         let deadline = Instant::now() + Duration::from_secs(120);
         let child = loop {

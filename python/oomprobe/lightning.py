@@ -3,9 +3,10 @@
     from oomprobe.lightning import BatchSizeFinder
     trainer = Trainer(callbacks=[BatchSizeFinder(seq=1024, memory="24GiB")])
 
-It subclasses Lightning's own `BatchSizeFinder`. It predicts the max batch from the module's
-config (`config=` or `model=`, else `pl_module.config` or `pl_module.model.config`), runs one
-trial at the prediction and one at prediction + 1, and walks by one until a fitting batch sits
+It subclasses Lightning's own `BatchSizeFinder`. After a warm-up trial at batch 1 (so what
+lives outside the tensors exists when the memory is read) it predicts the max batch from the
+module's config (`config=` or `model=`, else `pl_module.config` or `pl_module.model.config`),
+runs one trial at the prediction and one at prediction + 1, and walks by one until a fitting batch sits
 next to a failing one (`oomprobe.verify.bracket`). A trial is `steps_per_trial` optimizer
 steps, as in Lightning. When the workload cannot be expressed (no config, no memory on a CPU,
 a config oomprobe refuses), it falls back to Lightning's own search and says why in

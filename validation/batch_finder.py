@@ -442,7 +442,7 @@ def main() -> None:
         if r["id"] in done and not a.rows and not a.again:
             continue  # measured already (--again measures it anew)
         row = dict(r, model_spec=MODELS[r["model"]], steps_per_trial=STEPS_PER_TRIAL,
-                   truth_steps=TRUTH_STEPS)
+                   truth_steps=TRUTH_STEPS, oomprobe_flags=oomprobe_flags(MODELS[r["model"]]))
         for mode in ("lightning", "hook"):
             row[mode] = run_child(["child", "--mode", mode, "--model", r["model"],
                                    "--limit", str(r["limit"])], r["limit"], r["allocator"])

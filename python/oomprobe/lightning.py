@@ -24,25 +24,12 @@ from lightning.pytorch.tuner import batch_size_scaling as _bs
 from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
 from lightning.pytorch.utilities.parsing import lightning_setattr
 
-from . import max_batch
+from . import _device, max_batch
 from .verify import Bracket, bracket
 
-__all__ = ["BatchSizeFinder", "device_memory"]
+__all__ = ["BatchSizeFinder", "step_flags"]
 
 Memory = Union[str, int, Callable[["pl.Trainer", "pl.LightningModule"], Union[str, int]], None]
-
-
-def device_memory(pl_module: "pl.LightningModule") -> Optional[dict]:
-    """On a CUDA device: the card's memory and what lives outside PyTorch's allocator on it now
-    (total − free − reserved: the CUDA context, workspaces, other processes). None elsewhere."""
-    import torch
-
-    dev = pl_module.device
-    if dev.type != "cuda":
-        return None
-    free, total = torch.cuda.mem_get_info(dev)
-    reserved = torch.cuda.memory_reserved(dev)
-    return {"memory": str(total), "non_pytorch": str(max(0, total - free - reserved))}
 
 
 # Lightning's Trainer(precision=...) as oomprobe's --precision.
@@ -60,7 +47,7 @@ def step_flags(trainer: Any, device_type: str) -> dict:
     if precision:
         flags["precision"] = precision
     if device_type == "cpu":
-        flags.update(autocast_device="cpu", dropout_mask="input", optimizer_impl="for-loop")
+        flags.update(_device.CPU_FLAGS, optimizer_impl="for-loop")
     return flags
 
 
@@ -125,17 +112,8 @@ class BatchSizeFinder(_LightningFinder):
                 raise ValueError("no model= or config= given and the module has no config")
             flags["config"] = cfg
         memory = self._memory(trainer, pl_module) if callable(self._memory) else self._memory
-        tensors_only = self._tensors_only
-        if memory is None and "gpu" not in flags:
-            cuda = device_memory(pl_module)
-            if cuda is None:
-                raise ValueError(f"no memory= given for a {pl_module.device.type} device")
-            flags.update(cuda)
-        elif memory is not None:
-            flags["memory"] = str(memory)
-        if tensors_only is None:
-            # No caching allocator between a CPU's tensors and its memory.
-            tensors_only = pl_module.device.type == "cpu"
+        flags.update(_device.memory_flags(pl_module.device, memory, flags))
+        tensors_only = _device.tensors_only(pl_module.device, self._tensors_only)
         return max_batch(tensors_only=tensors_only, **flags)
 
     def scale_batch_size(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -159,8 +137,8 @@ class BatchSizeFinder(_LightningFinder):
                 except (ValueError, FileNotFoundError) as e:
                     self.fallback_reason = str(e)
                 else:
-                    start = max(1, min(self.predicted, t.limit))
-                    self.bracket = bracket(start, t.step, limit=t.limit, oom=is_oom_error)
+                    self.bracket = bracket(self.predicted, t.step, limit=t.limit,
+                                           oom=is_oom_error)
         if self.bracket is None:
             return super().scale_batch_size(trainer, pl_module)
         self.optimal_batch_size = self.bracket.batch

@@ -22,7 +22,7 @@ import os
 import tempfile
 from typing import Any, Optional
 
-from . import max_batch
+from . import _device, max_batch
 from .verify import Bracket, bracket
 
 __all__ = ["find_batch_size"]
@@ -34,8 +34,8 @@ def step_flags(args: Any, device_type: str) -> dict:
     step, AdamW fused (TrainingArguments' default optim on torch >= 2.8), the precision of
     `bf16=`/`fp16=` (autocast); on a CPU, the CPU's kernels and dropout noise."""
     flags = {"grads": "free", "outputs": "dropped"}
-    optim = str(getattr(args, "optim", "adamw_torch_fused"))
-    optim = getattr(getattr(args, "optim", None), "value", optim)
+    optim = getattr(args, "optim", "adamw_torch_fused")
+    optim = getattr(optim, "value", optim)  # an OptimizerNames member, or its string
     if optim == "adamw_torch_fused":
         flags["optimizer_impl"] = "fused"
     elif optim == "adamw_torch":
@@ -45,7 +45,7 @@ def step_flags(args: Any, device_type: str) -> dict:
     elif getattr(args, "fp16", False):
         flags["precision"] = "amp-fp16"
     if device_type == "cpu":
-        flags.update(autocast_device="cpu", dropout_mask="input")
+        flags.update(_device.CPU_FLAGS)
     return flags
 
 
@@ -87,18 +87,8 @@ def find_batch_size(
     flags = {**step_flags(getattr(trainer, "args", None), device.type), **flags}
     if "model" not in flags and "config" not in flags:
         flags["config"] = model.config
-    if memory is not None:
-        flags["memory"] = str(memory)
-    elif "gpu" not in flags:
-        if device.type != "cuda":
-            raise ValueError(f"memory= is needed for a {device.type} device")
-        free, total = torch.cuda.mem_get_info(device)
-        reserved = torch.cuda.memory_reserved(device)
-        flags["memory"] = str(total)
-        flags["non_pytorch"] = str(max(0, total - free - reserved))
-    if tensors_only is None:
-        tensors_only = device.type == "cpu"
-    predicted = max_batch(tensors_only=tensors_only, **flags)
+    flags.update(_device.memory_flags(device, memory, flags))
+    predicted = max_batch(tensors_only=_device.tensors_only(device, tensors_only), **flags)
 
     if getattr(trainer, "optimizer", None) is None:
         trainer.create_optimizer()

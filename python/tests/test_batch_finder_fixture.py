@@ -15,13 +15,6 @@ CONFIGS = REPO / "tests" / "fixtures" / "batch_finder"
 ROWS = FIXTURE["rows"]
 
 
-def flags(row):
-    # validation/batch_finder.py's oomprobe_flags: how Lightning runs the step here.
-    return dict(seq=row["model_spec"]["seq"], precision="fp32", optimizer_impl="for-loop",
-                grads="until-backward", outputs="dropped", autocast_device="cpu",
-                dropout_mask="input")
-
-
 def test_the_table_has_both_models_allocators_and_held_out_rows():
     assert {r["model"] for r in ROWS} == {"gpt2", "llama"}
     assert {r["allocator"] for r in ROWS} == {"glibc", "mmap"}
@@ -34,7 +27,7 @@ def test_the_table_has_both_models_allocators_and_held_out_rows():
 def test_today_predicts_what_the_fixture_recorded(row):
     hook = row["hook"]
     got = oomprobe.max_batch(config=CONFIGS / f"{row['model']}.json", memory=str(hook["room"]),
-                             tensors_only=True, **flags(row))
+                             tensors_only=True, **row["oomprobe_flags"])
     assert got == hook["predicted"]
 
 

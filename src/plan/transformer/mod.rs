@@ -235,6 +235,11 @@ impl T<'_> {
             DropoutMask::Input => input,
         }
     }
+    /// The caller lets go of what it held (logits, a kept cache's copies).
+    fn release_held(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        self.b.free_all(held);
+    }
     fn rows(&self) -> u64 {
         self.bsz.saturating_mul(self.s)
     }
@@ -1172,8 +1177,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         t.b.free_all(emb_saved);
         // The caller keeps the logits (and a KV cache) until the step is over.
         t.b.free(logits);
-        let held = std::mem::take(&mut t.held);
-        t.b.free_all(held);
+        t.release_held();
         t.b.free_all(inputs);
         return Ok(());
     }
@@ -1210,8 +1214,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     // Only the loss leaves the step function: the outputs (logits, a cache's copies) go now;
     // log_softmax saved its output, not the logits.
     if t.w.outputs == Outputs::Dropped {
-        let held = std::mem::take(&mut t.held);
-        t.b.free_all(held);
+        t.release_held();
     }
     // Backward: nll_loss and log_softmax backward make two [rows, V] gradients (fp32 when the
     // log-probabilities are; `half_to_float`'s backward gives the logits' type directly).
@@ -1299,8 +1302,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     }
     // A loop that kept the outputs (logits, cache) drops them once backward is done; only the
     // detached loss lives through the optimizer step.
-    let held = std::mem::take(&mut t.held);
-    t.b.free_all(held);
+    t.release_held();
     t.b.free_all(inputs);
     t.states.optimizer_step(t.b, w_)?;
     Ok(())

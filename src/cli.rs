@@ -136,7 +136,7 @@ pub struct WorkloadArgs {
     /// ZeRO stage 0..3: per-device share of model states.
     #[arg(long, value_name = "STAGE", allow_hyphen_values = true)]
     pub zero: Option<String>,
-    /// Data-parallel devices ZeRO shards over.
+    /// GPUs the job runs on (the world size: data-parallel × tp × pp × cp).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub gpus: Option<String>,
     /// train | inference (a forward under no_grad: weights, one layer's intermediates, outputs)
@@ -195,6 +195,8 @@ pub struct WorkloadArgs {
     pub kbit_prep: Option<String>,
     #[command(flatten)]
     pub serve: ServeArgs,
+    #[command(flatten)]
+    pub parallel: crate::workload::parallel::ParallelArgs,
 }
 
 /// A PyTorch memory snapshot instead of a workload (docs/snapshots.md).

@@ -77,6 +77,10 @@ impl Builder {
     pub fn phase(&mut self, phase: Phase) {
         self.phase = phase;
     }
+    /// The phase events belong to now.
+    pub fn current_phase(&self) -> Phase {
+        self.phase
+    }
     /// Allocate a tensor of `shape` (elements) now and return its index.
     pub fn push(
         &mut self,
@@ -335,13 +339,21 @@ impl Plan {
             },
             other => other,
         };
-        let mut b = Builder::default();
-        match w.arch {
-            Arch::Dense => params::build_dense(&mut b, &w, x).map_err(with_dim)?,
-            Arch::Resnet => resnet::build(&mut b, &w).map_err(with_dim)?,
-            _ => transformer::build(&mut b, &w).map_err(with_dim)?,
+        let one = |w: &Workload| -> Result<Plan, PlanError> {
+            let mut b = Builder::default();
+            // A rank computes with its shard of the shape (tensor and context parallelism).
+            let local = crate::workload::parallel::local_shape(w);
+            match w.arch {
+                Arch::Dense => params::build_dense(&mut b, &local, x).map_err(with_dim)?,
+                Arch::Resnet => resnet::build(&mut b, &local).map_err(with_dim)?,
+                _ => transformer::build(&mut b, &local).map_err(with_dim)?,
+            }
+            Ok(b.finish(w.clone(), scenario, x))
+        };
+        if w.parallel.is_single() {
+            return one(&w);
         }
-        Ok(b.finish(w, scenario, x))
+        super::ranks::plan(&w, one)
     }
 
     /// The plan of a workload at its own batch and sequence (Dense: at its parameter count).

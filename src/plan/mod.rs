@@ -6,6 +6,7 @@
 pub mod autocast;
 pub mod build;
 pub mod params;
+pub mod ranks;
 pub mod resnet;
 pub mod timeline;
 pub mod transformer;
@@ -201,6 +202,60 @@ pub enum Step {
 }
 
 impl Step {
+    /// The same kernel over other tensors (`f` maps each index).
+    pub fn map_tensors(&self, f: impl Fn(TensorIx) -> TensorIx) -> Step {
+        let mut s = self.clone();
+        match &mut s {
+            Step::Matmul { a, b, c, .. } => {
+                *a = f(*a);
+                *b = f(*b);
+                *c = f(*c);
+            }
+            Step::Softmax { x, y, .. }
+            | Step::LayerNorm { x, y, .. }
+            | Step::Gelu { x, y, .. }
+            | Step::Relu { x, y, .. } => {
+                *x = f(*x);
+                *y = f(*y);
+            }
+            Step::Attention {
+                q,
+                k,
+                v,
+                scores,
+                probs,
+                out,
+                ..
+            } => {
+                for t in [q, k, v, scores, probs, out] {
+                    *t = f(*t);
+                }
+            }
+            Step::FlashAttention {
+                q,
+                k,
+                v,
+                out,
+                stats,
+                ..
+            } => {
+                for t in [q, k, v, out, stats] {
+                    *t = f(*t);
+                }
+            }
+            Step::Conv2d { x, w, y, .. } => {
+                *x = f(*x);
+                *w = f(*w);
+                *y = f(*y);
+            }
+            Step::Adam { p, g, m, v, .. } => {
+                for t in [p, g, m, v] {
+                    *t = f(*t);
+                }
+            }
+        }
+        s
+    }
     /// The tensors a kernel reads or writes.
     pub fn tensors(&self) -> Vec<TensorIx> {
         match *self {

@@ -172,7 +172,7 @@ impl CaseFile {
 /// `over`'s fields where set, else `base`'s.
 pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
     macro_rules! pick {
-        ($($f:ident),*) => { WorkloadArgs { $($f: over.$f.clone().or_else(|| base.$f.clone()),)* serve: super::serve::merge(&base.serve, &over.serve) } };
+        ($($f:ident),*) => { WorkloadArgs { $($f: over.$f.clone().or_else(|| base.$f.clone()),)* serve: super::serve::merge(&base.serve, &over.serve), parallel: super::parallel::ParallelArgs::merge(&base.parallel, &over.parallel) } };
     }
     pick!(
         model,
@@ -1001,6 +1001,27 @@ fn workload_key(
                     format!("expected true or false, found {}", other.type_str()),
                 ))
             }
+        }
+    } else if key == "tp" || args.parallel.slot(key).is_some() {
+        // The layout: numbers, names and on/off as their flags take them.
+        let text = match v {
+            T::String(s) => s.clone(),
+            T::Integer(i) => i.to_string(),
+            T::Boolean(b) => if *b { "on" } else { "off" }.to_string(),
+            other => {
+                return Err(field_err(
+                    path,
+                    field,
+                    format!(
+                        "expected a number, a name or a boolean, found {}",
+                        other.type_str()
+                    ),
+                ))
+            }
+        };
+        match args.parallel.slot(key) {
+            Some(slot) => *slot = Some(text),
+            None => args.serve.tp = Some(text),
         }
     } else {
         return Ok(false);

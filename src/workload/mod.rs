@@ -5,6 +5,7 @@ pub mod config;
 pub mod finetune;
 pub mod hub;
 pub mod overrides;
+pub mod parallel;
 pub mod presets;
 pub mod serve;
 
@@ -324,6 +325,10 @@ pub struct Workload {
     /// ZeRO stage 0..=3 and the data-parallel degree it shards over.
     pub zero: u8,
     pub gpus: u64,
+    /// How the job is split over its GPUs (FSDP, DDP, tensor, pipeline, context parallelism)
+    /// and which rank's plan is built.
+    #[serde(default, skip_serializing_if = "parallel::Parallel::is_single")]
+    pub parallel: parallel::Parallel,
     /// Whether the output head shares the token embedding. `None`: the architecture's default
     /// (GPT-2 and BERT tied, LLaMA untied). Set from a config.json's `tie_word_embeddings`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -469,6 +469,20 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
     }
     apply_finetune(args, &mut w, &mut warnings)?;
     super::serve::apply(&mut w, &args.serve, args.config.as_deref())?;
+    if w.mode == Mode::Serve {
+        if args.parallel != Default::default() {
+            return Err(CliError::usage(
+                "--fsdp, --ddp, --pp, --cp, --dp and the other layout flags are training's: a serving engine splits by --tp",
+            ));
+        }
+    } else {
+        super::parallel::apply(
+            &mut w,
+            &args.parallel,
+            args.serve.tp.as_deref(),
+            args.gpus.is_some(),
+        )?;
+    }
     // An inference forward steps no optimizer: the workload says none, in the text and the JSON.
     if w.inference() && w.optimizer != Optimizer::None {
         if let Some(o) = &args.optimizer {

@@ -73,6 +73,7 @@ pub fn base(name: &str, arch: Arch) -> Workload {
         dropout: false,
         zero: 0,
         gpus: 1,
+        parallel: Default::default(),
         tie_embeddings: None,
         mode: Mode::Train,
         grads: Grads::Free,

@@ -128,7 +128,6 @@ pub fn any(a: &ServeArgs) -> bool {
         &a.max_num_batched_tokens,
         &a.block_size,
         &a.kv_cache_dtype,
-        &a.tp,
     ]
     .iter()
     .any(|o| o.is_some())
@@ -190,7 +189,7 @@ pub fn apply(
     if w.mode != Mode::Serve {
         if any(a) {
             return Err(CliError::usage(
-                "--engine, --gpu-memory-utilization, --max-model-len, --max-num-seqs, --max-num-batched-tokens, --block-size, --kv-cache-dtype and --tp go with --mode serve",
+                "--engine, --gpu-memory-utilization, --max-model-len, --max-num-seqs, --max-num-batched-tokens, --block-size and --kv-cache-dtype go with --mode serve",
             ));
         }
         return Ok(());

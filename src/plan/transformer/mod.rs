@@ -107,6 +107,7 @@ use super::autocast::{self, Autocast};
 use super::build::{prod, Builder, PlanError};
 use super::params::{param_dtype, residual_dtype, States};
 use super::{DType, Phase, Role, Step, TensorIx};
+use crate::workload::parallel::TpHead;
 use crate::workload::{Attention, Checkpoint, DropoutMask, Outputs, Target, Workload};
 use spec::{Embed, Head, Mlp, Norm, Spec};
 
@@ -165,6 +166,12 @@ struct T<'a> {
     saving: bool,
     /// ZeRO-3's gathered weights (kernels read them instead of the local shard).
     gather: Option<TensorIx>,
+    /// FSDP: each unit's unsharded parameters while gathered ("root", "L{i}").
+    units: std::collections::HashMap<String, TensorIx>,
+    /// The stage's first layer.
+    lo: u64,
+    /// Sequence parallelism: the residual stream holds 1/tp of the sequence.
+    sp: bool,
     /// RoPE's cos and sin tables, made once per forward.
     rope: Option<TensorIx>,
     /// Not saving: what the layer being built keeps until it returns (eager attention's
@@ -200,10 +207,47 @@ impl T<'_> {
         let (bsz, s) = (self.bsz, self.s);
         self.b.push(name, role, dtype, &[bsz, s, width], width)
     }
-    /// A residual-stream tensor (layer input and output, norm inputs).
+    /// A residual-stream tensor (layer input and output, norm inputs): under sequence
+    /// parallelism this rank's share of the sequence.
     fn resid(&mut self, name: &str) -> Result<TensorIx, PlanError> {
-        let r = self.r;
-        self.hidden_t(name, Role::Activations, r)
+        let (r, bsz, h) = (self.r, self.bsz, self.h);
+        let s = if self.sp {
+            self.s.div_ceil(self.w.parallel.tp)
+        } else {
+            self.s
+        };
+        self.b.push(name, Role::Activations, r, &[bsz, s, h], h)
+    }
+    /// Sequence parallelism: each of `readers` column-parallel linears all-gathers the sharded
+    /// `x` over the sequence into a full-length copy of its own, which it saves (DTensor's
+    /// redistribute, once per linear: measured five [b, s, h] copies per LLaMA layer); the
+    /// sharded `x` goes unless something saved it. Returns the first copy (what kernels read);
+    /// without sequence parallelism, `x`.
+    fn sp_gather(
+        &mut self,
+        x: TensorIx,
+        readers: u64,
+        kept: bool,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        if !self.sp {
+            return Ok(x);
+        }
+        let spec = self.b.tensor(x).clone();
+        let mut first = None;
+        for j in 0..readers.max(1) {
+            let t = self.hidden_t(
+                &format!("{}.gathered{j}", spec.name),
+                Role::Activations,
+                spec.dtype,
+            )?;
+            saved.push(t);
+            first.get_or_insert(t);
+        }
+        if !kept && !saved.contains(&x) {
+            self.b.free(x);
+        }
+        Ok(first.unwrap_or(x))
     }
     fn wide(&mut self, name: &str) -> Result<TensorIx, PlanError> {
         self.wide_as(name, Role::Activations)
@@ -271,6 +315,7 @@ impl T<'_> {
     }
     fn weights(&self, piece: &str) -> TensorIx {
         self.gather
+            .or_else(|| self.units.get(&fsdp_unit(piece)).copied())
             .or_else(|| self.states.cast_weight(piece))
             .unwrap_or_else(|| self.states.weights(piece))
     }
@@ -376,6 +421,43 @@ impl T<'_> {
         }
     }
 
+    /// FSDP: all-gather unit `unit`'s parameters (a no-op while they are gathered): the flat
+    /// output of the whole unit in the parameters' type (FSDP2's `foreach_all_gather`, copied
+    /// out into the unsharded parameters).
+    fn unshard(&mut self, unit: &str, elems: u64) -> Result<(), PlanError> {
+        if self.w.parallel.fsdp.is_none() || self.units.contains_key(unit) || elems == 0 {
+            return Ok(());
+        }
+        let dt = param_dtype(self.w.precision);
+        let t = self.b.push(
+            &format!("fsdp.unsharded.{unit}"),
+            Role::Params,
+            dt,
+            &[elems],
+            elems.clamp(1, 4096),
+        )?;
+        self.units.insert(unit.to_string(), t);
+        Ok(())
+    }
+    fn reshard(&mut self, unit: &str) {
+        if let Some(t) = self.units.remove(unit) {
+            self.b.free(t);
+        }
+    }
+    /// Layer `i`'s unit, gathered for its forward or backward.
+    fn unshard_layer(&mut self, i: u64) -> Result<(), PlanError> {
+        if self.w.parallel.fsdp.is_none() {
+            return Ok(());
+        }
+        let e = layer_params(self.w)?;
+        self.unshard(&format!("L{i}"), e)
+    }
+    /// The backward begins: FSDP2's root pre-backward prefetches the last layer's all-gather.
+    fn begin_backward(&mut self, last_layer: u64) -> Result<(), PlanError> {
+        self.states.begin_backward(self.b);
+        self.unshard_layer(last_layer)
+    }
+
     /// A norm over the hidden size (see `norm_over`).
     fn norm(
         &mut self,
@@ -466,6 +548,7 @@ impl T<'_> {
     ) -> Result<(Frame, Frame, TensorIx), PlanError> {
         self.saving = saving;
         self.live_in = self.live;
+        self.unshard_layer(i)?;
         let (h, f) = (self.h, self.f);
         let (pa, pm) = (format!("L{i}.attn"), format!("L{i}.mlp"));
         let llm = self.w.is_decoder_llm();
@@ -473,6 +556,7 @@ impl T<'_> {
         let mut sa = Vec::new();
         let n1 = self.norm(&format!("{p}.ln1"), x, &mut sa)?;
         let readers = if self.spec.fused_qkv { 1 } else { 3 };
+        let n1 = self.sp_gather(n1, readers, false, &mut sa)?;
         let n1 = self.matmul_input(n1, readers, false, &mut sa)?;
         // Over a frozen base before any adapter, an attention block without q, k or v
         // adapters needs no gradient: it saves nothing.
@@ -517,6 +601,16 @@ impl T<'_> {
             let x2 = self.resid(&format!("{p}.ln2.in"))?;
             self.b.free(o);
             x2
+        } else if self.sp {
+            // Sequence parallelism: the row-parallel projection's partial sums, full length,
+            // reduce-scattered over the sequence into the residual.
+            let c = self.c;
+            let o = self.hidden_t(&format!("{p}.attn.partial"), Role::Workspace, c)?;
+            self.matmul(&pa, ctx, o, h, qw);
+            self.consumed(ctx, &mut sa);
+            let x2 = self.resid(&format!("{p}.ln2.in"))?;
+            self.b.free(o);
+            x2
         } else {
             let x2 = self.resid(&format!("{p}.ln2.in"))?;
             self.matmul(&pa, ctx, x2, h, qw);
@@ -546,6 +640,7 @@ impl T<'_> {
             (Mlp::Gated, false) => 2,
             _ => 1,
         };
+        let n2 = self.sp_gather(n2, readers, false, &mut sm)?;
         let n2 = self.matmul_input(n2, readers, false, &mut sm)?;
         let dead = saving && !self.live && !self.adapts(&[Target::Gate, Target::Up]);
         if dead {
@@ -593,6 +688,10 @@ impl T<'_> {
         }
         let tail = std::mem::take(&mut self.layer_tail);
         self.b.free_all(tail);
+        // FSDP2 reshards after the forward (not after a recomputation in backward).
+        if self.b.current_phase() != Phase::Backward && !self.w.parallel.keeps_unsharded() {
+            self.reshard(&format!("L{i}"));
+        }
         Ok((
             Frame {
                 block: Block::Attn,
@@ -651,7 +750,29 @@ impl T<'_> {
         self.b.free_all(gone);
     }
 
-    fn backward(&mut self, mut fr: Frame, incoming: TensorIx) -> Result<TensorIx, PlanError> {
+    fn backward(&mut self, fr: Frame, incoming: TensorIx) -> Result<TensorIx, PlanError> {
+        let layer = fsdp_layer(&fr.piece);
+        let block = fr.block;
+        if let (Some(i), Block::Mlp) = (layer, block) {
+            // FSDP2's pre-backward: the layer gathered, the next one in backward prefetched.
+            self.unshard_layer(i)?;
+            if i > self.lo {
+                self.unshard_layer(i - 1)?;
+            }
+        }
+        let g = self.block_backward(fr, incoming)?;
+        if let (Some(i), Block::Attn) = (layer, block) {
+            if self.w.parallel.fsdp.is_some() {
+                // The layer's post-backward: reduce-scatter its gradients, reshard.
+                let names = [format!("L{i}.attn"), format!("L{i}.mlp")];
+                self.states.fsdp_reduce(self.b, &names)?;
+                self.reshard(&format!("L{i}"));
+            }
+        }
+        Ok(g)
+    }
+
+    fn block_backward(&mut self, mut fr: Frame, incoming: TensorIx) -> Result<TensorIx, PlanError> {
         let w = self.w;
         self.states.gradient(self.b, &fr.piece, w)?;
         if self.frozen() {
@@ -812,6 +933,44 @@ pub fn segment(checkpoint: Checkpoint, layers: u64) -> Option<u64> {
     }
 }
 
+/// FSDP's unit of a parameter group: its layer's ("L{i}"), or the root's.
+fn fsdp_unit(piece: &str) -> String {
+    match fsdp_layer(piece) {
+        Some(i) => format!("L{i}"),
+        None => "root".into(),
+    }
+}
+
+/// The layer of a parameter group named `L{i}.…`.
+fn fsdp_layer(piece: &str) -> Option<u64> {
+    piece.strip_prefix('L')?.split('.').next()?.parse().ok()
+}
+
+/// The parameter groups a pipeline stage holds: its layers', the embedding's on the first,
+/// the final norm's and head's on the last (a tied head: its own copy of the embedding).
+fn stage_pieces(
+    w: &Workload,
+    st: &crate::workload::parallel::Stage,
+) -> Result<Vec<super::params::Piece>, PlanError> {
+    let all = pieces(w)?;
+    if st.of <= 1 {
+        return Ok(all);
+    }
+    let layer =
+        |name: &str| -> Option<u64> { name.strip_prefix('L')?.split('.').next()?.parse().ok() };
+    Ok(all
+        .into_iter()
+        .filter(|p| match layer(&p.name) {
+            Some(i) => (st.lo..st.hi).contains(&i),
+            None => match p.name.as_str() {
+                "embed" => st.first() || (st.last() && w.tied_head()),
+                n if n.starts_with("embed") => st.first(),
+                _ => st.last(),
+            },
+        })
+        .collect())
+}
+
 /// Build a transformer step's timeline at the workload's batch and sequence.
 pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     let (bsz, s, h, a, f, v) = (w.batch, w.seq, w.hidden, w.heads, w.ffn, w.vocab);
@@ -821,7 +980,8 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     // A quantized base in training runs in fp32 around its 4-bit matmuls: PEFT's
     // `prepare_model_for_kbit_training` upcasts the embeddings, norms and head.
     let c = residual_dtype(w);
-    let states = States::setup(b, w, &pieces(w)?)?;
+    let stage = crate::workload::parallel::stage(w, w.parallel.rank.unwrap_or(0));
+    let states = States::setup(b, w, &stage_pieces(w, &stage)?)?;
     let zero3 = w.zero == 3 && w.gpus > 1;
     let ac = super::params::autocast(w);
     let mut t = T {
@@ -845,6 +1005,9 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         train,
         saving: train,
         gather: None,
+        units: Default::default(),
+        lo: stage.lo,
+        sp: w.parallel.sequence_parallel && w.parallel.tp > 1,
         rope: None,
         layer_tail: Vec::new(),
         held: Vec::new(),
@@ -854,6 +1017,19 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         live_in: true,
     };
     t.b.phase(Phase::Forward);
+    // FSDP2's root unit (embedding, final norm, head): gathered at the root's pre-forward and
+    // kept through the backward (the root does not reshard after forward).
+    let root_pieces: Vec<String> = stage_pieces(w, &stage)?
+        .into_iter()
+        .filter(|p| fsdp_layer(&p.name).is_none())
+        .map(|p| p.name)
+        .collect();
+    let root_elems: u64 = stage_pieces(w, &stage)?
+        .iter()
+        .filter(|p| fsdp_layer(&p.name).is_none())
+        .map(|p| p.elems)
+        .sum();
+    t.unshard("root", root_elems)?;
     if zero3 {
         // One layer's gathered weights (or the embedding/head matrix if larger), prefetched
         // for the whole forward and backward.
@@ -876,6 +1052,8 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     // Held by the caller until the step ends, not saved (autocast: the conv saves its copy).
     let mut inputs = Vec::new();
     let x0 = match spec.embed {
+        // A later pipeline stage's input: the previous stage's output, received.
+        _ if !stage.first() => t.resid("stage.recv")?,
         Embed::Patches => {
             let img = w.image;
             t.use_piece("embed.rest")?;
@@ -944,9 +1122,8 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     // embeddings' type (Gemma 2/3 one more for their sliding-window layers), alive as long.
     let llm = w.is_decoder_llm();
     let mut masks = Vec::new();
-    let l = w.layers;
     let seg = if train {
-        segment(w.checkpoint, l)
+        segment(w.checkpoint, stage.hi - stage.lo)
     } else {
         None
     };
@@ -969,12 +1146,20 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
             )?);
         }
     }
-    t.mask("emb.drop_mask", &mut emb_saved)?;
+    if stage.first() {
+        t.mask("emb.drop_mask", &mut emb_saved)?;
+    }
 
-    // Layers.
+    // Layers: the stage's (all of them without a pipeline).
+    let (lo, l) = (stage.lo, stage.hi);
     let name_out = |i: u64| {
         if i + 1 == l {
-            "head.in".to_string()
+            if stage.last() {
+                "head.in"
+            } else {
+                "stage.send"
+            }
+            .to_string()
         } else {
             format!("L{}.in", i + 1)
         }
@@ -983,19 +1168,24 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     let mut ckpts = Vec::new();
     let head_in = match seg {
         None => {
-            let (fr, out) = t.layers(0, l, x0, train, !llm, &name_out)?;
+            let (fr, out) = t.layers(lo, l, x0, train, !llm, &name_out)?;
             frames = fr;
             out
         }
         Some(k) => {
             let mut x = x0;
-            let mut j = 0;
+            let mut j = lo;
             while j < l {
                 let end = (j + k).min(l);
                 ckpts.push((j, end, x));
                 let ckpt_name = |i: u64| {
                     if i + 1 == l {
-                        "head.in".to_string()
+                        if stage.last() {
+                            "head.in"
+                        } else {
+                            "stage.send"
+                        }
+                        .to_string()
                     } else {
                         format!("ckpt.L{}.in", i + 1)
                     }
@@ -1009,8 +1199,9 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
                 _ => format!("the input of every {} layer", ordinal(k)),
             };
             t.b.note(format!(
-                "checkpointing: {which} stored ({} of {l}), each segment recomputed in backward",
-                ckpts.len()
+                "checkpointing: {which} stored ({} of {}), each segment recomputed in backward",
+                ckpts.len(),
+                l - lo
             ));
             x
         }
@@ -1024,239 +1215,315 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     }
     t.saving = train;
 
-    // Head and loss.
-    let classes_only = spec.head == Head::Classifier;
-    let head_piece = if w.tied_head() { "embed" } else { "head" };
-    let head_piece = if classes_only {
-        "head.rest"
-    } else {
-        head_piece
-    };
-    let mut head_saved = Vec::new();
-    let mut head_tail = None;
-    let head_x = if spec.head == Head::Mlm {
-        t.use_piece("head.rest")?;
-        // The MLM transform: dense (saves its input, a 16-bit copy under autocast), GELU,
-        // LayerNorm over the GELU's 16-bit output: CUDA's autocast runs it in fp32 on an fp32
-        // copy (which its backward saves), CPU's in the input's type.
-        // Under no_grad each of these goes once read; the encoder's output stays with the
-        // returned outputs until the logits exist.
-        if !train {
-            head_tail = Some(head_in);
-        }
-        let x = t.matmul_input(head_in, 1, !train, &mut head_saved)?;
-        let d = t.hidden("head.dense_out", Role::Activations)?;
-        t.matmul("head.rest", x, d, h, h);
-        if !train && x != head_in {
-            head_saved.retain(|&y| y != x);
-            t.b.free(x);
-        }
-        let g = t.hidden("head.gelu_out", Role::Activations)?;
-        let elems = t.rows().saturating_mul(h);
-        t.b.step(Step::Gelu { x: d, y: g, elems });
-        if train {
-            head_saved.push(d);
-        } else {
-            t.b.free(d);
-        }
-        let ln_in = if ac.is_some_and(|a| a.casts_input("layer_norm", c)) {
-            let g32 = t.hidden_t("head.gelu_out32", Role::Activations, DType::F32)?;
-            t.b.free(g);
-            g32
-        } else {
-            g
-        };
-        let n = t.norm("head.ln", ln_in, &mut head_saved)?;
-        if !train {
-            head_saved.retain(|&y| y != ln_in);
-            t.b.free(ln_in);
-        }
-        t.use_piece(head_piece)?;
-        t.matmul_input(n, 1, false, &mut head_saved)?
-    } else {
-        let n = t.norm("final_ln", head_in, &mut head_saved)?;
-        if !train {
-            // Under no_grad the last layer's output goes once normed.
-            head_saved.retain(|&x| x != head_in);
-        }
-        if !head_saved.contains(&head_in) {
-            // (A 16-bit RMSNorm saves its fp32 copy instead.)
-            t.b.free(head_in);
-        }
-        // The model's forward returns: its mask and `inputs_embeds` go (the embeddings unless
-        // the first layer saved them or they are the first checkpoint). Checkpointed layers
-        // were handed the mask as an input: each checkpoint keeps it until its layer's backward
-        // is done, so it lives until layer 0's (measured, issue 35).
+    // A pipeline stage without the head sends its output and keeps it for its backward
+    // (torch.distributed.pipelining caches each micro-batch's output); its backward begins
+    // with the gradient the next stage sends back.
+    // A received input no layer saved goes with the stage's backward.
+    let recv_free =
+        !stage.first() && seg.is_none() && !frames.iter().any(|f| f.saved.contains(&x0));
+    let gin = if !stage.last() {
         if seg.is_none() {
             t.b.free_all(std::mem::take(&mut masks));
         }
-        if llm && seg.is_none() && !frames.iter().any(|f| f.saved.contains(&x0)) {
+        if !train {
+            t.states.autocast_exit(t.b, |_| true);
+            t.b.free_all(emb_saved);
+            t.b.free(head_in);
+            if !stage.first() {
+                t.b.free(x0);
+            }
+            t.release_held();
+            t.b.free_all(inputs);
+            return Ok(());
+        }
+        let ckpt_layers = seg.is_some();
+        t.states
+            .autocast_exit(t.b, |name| ckpt_layers && name.starts_with('L'));
+        if llm && stage.first() && seg.is_none() && !frames.iter().any(|f| f.saved.contains(&x0)) {
             t.b.free(x0);
         }
-        t.use_piece(head_piece)?;
-        if classes_only && ac.is_some() {
-            // ViT's classifier reads `sequence_output[:, 0]`: under autocast it saves a [b, h]
-            // 16-bit copy of that token, and the fp32 norm output goes; without autocast
-            // it saves a view, which keeps the whole [b, s, h] output alive.
-            let tok =
-                t.b.push("head.cls_cast", Role::Activations, c, &[bsz, h], h)?;
-            head_saved.push(tok);
-            t.b.free(n);
-            tok
-        } else if llm {
-            // The decoder LLMs' head reads `outputs.last_hidden_state`: the normed output
-            // stays alive through the head even when autocast casts it.
-            let x = t.matmul_input(n, 1, true, &mut head_saved)?;
-            if x != n || t.frozen() {
-                head_tail = Some(n);
+        // torch.distributed.pipelining (2.15) releases a sent output and starts the backward
+        // from its autograd edge (`_make_forward_chunk_state`).
+        t.b.free(head_in);
+        t.begin_backward(l - 1)?;
+        let r = t.r;
+        t.hidden_t("grad.recv", Role::Workspace, r)?
+    } else {
+        // Head and loss.
+        let classes_only = spec.head == Head::Classifier;
+        let head_piece = if w.tied_head() { "embed" } else { "head" };
+        let head_piece = if classes_only {
+            "head.rest"
+        } else {
+            head_piece
+        };
+        let mut head_saved = Vec::new();
+        let mut head_tail = None;
+        let head_x = if spec.head == Head::Mlm {
+            t.use_piece("head.rest")?;
+            // The MLM transform: dense (saves its input, a 16-bit copy under autocast), GELU,
+            // LayerNorm over the GELU's 16-bit output: CUDA's autocast runs it in fp32 on an fp32
+            // copy (which its backward saves), CPU's in the input's type.
+            // Under no_grad each of these goes once read; the encoder's output stays with the
+            // returned outputs until the logits exist.
+            if !train {
+                head_tail = Some(head_in);
+            }
+            let x = t.matmul_input(head_in, 1, !train, &mut head_saved)?;
+            let d = t.hidden("head.dense_out", Role::Activations)?;
+            t.matmul("head.rest", x, d, h, h);
+            if !train && x != head_in {
+                head_saved.retain(|&y| y != x);
+                t.b.free(x);
+            }
+            let g = t.hidden("head.gelu_out", Role::Activations)?;
+            let elems = t.rows().saturating_mul(h);
+            t.b.step(Step::Gelu { x: d, y: g, elems });
+            if train {
+                head_saved.push(d);
             } else {
-                head_saved.push(n);
+                t.b.free(d);
             }
-            x
-        } else {
+            let ln_in = if ac.is_some_and(|a| a.casts_input("layer_norm", c)) {
+                let g32 = t.hidden_t("head.gelu_out32", Role::Activations, DType::F32)?;
+                t.b.free(g);
+                g32
+            } else {
+                g
+            };
+            let n = t.norm("head.ln", ln_in, &mut head_saved)?;
+            if !train {
+                head_saved.retain(|&y| y != ln_in);
+                t.b.free(ln_in);
+            }
+            t.use_piece(head_piece)?;
             t.matmul_input(n, 1, false, &mut head_saved)?
-        }
-    };
-    let (mut logit_rows, mut logit_shape): (u64, Vec<u64>) = if classes_only {
-        (bsz, vec![bsz, v])
-    } else {
-        (bsz.saturating_mul(s), vec![bsz, s, v])
-    };
-    // A serving profile: the head reads each request's last hidden state only.
-    let sampled = sample::rows(w, logit_rows).filter(|_| !train && llm);
-    let mut head_x = head_x;
-    if let Some(r) = sampled {
-        let dt = t.dtype(head_x);
-        let rows_in =
-            t.b.push("head.sampled_rows", Role::Activations, dt, &[r, h], h)?;
-        // The profile run keeps the hidden states through the sampler.
-        for x in head_tail.take().into_iter().chain([head_x, rows_in]) {
-            if !head_saved.contains(&x) {
-                head_saved.push(x);
-            }
-        }
-        head_x = rows_in;
-        (logit_rows, logit_shape) = (r, vec![r, v]);
-    }
-    let logits = t.b.push("logits", Role::Activations, c, &logit_shape, v)?;
-    let wt = t.weights(head_piece);
-    t.b.step(Step::Matmul {
-        a: head_x,
-        b: wt,
-        c: logits,
-        batch: 1,
-        m: logit_rows,
-        n: v,
-        k: h,
-    });
-    t.b.free_all(head_tail);
-    if let Some(r) = sampled {
-        sample::sampler(t.b, r, v)?;
-    }
-    let logits = if w.logit_softcap {
-        // Gemma 2: logits / cap, tanh (which saves its output), · cap: new [b, s, V] tensors.
-        let tanh =
-            t.b.push("logits.softcap_tanh", Role::Activations, c, &logit_shape, v)?;
-        // The raw logits go once their tanh exists (two [b, s, V] tensors at a time).
-        t.b.free(logits);
-        let capped =
-            t.b.push("logits.capped", Role::Activations, c, &logit_shape, v)?;
-        if train {
-            head_saved.push(tanh);
         } else {
-            t.b.free(tanh);
-        }
-        capped
-    } else {
-        logits
-    };
-    if !train {
-        // autocast exits with the forward: the weight-cast cache is cleared.
-        t.states.autocast_exit(t.b, |_| true);
-        t.b.free_all(head_saved);
-        t.b.free_all(emb_saved);
-        // The caller keeps the logits (and a KV cache) until the step is over.
-        t.b.free(logits);
-        t.release_held();
-        t.b.free_all(inputs);
-        return Ok(());
-    }
-    t.held.push(logits);
-    t.b.phase(Phase::Loss);
-    // The loss's log-softmax output (saved by log_softmax and nll_loss backward) and whether
-    // an fp32 copy of the logits is made first:
-    // - GPT-2 and ViT (HF's `ForCausalLMLoss` / classification loss): `logits.float()`, an
-    //   fp32 copy in any 16-bit precision, fp32 log-probabilities.
-    // - BERT (`CrossEntropyLoss` on the logits as they are): without autocast the
-    //   log-softmax runs in the logits' type; CPU autocast puts `cross_entropy_loss` on its
-    //   fp32 list (an fp32 copy); CUDA's runs `log_softmax` with `dtype=float32`, which for
-    //   fp16 is one kernel (`half_to_float`, no copy; aten/src/ATen/native/SoftMax.cpp) and
-    //   for bf16 converts first (a copy).
-    let (lp_dtype, copy, half_to_float) = if spec.head != Head::Mlm {
-        (DType::F32, c != DType::F32, false)
-    } else {
-        match ac {
-            None => (c, false, false),
-            Some(a) if a.device == autocast::Device::Cuda && c == DType::F16 => {
-                (DType::F32, false, true)
+            let n = t.norm("final_ln", head_in, &mut head_saved)?;
+            if !train {
+                // Under no_grad the last layer's output goes once normed.
+                head_saved.retain(|&x| x != head_in);
             }
-            Some(_) => (DType::F32, true, false),
+            if !head_saved.contains(&head_in) {
+                // (A 16-bit RMSNorm saves its fp32 copy instead.)
+                t.b.free(head_in);
+            }
+            // The model's forward returns: its mask and `inputs_embeds` go (the embeddings unless
+            // the first layer saved them or they are the first checkpoint). Checkpointed layers
+            // were handed the mask as an input: each checkpoint keeps it until its layer's backward
+            // is done, so it lives until layer 0's (measured, issue 35).
+            if seg.is_none() {
+                t.b.free_all(std::mem::take(&mut masks));
+            }
+            if llm && seg.is_none() && !frames.iter().any(|f| f.saved.contains(&x0)) {
+                t.b.free(x0);
+            }
+            t.use_piece(head_piece)?;
+            if classes_only && ac.is_some() {
+                // ViT's classifier reads `sequence_output[:, 0]`: under autocast it saves a [b, h]
+                // 16-bit copy of that token, and the fp32 norm output goes; without autocast
+                // it saves a view, which keeps the whole [b, s, h] output alive.
+                let tok =
+                    t.b.push("head.cls_cast", Role::Activations, c, &[bsz, h], h)?;
+                head_saved.push(tok);
+                t.b.free(n);
+                tok
+            } else if llm {
+                // The decoder LLMs' head reads `outputs.last_hidden_state`: the normed output
+                // stays alive through the head even when autocast casts it.
+                let ng = t.sp_gather(n, 1, true, &mut head_saved)?;
+                if ng != n {
+                    // The gathered copy is what the head saves; the sharded output is held
+                    // (`last_hidden_state`) until the head is done.
+                    head_tail = Some(n);
+                }
+                let x = t.matmul_input(ng, 1, true, &mut head_saved)?;
+                if ng != n {
+                } else if x != n || t.frozen() {
+                    head_tail = Some(n);
+                } else {
+                    head_saved.push(n);
+                }
+                x
+            } else {
+                t.matmul_input(n, 1, false, &mut head_saved)?
+            }
+        };
+        let (mut logit_rows, mut logit_shape): (u64, Vec<u64>) = if classes_only {
+            (bsz, vec![bsz, v])
+        } else {
+            (bsz.saturating_mul(s), vec![bsz, s, v])
+        };
+        // A serving profile: the head reads each request's last hidden state only.
+        let sampled = sample::rows(w, logit_rows).filter(|_| !train && llm);
+        let mut head_x = head_x;
+        if let Some(r) = sampled {
+            let dt = t.dtype(head_x);
+            let rows_in =
+                t.b.push("head.sampled_rows", Role::Activations, dt, &[r, h], h)?;
+            // The profile run keeps the hidden states through the sampler.
+            for x in head_tail.take().into_iter().chain([head_x, rows_in]) {
+                if !head_saved.contains(&x) {
+                    head_saved.push(x);
+                }
+            }
+            head_x = rows_in;
+            (logit_rows, logit_shape) = (r, vec![r, v]);
         }
-    };
-    let logprobs =
-        t.b.loss_log_softmax(logits, logit_rows, v, copy, lp_dtype)?;
-    // The autocast region ends with the loss: the cache is cleared (bias copies go; weight
-    // copies stay saved by the matmuls, except those of checkpointed layers, run under no_grad).
-    let ckpt_layers = seg.is_some();
-    t.states
-        .autocast_exit(t.b, |name| ckpt_layers && name.starts_with('L'));
+        let logits = t.b.push("logits", Role::Activations, c, &logit_shape, v)?;
+        let wt = t.weights(head_piece);
+        t.b.step(Step::Matmul {
+            a: head_x,
+            b: wt,
+            c: logits,
+            batch: 1,
+            m: logit_rows,
+            n: v,
+            k: h,
+        });
+        t.b.free_all(head_tail);
+        if let Some(r) = sampled {
+            sample::sampler(t.b, r, v)?;
+        }
+        // Tensor parallelism with gathered logits: each rank's vocabulary slice is all-gathered
+        // to the full logits, which the loss reads; the slice goes.
+        let v_local = v;
+        let gathered = w.parallel.tp > 1 && w.parallel.tp_head == TpHead::Gathered;
+        let (logits, v) = if gathered {
+            let full = v.saturating_mul(w.parallel.tp);
+            if let Some(l) = logit_shape.last_mut() {
+                *l = full;
+            }
+            let g =
+                t.b.push("logits.gathered", Role::Activations, c, &logit_shape, full)?;
+            t.b.free(logits);
+            (g, full)
+        } else {
+            (logits, v)
+        };
+        let logits = if w.logit_softcap {
+            // Gemma 2: logits / cap, tanh (which saves its output), · cap: new [b, s, V] tensors.
+            let tanh =
+                t.b.push("logits.softcap_tanh", Role::Activations, c, &logit_shape, v)?;
+            // The raw logits go once their tanh exists (two [b, s, V] tensors at a time).
+            t.b.free(logits);
+            let capped =
+                t.b.push("logits.capped", Role::Activations, c, &logit_shape, v)?;
+            if train {
+                head_saved.push(tanh);
+            } else {
+                t.b.free(tanh);
+            }
+            capped
+        } else {
+            logits
+        };
+        if !train {
+            // autocast exits with the forward: the weight-cast cache is cleared.
+            t.states.autocast_exit(t.b, |_| true);
+            t.b.free_all(head_saved);
+            t.b.free_all(emb_saved);
+            // The caller keeps the logits (and a KV cache) until the step is over.
+            t.b.free(logits);
+            t.release_held();
+            t.b.free_all(inputs);
+            return Ok(());
+        }
+        t.held.push(logits);
+        t.b.phase(Phase::Loss);
+        // The loss's log-softmax output (saved by log_softmax and nll_loss backward) and whether
+        // an fp32 copy of the logits is made first:
+        // - GPT-2 and ViT (HF's `ForCausalLMLoss` / classification loss): `logits.float()`, an
+        //   fp32 copy in any 16-bit precision, fp32 log-probabilities.
+        // - BERT (`CrossEntropyLoss` on the logits as they are): without autocast the
+        //   log-softmax runs in the logits' type; CPU autocast puts `cross_entropy_loss` on its
+        //   fp32 list (an fp32 copy); CUDA's runs `log_softmax` with `dtype=float32`, which for
+        //   fp16 is one kernel (`half_to_float`, no copy; aten/src/ATen/native/SoftMax.cpp) and
+        //   for bf16 converts first (a copy).
+        let (lp_dtype, copy, half_to_float) = if spec.head != Head::Mlm {
+            (DType::F32, c != DType::F32, false)
+        } else {
+            match ac {
+                None => (c, false, false),
+                Some(a) if a.device == autocast::Device::Cuda && c == DType::F16 => {
+                    (DType::F32, false, true)
+                }
+                Some(_) => (DType::F32, true, false),
+            }
+        };
+        let logprobs =
+            t.b.loss_log_softmax(logits, logit_rows, v, copy, lp_dtype)?;
+        // The autocast region ends with the loss: the cache is cleared (bias copies go; weight
+        // copies stay saved by the matmuls, except those of checkpointed layers, run under no_grad).
+        let ckpt_layers = seg.is_some();
+        t.states
+            .autocast_exit(t.b, |name| ckpt_layers && name.starts_with('L'));
 
-    // Only the loss leaves the step function: the outputs (logits, a cache's copies) go now;
-    // log_softmax saved its output, not the logits.
-    if t.w.outputs == Outputs::Dropped {
-        t.release_held();
-    }
-    // Backward: nll_loss and log_softmax backward make two [rows, V] gradients (fp32 when the
-    // log-probabilities are; `half_to_float`'s backward gives the logits' type directly).
-    t.states.begin_backward(t.b);
-    let g_lp =
-        t.b.push("grad.logprobs", Role::Workspace, lp_dtype, &logit_shape, v)?;
-    let gl_dtype = if half_to_float { c } else { lp_dtype };
-    let g_logits =
-        t.b.push("grad.logits", Role::Workspace, gl_dtype, &logit_shape, v)?;
-    t.b.free(g_lp);
-    t.b.free(logprobs);
-    let g_logits = if gl_dtype == c {
-        g_logits
-    } else {
-        let g =
-            t.b.push("grad.logits_16", Role::Workspace, c, &logit_shape, v)?;
+        // Only the loss leaves the step function: the outputs (logits, a cache's copies) go now;
+        // log_softmax saved its output, not the logits.
+        if t.w.outputs == Outputs::Dropped {
+            t.release_held();
+        }
+        // Backward: nll_loss and log_softmax backward make two [rows, V] gradients (fp32 when the
+        // log-probabilities are; `half_to_float`'s backward gives the logits' type directly).
+        t.begin_backward(l - 1)?;
+        let g_lp =
+            t.b.push("grad.logprobs", Role::Workspace, lp_dtype, &logit_shape, v)?;
+        let gl_dtype = if half_to_float { c } else { lp_dtype };
+        let g_logits =
+            t.b.push("grad.logits", Role::Workspace, gl_dtype, &logit_shape, v)?;
+        t.b.free(g_lp);
+        t.b.free(logprobs);
+        let g_logits = if gl_dtype == c {
+            g_logits
+        } else {
+            let g =
+                t.b.push("grad.logits_16", Role::Workspace, c, &logit_shape, v)?;
+            t.b.free(g_logits);
+            g
+        };
+        // Gathered logits: the gather's backward keeps this rank's slice of the gradient.
+        let g_logits = if gathered {
+            if let Some(l) = logit_shape.last_mut() {
+                *l = v_local;
+            }
+            let g = t.b.push(
+                "grad.logits_local",
+                Role::Workspace,
+                c,
+                &logit_shape,
+                v_local,
+            )?;
+            t.b.free(g_logits);
+            g
+        } else {
+            g_logits
+        };
+        // The head's matmul: its weight gradient and the gradient of its input.
+        let w_ = t.w;
+        if head_piece == "embed" {
+            // A tied head: its gradient waits for the embedding's.
+            t.states.gradient_part(t.b, head_piece, w_)?;
+        } else {
+            t.states.gradient(t.b, head_piece, w_)?;
+        }
+        // (ViT's classifier reads one token; its input gradient is still [b, s, h], zeros elsewhere.)
+        let mut gx = t.hidden("grad.head_x", Role::Workspace)?;
         t.b.free(g_logits);
-        g
-    };
-    // The head's matmul: its weight gradient and the gradient of its input.
-    let w_ = t.w;
-    if head_piece == "embed" {
-        // A tied head: its gradient waits for the embedding's.
-        t.states.gradient_part(t.b, head_piece, w_)?;
-    } else {
-        t.states.gradient(t.b, head_piece, w_)?;
-    }
-    // (ViT's classifier reads one token; its input gradient is still [b, s, h], zeros elsewhere.)
-    let mut gx = t.hidden("grad.head_x", Role::Workspace)?;
-    t.b.free(g_logits);
-    if t.r != c {
-        // ToCopyBackward0: the 16-bit gradient of the head's input copy becomes fp32.
-        let g = t.hidden_t("grad.head_x32", Role::Workspace, t.r)?;
+        if t.r != c {
+            // ToCopyBackward0: the 16-bit gradient of the head's input copy becomes fp32.
+            let g = t.hidden_t("grad.head_x32", Role::Workspace, t.r)?;
+            t.b.free(gx);
+            gx = g;
+        }
+        if head_piece != "head.rest" {
+            t.states.gradient(t.b, "head.rest", w_)?;
+        }
+        let gin = t.hidden_t("grad.head_in", Role::Workspace, t.r)?;
         t.b.free(gx);
-        gx = g;
-    }
-    if head_piece != "head.rest" {
-        t.states.gradient(t.b, "head.rest", w_)?;
-    }
-    let gin = t.hidden_t("grad.head_in", Role::Workspace, t.r)?;
-    t.b.free(gx);
-    t.b.free_all(head_saved);
+        t.b.free_all(head_saved);
+        gin
+    };
     let mut g = gin;
     match seg {
         None => {
@@ -1285,25 +1552,45 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
             t.b.free_all(std::mem::take(&mut masks));
         }
     }
-    // Embedding backward: the dense gradient of the token embedding (added into the tied head's
-    // gradient when it already exists) and of the positions.
-    t.states.gradient(t.b, "embed", w_)?;
-    // The last op (ViT's patch convolution, or the position lookup) releases what it saved
-    // and its incoming gradient before its weight's gradient is converted to fp32.
-    t.states.gradient_then(t.b, "embed.rest", w_, |b| {
-        b.free_all(emb_saved);
-        b.free(g);
-    })?;
+    let w_ = t.w;
+    let mut sent_grad = None;
+    if stage.first() {
+        // Embedding backward: the dense gradient of the token embedding (added into the tied
+        // head's gradient when it already exists) and of the positions.
+        t.states.gradient(t.b, "embed", w_)?;
+        // The last op (ViT's patch convolution, or the position lookup) releases what it saved
+        // and its incoming gradient before its weight's gradient is converted to fp32.
+        t.states.gradient_then(t.b, "embed.rest", w_, |b| {
+            b.free_all(emb_saved);
+            b.free(g);
+        })?;
+    } else {
+        // The input's gradient is sent back: the schedule waits for its sends at the end of
+        // the step, which holds it until then (measured: one [b, s, h] per micro-batch on
+        // the last stage at its last backward).
+        sent_grad = Some(g);
+        if recv_free {
+            t.b.free(x0);
+        }
+    }
     if let Some(cs) = t.rope.take() {
         t.b.free(cs);
     }
     if let Some(gb) = t.gather.take() {
         t.b.free(gb);
     }
+    if w.parallel.fsdp.is_some() {
+        // The root's post-backward: its gradients reduce-scattered, its parameters resharded.
+        t.states.fsdp_reduce(t.b, &root_pieces)?;
+        t.reshard("root");
+    }
     // A loop that kept the outputs (logits, cache) drops them once backward is done; only the
     // detached loss lives through the optimizer step.
     t.release_held();
     t.b.free_all(inputs);
     t.states.optimizer_step(t.b, w_)?;
+    if let Some(g) = sent_grad {
+        t.b.free(g);
+    }
     Ok(())
 }

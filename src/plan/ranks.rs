@@ -1,0 +1,248 @@
+//! Rank plans: the plan of one rank of a parallel layout (`workload::parallel`), the worst rank
+//! when none is named, and a pipeline stage's schedule of micro-batches built from the stage's
+//! plan of one micro-batch.
+
+use super::build::PlanError;
+use super::{Event, EventKind, Phase, Plan, Role, Step, TensorIx};
+use crate::workload::parallel::{self, Schedule, Stage};
+use crate::workload::Workload;
+
+/// The plan of `w`'s rank (`parallel.rank`), or of its worst rank: one rank per pipeline stage
+/// is built (the ranks of a stage hold the same) and the highest peak wins. `one` builds the
+/// plan of one micro-batch of a rank whose `parallel.rank` is set.
+pub fn plan(
+    w: &Workload,
+    one: impl Fn(&Workload) -> Result<Plan, PlanError>,
+) -> Result<Plan, PlanError> {
+    let ranks = match w.parallel.rank {
+        Some(r) => vec![r],
+        None => w.stage_ranks(),
+    };
+    let mut best: Option<Plan> = None;
+    for r in ranks {
+        let mut rw = w.clone();
+        rw.parallel.rank = Some(r);
+        let mut p = one(&rw)?;
+        let st = parallel::stage(&rw, r);
+        if st.of > 1 {
+            p = schedule(p, &st, &rw)?;
+        }
+        if best
+            .as_ref()
+            .is_none_or(|b| p.peak().bytes > b.peak().bytes)
+        {
+            best = Some(p);
+        }
+    }
+    let mut p = best.ok_or_else(|| PlanError::Invalid("a layout without ranks".into()))?;
+    let r = p.workload.parallel.rank.unwrap_or(0);
+    let c = p.workload.coords(r);
+    let st = parallel::stage(&p.workload, r);
+    let mut at = format!("rank {r} of {}", w.gpus);
+    if st.of > 1 {
+        at.push_str(&format!(
+            " (pipeline stage {} of {}, layers {}–{})",
+            st.index,
+            st.of,
+            st.lo,
+            st.hi - 1
+        ));
+    }
+    let why = if w.parallel.rank.is_some() {
+        "as asked".to_string()
+    } else if st.of > 1 {
+        "the worst: its stage holds the most".to_string()
+    } else {
+        "every rank holds the same".to_string()
+    };
+    let _ = c;
+    p.notes.insert(0, format!("per-rank plan: {at}, {why}"));
+    if w.parallel.rank.is_none() {
+        // The plan is the worst rank's, but the workload stays as asked (no rank fixed).
+        p.workload.parallel.rank = None;
+        p.notes.insert(1, format!("worst rank: {r}"));
+    }
+    Ok(p)
+}
+
+/// The rank a plan was built for: its workload's, or the worst one its notes name.
+pub fn rank_of(p: &Plan) -> Option<u64> {
+    p.workload.parallel.rank.or_else(|| {
+        p.notes
+            .iter()
+            .find_map(|n| n.strip_prefix("worst rank: ")?.parse().ok())
+    })
+}
+
+/// Forward and backward of micro-batches in the order the stage runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    F(u64),
+    B(u64),
+}
+
+/// The stage's order of forwards and backwards over `m` micro-batches.
+fn order(st: &Stage, w: &Workload) -> Vec<Op> {
+    let p = &w.parallel;
+    let m = p.microbatches();
+    let mut out = Vec::new();
+    match p.schedule {
+        Schedule::Gpipe => {
+            out.extend((0..m).map(Op::F));
+            out.extend((0..m).map(Op::B));
+        }
+        Schedule::OneFOneB | Schedule::Interleaved => {
+            // Warm-up forwards, then one forward one backward, then the cool-down backwards.
+            let warm = st.in_flight(p).saturating_sub(1).min(m);
+            let (mut f, mut b) = (0, 0);
+            while f < warm {
+                out.push(Op::F(f));
+                f += 1;
+            }
+            while f < m {
+                out.push(Op::F(f));
+                f += 1;
+                out.push(Op::B(b));
+                b += 1;
+            }
+            while b < m {
+                out.push(Op::B(b));
+                b += 1;
+            }
+        }
+    }
+    out
+}
+
+/// A stage's step: the plan of one micro-batch (forward, loss where the stage has the head,
+/// backward) run for each micro-batch in the schedule's order, the model states shared, the
+/// gradients made by the first backward and accumulated into by the others (each later
+/// gradient a temporary added in place), then one optimizer step.
+pub fn schedule(one: Plan, st: &Stage, w: &Workload) -> Result<Plan, PlanError> {
+    let ops = order(st, w);
+    let n = one.tensors.len();
+    // Where each tensor is made and whether it is freed.
+    let mut made = vec![Phase::Setup; n];
+    let mut freed_in: Vec<Option<Phase>> = vec![None; n];
+    for e in &one.events {
+        match e.kind {
+            EventKind::Alloc(t) => made[t] = e.phase,
+            EventKind::Free(t) => freed_in[t] = Some(e.phase),
+            EventKind::Kernel(_) => {}
+        }
+    }
+    let fwd = |p: Phase| matches!(p, Phase::Forward | Phase::Loss);
+    // Tensors each micro-batch has its own of: made in its forward or its backward, except
+    // the gradients, which the first backward makes and the others add into.
+    let per_mb = |t: TensorIx| -> bool {
+        fwd(made[t]) || (made[t] == Phase::Backward && one.tensors[t].role != Role::Gradients)
+    };
+    let mut tensors = one.tensors.clone();
+    let mut steps = one.steps.clone();
+    let mut events: Vec<Event> = Vec::with_capacity(one.events.len() * ops.len());
+    // clones[m][t]: micro-batch m's copy of tensor t (m = 0 keeps the originals).
+    let mut clones: Vec<Vec<TensorIx>> = Vec::new();
+    let m_count = w.parallel.microbatches();
+    for m in 0..m_count {
+        let map: Vec<TensorIx> = (0..n)
+            .map(|t| {
+                if m == 0 || !per_mb(t) {
+                    t
+                } else {
+                    let mut spec = one.tensors[t].clone();
+                    spec.name = format!("mb{m}.{}", spec.name);
+                    tensors.push(spec);
+                    tensors.len() - 1
+                }
+            })
+            .collect();
+        clones.push(map);
+    }
+    let step_of = |m: u64, k: usize, steps: &mut Vec<Step>| -> usize {
+        if m == 0 {
+            return k;
+        }
+        let map = &clones[m as usize];
+        steps.push(one.steps[k].map_tensors(|t| map[t]));
+        steps.len() - 1
+    };
+    let setup = one.events.iter().filter(|e| e.phase == Phase::Setup);
+    events.extend(setup.copied());
+    let mut first_backward = true;
+    for op in ops {
+        let (m, backward) = match op {
+            Op::F(m) => (m, false),
+            Op::B(m) => (m, true),
+        };
+        let map = clones[m as usize].clone();
+        for e in &one.events {
+            let mine = if backward {
+                e.phase == Phase::Backward
+            } else {
+                fwd(e.phase)
+            };
+            if !mine {
+                continue;
+            }
+            let kind = match e.kind {
+                EventKind::Kernel(k) => EventKind::Kernel(step_of(m, k, &mut steps)),
+                EventKind::Alloc(t) if backward && !per_mb(t) && !first_backward => {
+                    // A later micro-batch's gradient: a temporary added into the first's.
+                    let mut spec = one.tensors[t].clone();
+                    spec.name = format!("mb{m}.{}.new", spec.name);
+                    spec.role = Role::Workspace;
+                    tensors.push(spec);
+                    let tmp = tensors.len() - 1;
+                    events.push(Event {
+                        phase: e.phase,
+                        kind: EventKind::Alloc(tmp),
+                    });
+                    EventKind::Free(tmp)
+                }
+                // What the step frees of the states in backward happens once.
+                EventKind::Free(t) if backward && !per_mb(t) && !first_backward => continue,
+                EventKind::Alloc(t) => EventKind::Alloc(map[t]),
+                EventKind::Free(t) => EventKind::Free(map[t]),
+            };
+            events.push(Event {
+                phase: e.phase,
+                kind,
+            });
+        }
+        if backward {
+            first_backward = false;
+        }
+    }
+    // The step's end; what a micro-batch held until then (a sent gradient) goes for each.
+    for e in one.events.iter().filter(|e| e.phase == Phase::Optimizer) {
+        match e.kind {
+            EventKind::Free(t) if per_mb(t) => {
+                for map in &clones {
+                    events.push(Event {
+                        phase: e.phase,
+                        kind: EventKind::Free(map[t]),
+                    });
+                }
+            }
+            _ => events.push(*e),
+        }
+    }
+    let mut notes = one.notes.clone();
+    notes.push(format!(
+        "pipeline: {} micro-batches of {} under {}, stage {} holds {} at once",
+        m_count,
+        w.batch,
+        w.parallel.schedule.name(),
+        st.index,
+        st.in_flight(&w.parallel)
+    ));
+    Ok(Plan {
+        workload: one.workload,
+        scenario: one.scenario,
+        value: one.value,
+        tensors,
+        steps,
+        events,
+        notes,
+    })
+}

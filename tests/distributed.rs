@@ -1,0 +1,161 @@
+//! Rank plans against PyTorch distributed: every rank of every row of
+//! `tests/fixtures/distributed.json` (measured on CPU over gloo by `validation/distributed.py`:
+//! DDP with and without bucket views, FSDP2 resharding and not, tensor parallelism with a
+//! replicated head and with sequence parallelism, a 2-stage 1F1B and GPipe pipeline, and the
+//! one-device reference) must be reproduced by that rank's plan: the first and the steady
+//! step's peak within 2 %, in the phase PyTorch peaked in. No torch is needed here.
+
+use clap::Parser;
+use oomprobe::cli::WorkloadArgs;
+use oomprobe::plan::Plan;
+use serde_json::Value;
+
+#[derive(Parser)]
+struct Flags {
+    #[command(flatten)]
+    w: WorkloadArgs,
+}
+
+fn fixture() -> Value {
+    let path = format!(
+        "{}/tests/fixtures/distributed.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("JSON")
+}
+
+/// The oomprobe flags of a row's layout, at rank `rank`: its model (the LLaMA-style mini of
+/// `validation/measure.py`, eager attention, fp32, CPU kernels, foreach Adam, gradients freed)
+/// and the layout as the frameworks name it. `--batch` is one rank's micro-batch.
+fn flags(r: &Value, rank: u64, step: &str) -> Vec<String> {
+    let m = &r["model"];
+    let l = &r["layout"];
+    let n = |v: &Value| v.as_u64().unwrap();
+    let mb = l["microbatches"].as_u64().unwrap_or(1).max(1);
+    let mut f: Vec<String> = format!(
+        "x --model llama-7b --layers {} --hidden {} --heads {} --kv-heads {} --ffn {} --vocab {} \
+         --attention eager --precision fp32 --autocast-device cpu --optimizer-impl foreach \
+         --grads free --batch {} --seq {} --step {step}",
+        n(&m["layers"]),
+        n(&m["hidden"]),
+        n(&m["heads"]),
+        n(&m["kv_heads"]),
+        n(&m["ffn"]),
+        n(&m["vocab"]),
+        n(&m["batch"]) / mb,
+        n(&m["seq"]),
+    )
+    .split_whitespace()
+    .map(String::from)
+    .collect();
+    let world = n(&l["world"]);
+    let mut add = |s: String| f.extend(s.split_whitespace().map(String::from));
+    match l["kind"].as_str().unwrap() {
+        "single" => return f,
+        "ddp" => {
+            add(format!("--gpus {world} --ddp {}", n(&l["bucket_cap_mb"])));
+            if l["gradient_as_bucket_view"].as_bool() == Some(true) {
+                add("--bucket-view on".into());
+            }
+        }
+        "fsdp2" => {
+            let on = l["reshard_after_forward"].as_bool().unwrap();
+            add(format!(
+                "--gpus {world} --fsdp full --reshard-after-forward {}",
+                if on { "on" } else { "off" }
+            ));
+        }
+        "tp" => {
+            let head = l["lm_head_placement"].as_str().unwrap_or("").to_lowercase();
+            let head = if head.contains("replicated") {
+                "replicated"
+            } else if head.contains("full logits") {
+                "gathered"
+            } else {
+                "sharded"
+            };
+            add(format!("--tp {} --tp-head {head}", n(&l["tp"])));
+            if l["sp"].as_bool() == Some(true) {
+                add("--sequence-parallel on".into());
+            }
+        }
+        "pp" => add(format!(
+            "--pp {} --microbatches {mb} --schedule {}",
+            n(&l["pp"]),
+            l["schedule"].as_str().unwrap().to_lowercase()
+        )),
+        other => panic!("unknown layout {other}"),
+    }
+    add(format!("--rank {rank}"));
+    f
+}
+
+fn plan(args: &[String]) -> Plan {
+    let a = Flags::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    let w = oomprobe::workload::overrides::resolve(&a.w, "gpt2")
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+        .workload;
+    let p = Plan::for_workload(&w).unwrap();
+    p.check_timeline().unwrap();
+    p
+}
+
+#[test]
+fn every_rank_of_every_layout_is_reproduced() {
+    let fx = fixture();
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for r in fx["rows"].as_array().unwrap() {
+        let id = r["id"].as_str().unwrap();
+        for k in r["ranks"].as_array().unwrap() {
+            let rank = k["rank"].as_u64().unwrap();
+            for step in ["first", "steady"] {
+                let p = plan(&flags(r, rank, step));
+                let peak = p.peak();
+                let measured = k[format!("train_foreach_free_{step}_peak_bytes")]
+                    .as_u64()
+                    .unwrap();
+                let phase = k[format!("train_foreach_free_{step}_peak_phase")]
+                    .as_str()
+                    .unwrap();
+                let err = (peak.bytes as f64 - measured as f64) / measured as f64;
+                let got = peak.phase.map_or("", |p| p.name());
+                checked += 1;
+                if err.abs() > 0.02 || got != phase {
+                    failures.push(format!(
+                        "{id} rank {rank} {step}: measured {measured} in {phase}, planned {} in {got} ({:+.2} %)",
+                        peak.bytes,
+                        err * 100.0
+                    ));
+                }
+            }
+        }
+    }
+    assert!(checked >= 30, "only {checked} rank peaks in the fixture");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The layouts differ from one device by what PyTorch measured, and the plans follow: DDP adds
+/// its buckets, FSDP2 and tensor parallelism take memory away, pipeline ranks differ.
+#[test]
+fn layouts_move_the_peak_the_way_pytorch_measured() {
+    let fx = fixture();
+    let row = |id: &str| {
+        fx["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .unwrap_or_else(|| panic!("no row {id}"))
+            .clone()
+    };
+    let peak = |id: &str, rank: u64| plan(&flags(&row(id), rank, "steady")).peak().bytes;
+    let single = peak("single", 0);
+    assert!(peak("ddp", 0) > single);
+    assert!(peak("fsdp2", 0) < single);
+    assert!(peak("fsdp2-no-reshard", 0) > peak("fsdp2", 0));
+    assert!(peak("tp", 0) < single);
+    assert!(peak("tp-sp", 0) < peak("tp", 0));
+    assert!(peak("pp-1f1b", 1) > peak("pp-1f1b", 0));
+    assert!(peak("pp-gpipe", 1) > peak("pp-1f1b", 1));
+}

@@ -1,0 +1,830 @@
+#!/usr/bin/env python3
+"""Measure what each rank of a real multi-process PyTorch training step holds (CPU, gloo, random
+init) and write tests/fixtures/distributed.json, the per-rank reference for oomprobe's
+distributed-memory model.
+
+Run it with the venv that validation/setup.sh creates (2 CPU cores are enough; every rank runs
+with torch.set_num_threads(1) and only one process group runs at a time):
+
+    "${OOMPROBE_VENV:-$HOME/.cache/oomprobe-validation-venv}/bin/python" validation/distributed.py \
+        [--only REGEX] [--out tests/fixtures/distributed.json]
+
+`--only` measures the rows whose id matches (re.search) and merges them into an existing --out
+file (other rows stay); without it every row is measured and the file is rewritten.
+
+Model: measure.py's LLAMA row (Llama GQA mini: hidden 256, 4 layers, 8 heads, 2 kv heads, ffn
+688, vocab 8000, eager attention, fp32, untied), built by measure.build_llm after
+torch.manual_seed(0) on every rank (identical weights), inputs from measure.make_inputs (seeded);
+Adam(foreach=True); grads freed by zero_grad(set_to_none=True), as measure.py's
+`foreach_free` variants.
+
+What each rank measures, for three consecutive steps: `first` (no grads, no Adam state), `second`
+(Adam state present; for DDP this step also rebuilds the reducer's buckets in its forward) and
+`steady` (the third step; reported as train_foreach_free_steady_*):
+
+* the step peak = bytes live before the step + the max cumulative delta of the CPU allocator's
+  events in torch.profiler(activities=[CPU], profile_memory=True) (measure.analyse_profile),
+  with measure.py's phase marks (forward, loss at lm_head's output, backward, optimizer, end);
+  the phase and op at the peak, each phase's max and what is live at the peak by allocating op.
+* the baseline (bytes live before the step), from the tensors: local storages of params +
+  buffers, grads, Adam state and the inputs (DTensors: `._local_tensor`; FSDP2's sharded params
+  are views of its padded per-rank storage, counted by storage, i.e. with padding), plus
+  `other_before_bytes`: framework buffers that are not reachable as tensors. For DDP that is the
+  reducer's bucket buffers (gradient_as_bucket_view=False: the flat `bucket.gradients` tensors
+  the reducer allocates in its constructor and again when it rebuilds buckets); they are obtained
+  from DDP's logging data (bucket_sizes, bytes) and checked against the profiler: it runs from
+  before the model is built (windows chained without a
+  gap: model build + wrapping + optimizer + inputs, then each step, gc.collect() at each window's
+  end inside it), so the torch-allocator bytes live before every step are known exactly
+  (`baseline_profiler_bytes`), and that minus the tensor-visible bytes equals the logged bucket
+  bytes to within ~1 KB (`baseline_check_diff_bytes`: 0, 128 or 1104 on some ranks; small
+  broadcast buffers freed on gloo's thread) on every run but one, where a build-time free of a
+  bucket-sized buffer on gloo's thread went unseen (+27468800). For every other
+  layout other_before is 0 and `baseline_profiler_bytes` is the independent cross-check of the
+  tensor baseline (`baseline_check_diff_bytes` = profiler - tensor baseline).
+* gloo: allocations made on gloo's worker threads, and gloo's own scratch memory (plain malloc),
+  are NOT seen: the CPU profiler records allocator events only on threads where it is enabled
+  (checked: an allocation on another Python thread does not appear; profile_all_threads records
+  no allocator events at all). Every tensor a collective's caller passes in or gets back that the
+  caller's thread allocates (FSDP2's all-gather outputs and reduce-scatter inputs, DDP's buckets,
+  DTensor redistribute outputs, pipeline recv buffers) is seen. What is missed is what NCCL would
+  also keep outside PyTorch's caching allocator, so the seen bytes are the ones a per-rank model
+  of torch-allocated memory needs. Two consequences are handled: (1) allocations made inside a
+  ProcessGroup backend op (`c10d::*`: gloo's clone/flat staging of _allgather_base_ and
+  _reduce_scatter_base_ inputs, scatter_ chunks) are dropped from the curve (FilteredProfile;
+  their bytes per op are reported as backend_internal_*): gloo frees them on its worker thread
+  at random, and NCCL has no such torch allocation; (2) outputs of functional collectives
+  (DTensor's redistributes) are real and kept, and each wait on them sleeps 1 ms
+  (SettleAfterWait) so that their frees happen on the main thread. With both, every peak is
+  the same on every run, rank and steady step (c10d Work.wait gets the same 1 ms settle; the last
+  run left one 160-byte difference on ddp rank 1). Remaining baseline_check_diff_bytes: 4-8 bytes
+  from process-group/mesh set-up; the tensor baseline is the one reported.
+
+Layouts (row ids):
+
+* `single`: world 1, no wrapper: the reference (same code path as every row; measure.py's
+  llama-gqa-mini-p0-b2-s256 first step: 154959016).
+* `ddp`, `ddp-bucket-view`: DistributedDataParallel(bucket_cap_mb=25, gradient_as_bucket_view
+  False / True), world 2, per-rank batch 2 (rank r's batch: make_inputs with seed 1 + r, so the
+  ranks see different data).
+* `fsdp2`, `fsdp2-no-reshard`: fully_shard on each decoder layer, then on the root
+  LlamaForCausalLM (embedding, final norm, lm_head in the root group), 1-D CPU mesh of 2,
+  reshard_after_forward True / False; per-rank batch 2 (different data per rank).
+* `tp`: parallelize_module per decoder layer, tp 2: q/k/v/gate/up ColwiseParallel, o/down
+  RowwiseParallel; embedding, norms and lm_head plain replicated modules (not DTensors). Both ranks
+  see the same batch 2. Local heads 4, local kv heads 1 (HF's view(..., -1, head_dim)). Adam gets two
+  param groups (DTensor params; plain params) because foreach ops refuse a mixed list; Adam runs
+  its foreach ops per group (info.adam_param_groups records the split of every row).
+* `tp-sp`: sequence parallel as torchtitan does it: embed_tokens RowwiseParallel(input_layouts=
+  Replicate(), output_layouts=Shard(1)); input_layernorm, post_attention_layernorm, final norm
+  SequenceParallel(); q/k/v/gate/up ColwiseParallel(input_layouts=Shard(1)); o/down
+  RowwiseParallel(output_layouts=Shard(1)); lm_head ColwiseParallel(input_layouts=Shard(1),
+  output_layouts=Replicate()) (full logits on each rank, HF's own loss; no loss_parallel). HF's
+  LlamaModel derives positions and the mask's query length from inputs_embeds.shape[1], which is
+  the local sequence (128) under SP, so the step passes position_ids = arange(256) and a 4-D eager
+  mask built by transformers' create_causal_mask for the full sequence (HF returns a 4-D mask
+  as-is); both are made inside the step's forward phase.
+* `pp-1f1b`, `pp-gpipe`: torch.distributed.pipelining PipelineStage + Schedule1F1B /
+  ScheduleGPipe, 2 stages, 4 micro-batches of 2 (global batch 8, seq 256), step(...,
+  return_outputs=False) as torchtitan calls it (the last stage keeps no logits). Stage 0 (rank
+  0) = embed_tokens + layers 0-1: it computes position_ids = arange(seq), the eager 4-D causal mask
+  (create_causal_mask, as LlamaModel does) and rotary cos/sin (the model's rotary_emb), and returns
+  the hidden states. Stage 1 (rank 1) = layers 2-3 + final norm + lm_head: it computes its own
+  position_ids, mask and cos/sin from the received hidden states; the schedule's loss_fn is HF's
+  ForCausalLMLoss (model.loss_function, mean over the micro-batch; the schedule scales grads by
+  1/4). Each rank builds the full model (seed 0) and keeps only its stage's modules; Adam over the
+  stage's params. One step = schedule.step(...) + opt.step() + zero_grad. Marks: forward at each
+  forward_one_chunk, loss in loss_fn, backward at each backward_one_chunk, optimizer; each chunk's
+  micro-batch index is marked too (pp rows: `microbatch_marks`, live delta at each chunk start).
+
+Numbers are bytes of the CPU allocator (no caching: every torch allocation is a malloc), fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gc
+import json
+import os
+import platform
+import re
+import socket
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import measure  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+SCHEMA_VERSION = 1
+MB_MARK = "oomprobe::mb::"
+STEPS = ("first", "second", "steady")
+
+MODEL = dict(measure.LLAMA, model="llama-gqa-mini", precision="fp32")
+measure.fill_config_defaults(MODEL)
+
+ROWS = [
+    dict(id="single", kind="single", world=1),
+    dict(id="ddp", kind="ddp", world=2, bucket_cap_mb=25, gradient_as_bucket_view=False),
+    dict(id="ddp-bucket-view", kind="ddp", world=2, bucket_cap_mb=25, gradient_as_bucket_view=True),
+    dict(id="fsdp2", kind="fsdp2", world=2, reshard_after_forward=True),
+    dict(id="fsdp2-no-reshard", kind="fsdp2", world=2, reshard_after_forward=False),
+    dict(id="tp", kind="tp", world=2, sp=False),
+    dict(id="tp-sp", kind="tp", world=2, sp=True),
+    dict(id="pp-1f1b", kind="pp", world=2, schedule="1F1B", microbatches=4),
+    dict(id="pp-gpipe", kind="pp", world=2, schedule="GPipe", microbatches=4),
+]
+
+
+def layout_of(r: dict) -> dict:
+    k = r["kind"]
+    w = r["world"]
+    return {
+        "kind": k, "world": w,
+        "dp": w if k in ("ddp", "fsdp2") else 1,
+        "tp": w if k == "tp" else 1,
+        "sp": bool(r.get("sp", False)),
+        "pp": w if k == "pp" else 1,
+        "microbatches": r.get("microbatches", 1),
+        "schedule": r.get("schedule"),
+        "reshard_after_forward": r.get("reshard_after_forward"),
+        "bucket_cap_mb": r.get("bucket_cap_mb"),
+        "gradient_as_bucket_view": r.get("gradient_as_bucket_view"),
+        "embedding_placement": ("RowwiseParallel(Replicate -> Shard(1)), vocab-sharded weight" if r.get("sp")
+                                else "replicated (plain module)") if k == "tp" else None,
+        "lm_head_placement": ("ColwiseParallel(Shard(1) -> Replicate), vocab-sharded weight, full logits"
+                              if r.get("sp") else "replicated (plain module)") if k == "tp" else None,
+        "norm_placement": ("SequenceParallel (Replicate DTensor params)" if r.get("sp") else "replicated")
+        if k == "tp" else None,
+        "loss": "HF ForCausalLMLoss on full logits" + (" per micro-batch (schedule loss_fn)" if k == "pp" else ""),
+        "pp_split": "stage0 = embed_tokens + layers 0-1; stage1 = layers 2-3 + norm + lm_head + loss"
+        if k == "pp" else None,
+        "return_outputs": False if k == "pp" else None,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Accounting
+# ----------------------------------------------------------------------------------------------
+
+
+def local(t):
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        return t._local_tensor
+    return t
+
+
+def ubytes(tensors) -> int:
+    return measure.unique_bytes([local(t) for t in tensors if t is not None])
+
+
+def state_tensors(opt) -> list:
+    out = []
+    for st in opt.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                out.append(v)
+    return out
+
+
+def mbmark(name: str):
+    with record_function(MB_MARK + name):
+        pass
+
+
+def profile_ctx():
+    return profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+
+
+class _Node:
+    __slots__ = ("name", "tag", "start_time_ns", "extra_fields", "parent", "children")
+
+
+class _Results:
+    def __init__(self, roots):
+        self._roots = roots
+
+    def experimental_event_tree(self):
+        return self._roots
+
+
+class FilteredProfile:
+    """The profiler's event tree without the allocations made inside a ProcessGroup backend op
+    (`c10d::*`, e.g. gloo's clone of a reduce-scatter input): gloo frees them on its worker thread
+    whenever its Work object dies there, which the profiler cannot see, so they would stay "live"
+    at random. NCCL makes no such torch allocation. `_c10d_functional::*` ops (DTensor's
+    collectives, whose outputs are real tensors the caller keeps) are not filtered."""
+
+    def __init__(self, prof):
+        roots = prof.profiler.kineto_results.experimental_event_tree()
+        allocs = sorted((n for n in measure._walk(roots) if str(n.tag).endswith("Allocation")),
+                        key=lambda n: n.start_time_ns)
+        drop: set = set()
+        dropped_live: dict = {}
+        self.ops: dict = defaultdict(int)
+        self.bytes = 0
+        for n in allocs:
+            ef = n.extra_fields
+            key = (n.start_time_ns, ef.ptr, ef.alloc_size)
+            if ef.alloc_size > 0:
+                p, op = n.parent, None
+                while p is not None:
+                    if p.name.startswith("c10d::"):
+                        op = p.name
+                    p = p.parent
+                if op is not None:
+                    drop.add(key)
+                    dropped_live[ef.ptr] = ef.alloc_size
+                    self.ops[op] += ef.alloc_size
+                    self.bytes += ef.alloc_size
+                else:
+                    dropped_live.pop(ef.ptr, None)  # its earlier dropped owner was freed unseen
+            elif ef.ptr in dropped_live:
+                drop.add(key)
+                del dropped_live[ef.ptr]
+        self.unfreed_bytes = sum(dropped_live.values())
+        out: list = []
+        stack = [(r, None) for r in roots]
+        while stack:
+            n, par = stack.pop()
+            if n.name == "PythonDispatchMode":  # SettleAfterWait's mode: splice it out
+                stack.extend((c, par) for c in n.children)
+                continue
+            if str(n.tag).endswith("Allocation") and \
+                    (n.start_time_ns, n.extra_fields.ptr, n.extra_fields.alloc_size) in drop:
+                continue
+            m = _Node()
+            m.name, m.tag, m.start_time_ns, m.parent, m.children = n.name, n.tag, n.start_time_ns, par, []
+            m.extra_fields = n.extra_fields if str(n.tag).endswith("Allocation") else None
+            (par.children if par is not None else out).append(m)
+            stack.extend((c, m) for c in n.children)
+        out.sort(key=lambda m: m.start_time_ns)
+        for m in measure._walk(out):
+            m.children.sort(key=lambda c: c.start_time_ns)
+        self.profiler = _Results.__new__(_Results)
+        self.profiler.kineto_results = _Results(out)
+
+    def info(self) -> dict:
+        return {"backend_internal_alloc_bytes": self.bytes, "backend_internal_unfreed_bytes": self.unfreed_bytes,
+                "backend_internal_by_op": dict(self.ops)}
+
+
+class SettleAfterWait:
+    """Sleep 1 ms after each wait on a functional collective (`_c10d_functional.wait_tensor(s)`:
+    the Python wrappers in torch.distributed._functional_collectives, which AsyncCollectiveTensor
+    and the collectives' backward call by name, patched). (A TorchDispatchMode doing the same hid
+    the module context of every allocation, so it is built but not entered.) gloo's Work object holds a reference to the collective's output; its worker
+    thread drops it right after the collective completes, racing the main thread: when the main
+    thread drops its tensor first, the storage is freed on the worker thread, unseen by the
+    profiler, and the tensor looks live to the end of the step (+-0.5..2.6 MB run-to-run noise in
+    tp / tp-sp before this). Letting the worker settle first makes every such free happen, and be
+    seen, on the main thread. c10d Work.wait (FSDP2, DDP, pipelining) is patched the same way.
+    The mode's own profiler range ("PythonDispatchMode") is spliced out of the event tree
+    (FilteredProfile) so allocations keep their module / autograd-node context. Nothing is
+    allocated or changed."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        waits = {torch.ops._c10d_functional.wait_tensor.default, torch.ops._c10d_functional.wait_tensors.default}
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if func in waits:
+                    time.sleep(0.001)
+                return out
+
+        self.mode = _Mode()
+
+    def __enter__(self):
+        import torch.distributed._functional_collectives as funcol
+
+        self.saved = (funcol.wait_tensor, funcol.wait_tensors)
+        wt, wts = self.saved
+
+        def wait_tensor(t):
+            out = wt(t)
+            time.sleep(0.001)
+            return out
+
+        def wait_tensors(ts):
+            out = wts(ts)
+            time.sleep(0.001)
+            return out
+
+        funcol.wait_tensor, funcol.wait_tensors = wait_tensor, wait_tensors
+        work_cls = dist.distributed_c10d.Work
+        self.saved_work_wait = work_cls.wait
+        ww = self.saved_work_wait
+
+        def work_wait(work, *a, **k):  # FSDP2, DDP and pipelining wait on c10d Work objects
+            out = ww(work, *a, **k)
+            time.sleep(0.001)
+            return out
+
+        work_cls.wait = work_wait
+        return self
+
+    def __exit__(self, *exc):
+        import torch.distributed._functional_collectives as funcol
+
+        funcol.wait_tensor, funcol.wait_tensors = self.saved
+        dist.distributed_c10d.Work.wait = self.saved_work_wait
+        return False
+
+
+def curve_detail(prof) -> dict:
+    """The peak's timestamp, the micro-batch mark before it, and the live delta at each mb mark."""
+    roots = prof.profiler.kineto_results.experimental_event_tree()
+    allocs, mbs = [], []
+    live: dict = {}
+    unmatched_free = 0
+    evs = sorted((n for n in measure._walk(roots) if str(n.tag).endswith("Allocation")), key=lambda n: n.start_time_ns)
+    for n in evs:
+        ef = n.extra_fields
+        if ef.alloc_size > 0:
+            live[ef.ptr] = (ef.alloc_size, n)
+        elif ef.ptr in live:
+            del live[ef.ptr]
+        else:
+            unmatched_free += -ef.alloc_size
+    end_live: dict = defaultdict(int)
+    for size, n in live.values():
+        end_live[measure.alloc_context(n)] += size
+    for n in measure._walk(roots):
+        if str(n.tag).endswith("Allocation"):
+            allocs.append((n.start_time_ns, n.extra_fields.alloc_size))
+        elif n.name.startswith(MB_MARK):
+            mbs.append((n.start_time_ns, n.name[len(MB_MARK):]))
+    allocs.sort()
+    mbs.sort()
+    cum, peak, peak_ts = 0, 0, None
+    at_marks = []
+    j = 0
+    for ts, size in allocs:
+        while j < len(mbs) and mbs[j][0] <= ts:
+            at_marks.append((mbs[j][1], cum))
+            j += 1
+        cum += size
+        if cum > peak:
+            peak, peak_ts = cum, ts
+    while j < len(mbs):
+        at_marks.append((mbs[j][1], cum))
+        j += 1
+    mb_at_peak = None
+    if peak_ts is not None:
+        for ts, name in mbs:
+            if ts <= peak_ts:
+                mb_at_peak = name
+    return {"live_at_end_by_op": [{"what": k, "bytes": v} for k, v in sorted(end_live.items(), key=lambda kv: -kv[1])[:8]],
+            "freed_not_allocated_in_step_bytes": unmatched_free,
+            "microbatch_at_peak": mb_at_peak, "microbatch_marks": [{"mark": m, "delta_bytes": d} for m, d in at_marks]}
+
+
+# ----------------------------------------------------------------------------------------------
+# Building each layout (inside the build profiler window)
+# ----------------------------------------------------------------------------------------------
+
+
+def build_base():
+    torch.manual_seed(0)
+    model = measure.build_llm(MODEL).float()
+    model.train()
+    return model
+
+
+def inputs_for(batch: int, seed: int) -> dict:
+    r = dict(MODEL, batch=batch)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, r["vocab"], (batch, r["seq"]), generator=g)
+    return {"input_ids": ids, "labels": ids}
+
+
+class Ctx:
+    """What one rank runs: the module(s), optimizer, inputs and a step function."""
+
+
+def build_single(row, rank, world, info):
+    c = Ctx()
+    c.model = build_base()
+    c.inner = c.model
+    c.inputs = measure.make_inputs(MODEL)  # seed 1, exactly measure.py's inputs
+    c.fwd_kwargs = lambda: dict(c.inputs)
+    return c
+
+
+def build_ddp(row, rank, world, info):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    c = Ctx()
+    c.inner = build_base()
+    c.model = DDP(c.inner, bucket_cap_mb=row["bucket_cap_mb"],
+                  gradient_as_bucket_view=row["gradient_as_bucket_view"])
+    try:
+        ld = c.model._get_ddp_logging_data()
+        info["ddp_logging"] = {k: ld[k] for k in ("bucket_sizes", "bucket_cap_bytes", "gradient_as_bucket_view")
+                               if k in ld}
+    except Exception as e:  # noqa: BLE001
+        info["ddp_logging"] = {"error": repr(e)}
+    c.inputs = inputs_for(MODEL["batch"], 1 + rank)
+    c.fwd_kwargs = lambda: dict(c.inputs)
+    return c
+
+
+def build_fsdp2(row, rank, world, info):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    c = Ctx()
+    mesh = init_device_mesh("cpu", (world,))
+    c.model = build_base()
+    raf = row["reshard_after_forward"]
+    for layer in c.model.model.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=raf)
+    fully_shard(c.model, mesh=mesh, reshard_after_forward=raf)
+    c.inner = c.model
+    c.inputs = inputs_for(MODEL["batch"], 1 + rank)
+    c.fwd_kwargs = lambda: dict(c.inputs)
+    return c
+
+
+def build_tp(row, rank, world, info):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+    from transformers.masking_utils import create_causal_mask
+
+    c = Ctx()
+    mesh = init_device_mesh("cpu", (world,))
+    c.model = build_base()
+    sp = row["sp"]
+    for layer in c.model.model.layers:
+        if sp:
+            plan = {
+                "input_layernorm": SequenceParallel(),
+                "post_attention_layernorm": SequenceParallel(),
+                "self_attn.q_proj": ColwiseParallel(input_layouts=Shard(1)),
+                "self_attn.k_proj": ColwiseParallel(input_layouts=Shard(1)),
+                "self_attn.v_proj": ColwiseParallel(input_layouts=Shard(1)),
+                "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+                "mlp.gate_proj": ColwiseParallel(input_layouts=Shard(1)),
+                "mlp.up_proj": ColwiseParallel(input_layouts=Shard(1)),
+                "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+            }
+        else:
+            plan = {
+                "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+                "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+                "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                "mlp.down_proj": RowwiseParallel(),
+            }
+        parallelize_module(layer, mesh, plan)
+    if sp:
+        parallelize_module(c.model, mesh, {
+            "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "model.norm": SequenceParallel(),
+            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        })
+    c.inner = c.model
+    c.inputs = inputs_for(MODEL["batch"], 1)  # every TP rank sees the same batch
+    seq = MODEL["seq"]
+    cfg = c.model.config
+
+    def fwd_kwargs():
+        kw = dict(c.inputs)
+        if sp:  # positions and the mask for the full sequence (HF would size them by the local shard)
+            pos = torch.arange(seq).unsqueeze(0)
+            shape_only = torch.empty((MODEL["batch"], seq, 1))
+            kw["position_ids"] = pos
+            kw["attention_mask"] = create_causal_mask(config=cfg, inputs_embeds=shape_only, attention_mask=None,
+                                                      cache=None, position_ids=pos)
+        return kw
+
+    c.fwd_kwargs = fwd_kwargs
+    return c
+
+
+class Stage0(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.config = m.config
+        self.embed_tokens = m.model.embed_tokens
+        self.layers = torch.nn.ModuleList(list(m.model.layers[:2]))
+        self.rotary_emb = m.model.rotary_emb
+
+    def forward(self, input_ids):
+        from transformers.masking_utils import create_causal_mask
+
+        h = self.embed_tokens(input_ids)
+        pos = torch.arange(h.shape[1]).unsqueeze(0)
+        mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None, cache=None,
+                                  position_ids=pos)
+        pe = self.rotary_emb(h, position_ids=pos)
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask, position_embeddings=pe, position_ids=pos)
+        return h
+
+
+class Stage1(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.config = m.config
+        self.layers = torch.nn.ModuleList(list(m.model.layers[2:]))
+        self.norm = m.model.norm
+        self.lm_head = m.lm_head
+        self.rotary_emb = m.model.rotary_emb
+
+    def forward(self, h):
+        from transformers.masking_utils import create_causal_mask
+
+        pos = torch.arange(h.shape[1]).unsqueeze(0)
+        mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None, cache=None,
+                                  position_ids=pos)
+        pe = self.rotary_emb(h, position_ids=pos)
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask, position_embeddings=pe, position_ids=pos)
+        return self.lm_head(self.norm(h))
+
+
+def build_pp(row, rank, world, info):
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    c = Ctx()
+    full = build_base()
+    loss_function = full.loss_function
+    vocab = full.config.vocab_size
+    mod = Stage0(full) if rank == 0 else Stage1(full)
+    del full
+    gc.collect()
+    mod.train()
+    c.model = c.inner = mod
+    n_mb = row["microbatches"]
+    c.inputs = inputs_for(MODEL["batch"] * n_mb, 1)
+    stage = PipelineStage(mod, rank, world, torch.device("cpu"))
+
+    def loss_fn(logits, target):
+        measure.mark("loss")
+        return loss_function(logits=logits, labels=target, vocab_size=vocab)
+
+    sched_cls = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}[row["schedule"]]
+    c.schedule = sched_cls(stage, n_microbatches=n_mb, loss_fn=loss_fn)
+    f_orig, b_orig = stage.forward_one_chunk, stage.backward_one_chunk
+
+    def fwd(fwd_chunk_id, *a, **k):
+        measure.mark("forward")
+        mbmark(f"fwd{fwd_chunk_id}")
+        return f_orig(fwd_chunk_id, *a, **k)
+
+    def bwd(bwd_chunk_id, *a, **k):
+        measure.mark("backward")
+        mbmark(f"bwd{bwd_chunk_id}")
+        return b_orig(bwd_chunk_id, *a, **k)
+
+    stage.forward_one_chunk = fwd
+    stage.backward_one_chunk = bwd
+    c.stage = stage
+    info["stage_modules"] = [n for n, _ in mod.named_children()]
+    return c
+
+
+def param_groups(model) -> list:
+    """One Adam param group, or two where DTensor and plain params mix (tp: the replicated embedding,
+    norms and lm_head stay plain): foreach ops refuse mixed lists, and Adam runs its foreach ops per
+    param group."""
+    from torch.distributed.tensor import DTensor
+
+    ps = list(model.parameters())
+    dt = [p for p in ps if isinstance(p, DTensor)]
+    plain = [p for p in ps if not isinstance(p, DTensor)]
+    return [{"params": g} for g in (dt, plain) if g]
+
+
+BUILDERS = {"single": build_single, "ddp": build_ddp, "fsdp2": build_fsdp2, "tp": build_tp, "pp": build_pp}
+
+
+# ----------------------------------------------------------------------------------------------
+# One step
+# ----------------------------------------------------------------------------------------------
+
+
+def run_step(row, rank, c, tracker, losses_out):
+    if row["kind"] == "pp":
+        measure.mark("forward")
+        losses = []
+        if rank == 0:
+            c.schedule.step(c.inputs["input_ids"], return_outputs=False)
+        else:
+            c.schedule.step(target=c.inputs["labels"], losses=losses, return_outputs=False)
+            losses_out.append(float(sum(x.detach() for x in losses) / len(losses)))
+        del losses
+    else:
+        h = c.inner.lm_head.register_forward_hook(lambda *_: measure.mark("loss"))
+        measure.mark("forward")
+        with tracker:
+            out = c.model(**c.fwd_kwargs())
+        loss = out.loss
+        h.remove()
+        measure.mark("backward")
+        loss.backward()
+        losses_out.append(float(loss.detach()))
+        del loss, out
+    measure.mark("optimizer")
+    c.opt.step()
+    c.opt.zero_grad(set_to_none=True)
+    measure.mark("end")
+
+
+def worker(rank: int, row: dict, port: int, tmpdir: str):
+    torch.set_num_threads(1)
+    world = row["world"]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    t0 = time.time()
+    info: dict = {}
+    # Build window: model, wrapper, optimizer, inputs; everything allocated from here is seen.
+    with profile_ctx() as prof, SettleAfterWait():
+        c = BUILDERS[row["kind"]](row, rank, world, info)
+        c.opt = torch.optim.Adam(param_groups(c.model), foreach=True)
+        info["adam_param_groups"] = [len(g["params"]) for g in c.opt.param_groups]
+        gc.collect()
+    fprof = FilteredProfile(prof)
+    live = measure.analyse_profile(fprof, 0, {})["end_delta_bytes"]
+    info["build_backend_internal"] = fprof.info()
+    del prof
+    info["build_live_bytes"] = live
+    params = list(c.model.parameters())
+    buffers = list(c.model.buffers())
+    info["params_local_numel_bytes"] = sum(local(p).numel() * local(p).element_size() for p in params)
+    tracker = measure.ModuleTracker(c.inner, profile_ranges=True)
+    steps = {}
+    losses: list[float] = []
+    for name in STEPS:
+        dist.barrier()
+        pbytes = ubytes(params + buffers)
+        gbytes = ubytes([p.grad for p in params])
+        sbytes = ubytes(state_tensors(c.opt))
+        ibytes = measure.unique_bytes(list(c.inputs.values()))
+        visible = pbytes + gbytes + sbytes + ibytes
+        other = 0
+        if row["kind"] == "ddp":  # the reducer's buckets: DDP's logged bucket sizes (bytes), which the
+            # profiler chain (live - visible) cross-checks; the chain alone once read one bucket too
+            # many on a rank (a build-time free on gloo's thread went unseen)
+            other = sum(int(x) for x in str(info["ddp_logging"]["bucket_sizes"]).split(","))
+        baseline = visible + other
+        t_step = time.time()
+        with profile_ctx() as prof, SettleAfterWait():
+            run_step(row, rank, c, tracker, losses)
+            gc.collect()
+        fprof = FilteredProfile(prof)
+        res = measure.analyse_profile(fprof, baseline, {})
+        res.update(fprof.info())
+        detail = curve_detail(fprof)
+        if row["kind"] != "pp":
+            detail.pop("microbatch_at_peak")
+            detail.pop("microbatch_marks")
+        res.update(detail)
+        del prof, fprof
+        res.update(seconds=round(time.time() - t_step, 1), baseline_bytes=baseline, params_bytes=pbytes,
+                   grads_before_bytes=gbytes, optimizer_before_bytes=sbytes, inputs_bytes=ibytes,
+                   other_before_bytes=other, baseline_profiler_bytes=live,
+                   baseline_check_diff_bytes=live - baseline)
+        live += res["end_delta_bytes"]
+        steps[name] = res
+        print(f"[{row['id']} rank {rank}] {name}: peak {res['peak_bytes']:,} @{res['peak_phase']} "
+              f"{res['peak_op']}  base {baseline:,} (params {pbytes:,} grads {gbytes:,} opt {sbytes:,} "
+              f"other {other:,}; profiler {res['baseline_profiler_bytes']:,})  loss {losses[-1] if losses else '-'}"
+              f"  [{res['seconds']}s]", flush=True)
+    info["losses"] = losses
+    info["seconds"] = round(time.time() - t0, 1)
+    with open(os.path.join(tmpdir, f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "steps": steps, "info": info}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------------
+# Rows
+# ----------------------------------------------------------------------------------------------
+
+
+def rank_fields(rank: int, steps: dict, info: dict) -> dict:
+    f = steps["first"]
+    out = {"rank": rank, "params_bytes": f["params_bytes"], "grads_before_bytes": f["grads_before_bytes"],
+           "optimizer_before_bytes": f["optimizer_before_bytes"], "other_before_bytes": f["other_before_bytes"],
+           "inputs_bytes": f["inputs_bytes"], "params_local_numel_bytes": info["params_local_numel_bytes"]}
+    for name, res in steps.items():
+        p = f"train_foreach_free_{name}"
+        out[f"{p}_baseline_bytes"] = res["baseline_bytes"]
+        out[f"{p}_optimizer_before_bytes"] = res["optimizer_before_bytes"]
+        out[f"{p}_other_before_bytes"] = res["other_before_bytes"]
+        out[f"{p}_baseline_profiler_bytes"] = res["baseline_profiler_bytes"]
+        out[f"{p}_baseline_check_diff_bytes"] = res["baseline_check_diff_bytes"]
+        out[f"{p}_peak_bytes"] = res["peak_bytes"]
+        out[f"{p}_peak_phase"] = res["peak_phase"]
+        out[f"{p}_peak_op"] = res["peak_op"]
+        out[f"{p}_peak_module"] = res["peak_module"]
+        for ph in measure.PHASES:
+            out[f"{p}_{ph}_max_bytes"] = res["phase_max_bytes"].get(ph, 0)
+        out[f"{p}_end_delta_bytes"] = res["end_delta_bytes"]
+        out[f"{p}_top_live_allocations_at_peak"] = res["top_live_allocations_at_peak"]
+        out[f"{p}_live_at_end_by_op"] = res["live_at_end_by_op"]
+        out[f"{p}_freed_not_allocated_in_step_bytes"] = res["freed_not_allocated_in_step_bytes"]
+        for k in ("backend_internal_alloc_bytes", "backend_internal_unfreed_bytes", "backend_internal_by_op"):
+            out[f"{p}_{k}"] = res[k]
+        if "microbatch_marks" in res:
+            out[f"{p}_microbatch_at_peak"] = res["microbatch_at_peak"]
+            out[f"{p}_microbatch_marks"] = res["microbatch_marks"]
+        out[f"{p}_seconds"] = res["seconds"]
+    out["info"] = info
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure_row(row: dict) -> dict:
+    import torch.multiprocessing as mp
+
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker, args=(row, free_port(), tmp), nprocs=row["world"], join=True)
+        ranks = []
+        for r in range(row["world"]):
+            with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                d = json.load(f)
+            ranks.append(rank_fields(r, d["steps"], d["info"]))
+    n_mb = row.get("microbatches", 1)
+    model = {k: MODEL[k] for k in measure.CONFIG_FIELDS if k != "id"}
+    model["batch"] = MODEL["batch"] * (n_mb if row["kind"] == "pp" else 1)
+    model["microbatch_batch"] = MODEL["batch"]
+    model["seq"] = MODEL["seq"]
+    return {"id": row["id"], "model": model, "layout": layout_of(row), "ranks": ranks,
+            "seconds": round(time.time() - t0, 1)}
+
+
+METHOD = {
+    "peak": "per rank: baseline + max cumulative delta of torch.profiler CPU allocator events (profile_memory) "
+            "over one step: forward, loss (from lm_head's output), backward, outputs dropped, Adam(foreach) step, "
+            "zero_grad(set_to_none=True); pp: schedule.step(return_outputs=False) + opt.step + zero_grad",
+    "steps": "first = no grads, no Adam state; second = the next step (DDP rebuilds its buckets in this forward); "
+             "steady = the third step",
+    "baseline": "local storages of params+buffers, grads, Adam state, inputs (DTensor: _local_tensor; FSDP2 padded "
+                "shard storages) + other_before (DDP reducer buckets: profiler-chained live bytes minus the "
+                "tensor-visible bytes); baseline_profiler_bytes = torch-allocator bytes live before the step, from "
+                "profiler windows chained from before the model build",
+    "gloo": "allocations on gloo worker threads and gloo's internal buffers are not seen by the profiler",
+    "threads": "torch.set_num_threads(1) per rank; one process group at a time",
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", help="regex on row ids; merges into --out")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                                  "fixtures", "distributed.json"))
+    args = ap.parse_args()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    rows = [r for r in ROWS if args.only is None or re.search(args.only, r["id"])]
+    import transformers
+
+    out_rows = []
+    t0 = time.time()
+    for r in rows:
+        print(f"== {r['id']}", flush=True)
+        out_rows.append(measure_row(r))
+    doc = {"schema_version": SCHEMA_VERSION,
+           "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                        "python": platform.python_version()},
+           "device": "cpu", "backend": "gloo", "threads": 1, "method": METHOD, "rows": out_rows,
+           "seconds": round(time.time() - t0, 1)}
+    path = os.path.abspath(args.out)
+    if args.only and os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        new_ids = {r["id"] for r in out_rows}
+        merged = [r for r in old["rows"] if r["id"] not in new_ids] + out_rows
+        order = {r["id"]: i for i, r in enumerate(ROWS)}
+        doc["rows"] = sorted(merged, key=lambda r: order.get(r["id"], 99))
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    print(f"wrote {path} ({len(doc['rows'])} rows) [{time.time() - t0:.0f}s]")
+
+
+if __name__ == "__main__":
+    main()

@@ -68,6 +68,9 @@ pub struct Diagnosis {
     /// One sentence: why this cause.
     pub reason: String,
     pub remedies: Vec<Remedy>,
+    /// With `--gpus N` (N > 1): the parallel layouts that fit on N such cards.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layouts: Option<crate::layouts::Layouts>,
 }
 
 /// The most GPUs the ZeRO remedy searches over.
@@ -99,6 +102,7 @@ fn fewest_gpus(w: &Workload, zero: u8, memory: u64) -> Result<Option<u64>, PlanE
         let mut z = w.clone();
         z.zero = zero;
         z.gpus = n;
+        z.parallel = Default::default();
         z
     };
     if !fits(&with(MAX_GPUS), memory)? {
@@ -120,6 +124,7 @@ fn finetune_remedies(w: &Workload, memory: u64) -> Result<Vec<Remedy>, PlanError
     let mut base = w.clone();
     base.zero = 0;
     base.gpus = 1;
+    base.parallel = Default::default();
     if !matches!(base.precision, Precision::Bf16 | Precision::Fp16) {
         base.precision = Precision::Bf16;
     }
@@ -331,6 +336,11 @@ pub fn diagnose(w: &Workload, memory: u64) -> Result<Diagnosis, PlanError> {
         cause,
         reason,
         remedies,
+        layouts: if crate::layouts::applies(w) {
+            Some(crate::layouts::search(w, memory, 6)?)
+        } else {
+            None
+        },
     })
 }
 
@@ -355,6 +365,9 @@ pub fn render(d: &Diagnosis) -> String {
     s.push_str("remedies:\n");
     for r in &d.remedies {
         s.push_str(&format!("  {:<22} {}\n", r.name, r.effect));
+    }
+    if let Some(l) = &d.layouts {
+        s.push_str(&crate::layouts::render(l, d.workload.batch));
     }
     if d.workload.arch == Arch::Dense {
         if let Ok(p) = crate::plan::build::param_count(&d.workload) {

@@ -13,6 +13,7 @@ pub mod estimate;
 pub mod help;
 pub mod input;
 pub mod kernels;
+pub mod layouts;
 pub mod message_check;
 pub mod oom;
 pub mod ops;

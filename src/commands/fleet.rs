@@ -27,8 +27,17 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
             parallel_groups(&devices)
         );
     }
+    // A parallel layout without --rank: each device probes its own rank's plan.
+    let world = crate::workload::overrides::resolve(&args.workload, "gpt2")
+        .ok()
+        .map(|r| r.workload)
+        .filter(|w| !w.parallel.is_single() && w.parallel.rank.is_none())
+        .map(|w| w.gpus);
+    if let (Some(n), false) = (world, args.quiet) {
+        eprintln!("oomprobe: a {n}-rank layout: device i probes rank i's plan");
+    }
     let mut files = Vec::new();
-    for run in probe_all(&exe, &argv, &devices, &dir) {
+    for run in probe_all(&exe, &argv, &devices, &dir, world) {
         if let Some(e) = &run.error {
             eprintln!("oomprobe: device {}: {e}", run.index);
         }

@@ -739,8 +739,10 @@ impl States {
         }
         if self.shard > 1 {
             // FSDP: backward makes the unsharded gradient; the unit's reduce-scatter shards it.
+            // In the gathered parameters' type (16-bit under FSDP2's mixed precision).
             let full = StateKind {
                 role: Role::Workspace,
+                dtype: self.low.unwrap_or(kind.dtype),
                 ..kind.clone()
             };
             let shard = std::mem::replace(&mut self.shard, 1);

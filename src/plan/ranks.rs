@@ -55,22 +55,42 @@ pub fn plan(
     } else {
         "every rank holds the same".to_string()
     };
-    let _ = c;
-    p.notes.insert(0, format!("per-rank plan: {at}, {why}"));
-    if w.parallel.rank.is_none() {
-        // The plan is the worst rank's, but the workload stays as asked (no rank fixed).
-        p.workload.parallel.rank = None;
-        p.notes.insert(1, format!("worst rank: {r}"));
+    let mut degrees = vec![format!("dp {}", c.dp)];
+    let lp = &w.parallel;
+    for (n, d) in [("tp", lp.tp), ("pp", lp.pp), ("cp", lp.cp)] {
+        if d > 1 {
+            degrees.push(format!(
+                "{n} {}",
+                match n {
+                    "tp" => c.tp,
+                    "pp" => c.pp,
+                    _ => c.cp,
+                }
+            ));
+        }
     }
+    p.notes.insert(
+        0,
+        format!(
+            "per-rank plan: {at}, {why}; its place: {}",
+            degrees.join(", ")
+        ),
+    );
+    // The plan is the worst rank's, but the workload stays as asked (no rank fixed).
+    p.workload.parallel.rank = w.parallel.rank;
     Ok(p)
 }
 
-/// The rank a plan was built for: its workload's, or the worst one its notes name.
+/// The rank a plan was built for: its workload's, or the worst one its first note names.
 pub fn rank_of(p: &Plan) -> Option<u64> {
     p.workload.parallel.rank.or_else(|| {
-        p.notes
-            .iter()
-            .find_map(|n| n.strip_prefix("worst rank: ")?.parse().ok())
+        p.notes.iter().find_map(|n| {
+            n.strip_prefix("per-rank plan: rank ")?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
     })
 }
 

@@ -72,6 +72,7 @@ pub fn probe_all(
     argv: &[String],
     devices: &[DeviceInfo],
     dir: &Path,
+    world: Option<u64>,
 ) -> Vec<DeviceRun> {
     let base = child_args(argv);
     // Adapters with the same name are one card seen through two APIs: run those in turn.
@@ -87,7 +88,7 @@ pub fn probe_all(
                 s.spawn(move || {
                     group
                         .iter()
-                        .map(|d| probe_one(exe, base, d, dir))
+                        .map(|d| probe_one(exe, base, d, dir, world))
                         .collect::<Vec<_>>()
                 })
             })
@@ -107,11 +108,22 @@ pub fn parallel_groups(devices: &[DeviceInfo]) -> usize {
     names.len()
 }
 
-fn probe_one(exe: &Path, base: &[String], d: &DeviceInfo, dir: &Path) -> DeviceRun {
+/// One device's child; with a parallel layout of `world` ranks, device i runs rank i (mod the
+/// world size): each GPU probes its own rank's plan.
+fn probe_one(
+    exe: &Path,
+    base: &[String],
+    d: &DeviceInfo,
+    dir: &Path,
+    world: Option<u64>,
+) -> DeviceRun {
     let path = dir.join(format!("device-{}.json", d.index));
     let mut cmd = Command::new(exe);
-    cmd.args(base)
-        .args(["--device", &d.index.to_string(), "--quiet", "--out"])
+    cmd.args(base);
+    if let Some(n) = world {
+        cmd.args(["--rank", &(d.index as u64 % n.max(1)).to_string()]);
+    }
+    cmd.args(["--device", &d.index.to_string(), "--quiet", "--out"])
         .arg(&path)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

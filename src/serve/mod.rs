@@ -141,6 +141,7 @@ pub fn profile_workload(w: &Workload, s: &Serve, limits: Limits) -> Workload {
     p.dropout = false;
     p.zero = 0;
     p.gpus = 1;
+    p.parallel = Default::default();
     p.head_dim = Some(w.head_dim());
     p.heads = w.heads / tp;
     p.kv_heads = Some(kv_heads_per_gpu(w.kv_heads(), tp));

@@ -4,9 +4,9 @@
 //! shape one rank's plan is built from.
 //!
 //! Ranks are numbered as torchtitan lays out its device mesh (`pp, dp, cp, tp`, tensor
-//! parallelism innermost, so a TP group shares a node): rank = ((pp_i·dp + dp_i)·cp + cp_i)·tp
-//! + tp_i. `--batch` is what one rank's forward sees (the micro-batch); a pipeline runs
-//! `--microbatches` of them per step.
+//! parallelism innermost, so a TP group shares a node):
+//! rank = ((pp_i·dp + dp_i)·cp + cp_i)·tp + tp_i. `--batch` is what one rank's forward sees
+//! (the micro-batch); a pipeline runs `--microbatches` of them per step.
 
 use serde::{Deserialize, Serialize};
 

@@ -305,7 +305,7 @@ impl T<'_> {
     }
     /// Piece `piece`'s first use in forward: under autocast its weights are cast (and cached).
     fn use_piece(&mut self, piece: &str) -> Result<(), PlanError> {
-        if self.ac.is_some() && self.gather.is_none() {
+        if self.ac.is_some() && self.gather.is_none() && self.w.parallel.fsdp.is_none() {
             let elems = cast_elems(self.w, piece)?;
             if elems.0 > 0 {
                 self.states.cast(self.b, piece, elems)?;
@@ -428,7 +428,10 @@ impl T<'_> {
         if self.w.parallel.fsdp.is_none() || self.units.contains_key(unit) || elems == 0 {
             return Ok(());
         }
-        let dt = param_dtype(self.w.precision);
+        // Under `amp-*`, FSDP2's MixedPrecisionPolicy(param_dtype=the 16-bit type,
+        // reduce_dtype=fp32), as torchtitan sets it: the gathered parameters are 16-bit and
+        // autocast has nothing to cast.
+        let dt = self.ac.map_or(param_dtype(self.w.precision), |a| a.low);
         let t = self.b.push(
             &format!("fsdp.unsharded.{unit}"),
             Role::Params,

@@ -221,6 +221,32 @@ fn korthikanti_eq1_gpt2_16bit_with_dropout() {
     }
 }
 
+/// Korthikanti et al. 2022, §4.2.1 (tensor parallelism without sequence parallelism): each
+/// layer stores `sbh·(10 + 24/t + 5·a·s/(h·t))` at 16 bits with dropout: the norms' inputs and
+/// outputs and the dropout masks of the residual stream are replicated over the t ranks, the
+/// attention and MLP inner tensors split. Megatron's sequence parallelism (§4.2.2,
+/// `sbh·(34/t + 5·a·s/(h·t))`) re-gathers the linears' inputs in backward; PyTorch's DTensor
+/// saves each gathered copy, which is what `--sequence-parallel` plans (measured, issue 33), so
+/// that form is not asserted here.
+#[test]
+fn korthikanti_tensor_parallel_gpt2_16bit_with_dropout() {
+    for (t, b, s) in [(2u64, 4u64, 1024u64), (4, 1, 2048), (12, 2, 512)] {
+        let mut w = gpt2(b, s, Precision::Fp16);
+        w.parallel.tp = t;
+        w.gpus = t;
+        let plan = Plan::for_value(&w, Scenario::Batch, b).unwrap();
+        let (h, a) = (768u64, 12u64);
+        let per_layer = 10 * s * b * h + 24 * s * b * h / t + 5 * a * s * s * b / t;
+        for i in [0u64, 11] {
+            assert_eq!(
+                bytes_with_prefix(&plan, &format!("L{i}.")),
+                per_layer,
+                "t={t} layer {i}, b={b} s={s}"
+            );
+        }
+    }
+}
+
 #[test]
 fn fp32_form_66_9() {
     let (b, s, h, a) = (2u64, 1024u64, 768u64, 12u64);

@@ -141,6 +141,48 @@ ROWS = [
     dict(id="pp-gpipe", kind="pp", world=2, schedule="GPipe", microbatches=4),
 ]
 
+# --holdout: a second model and layouts, measured by the same builders, baseline and peak method
+# and written with the same row / rank schema (tests/fixtures/distributed_holdout.json). Each row
+# carries its model config as `cfg` (the default rows have none: MODEL).
+HOLDOUT_MODEL = dict(measure.LLAMA, model="llama-gqa-holdout", precision="fp32", hidden=384, layers=6, heads=12,
+                     kv_heads=4, ffn=1024, vocab=6000, max_positions=1024, rms_norm_eps=1e-5, tied_embeddings=False,
+                     attn_implementation="eager", batch=1, seq=384)
+measure.fill_config_defaults(HOLDOUT_MODEL)
+
+HOLDOUT_ROWS = [
+    dict(id="holdout-ddp-bucket1", kind="ddp", world=2, bucket_cap_mb=1, gradient_as_bucket_view=False,
+         cfg=HOLDOUT_MODEL),
+    dict(id="holdout-fsdp2-w4", kind="fsdp2", world=4, reshard_after_forward=True, cfg=HOLDOUT_MODEL),
+    dict(id="holdout-tp-sp", kind="tp", world=2, sp=True, cfg=HOLDOUT_MODEL),
+    dict(id="holdout-tp-replicated", kind="tp", world=2, sp=False, cfg=HOLDOUT_MODEL),
+    dict(id="holdout-pp3-1f1b", kind="pp", world=3, schedule="1F1B", microbatches=6, cfg=HOLDOUT_MODEL),
+    dict(id="holdout-single", kind="single", world=1, cfg=HOLDOUT_MODEL),
+]
+
+
+def cfg_of(row: dict) -> dict:
+    """The row's model config: its `cfg` (holdout rows) or MODEL."""
+    return row.get("cfg", MODEL)
+
+
+def pp_bounds(row: dict) -> list:
+    """Each pipeline stage's decoder layers [lo, hi): layers split evenly over the stages (default
+    rows: (0, 2), (2, 4); holdout-pp3-1f1b: (0, 2), (2, 4), (4, 6)). Stage 0 also has embed_tokens,
+    the last stage norm + lm_head + loss; a middle stage has neither."""
+    n, w = cfg_of(row)["layers"], row["world"]
+    assert n % w == 0, (n, w)
+    k = n // w
+    return [(i * k, (i + 1) * k) for i in range(w)]
+
+
+def pp_split_of(row: dict) -> str:
+    w = row["world"]
+    parts = []
+    for i, (lo, hi) in enumerate(pp_bounds(row)):
+        s = f"stage{i} = " + ("embed_tokens + " if i == 0 else "") + f"layers {lo}-{hi - 1}"
+        parts.append(s + (" + norm + lm_head + loss" if i == w - 1 else ""))
+    return "; ".join(parts)
+
 
 def layout_of(r: dict) -> dict:
     k = r["kind"]
@@ -163,8 +205,7 @@ def layout_of(r: dict) -> dict:
         "norm_placement": ("SequenceParallel (Replicate DTensor params)" if r.get("sp") else "replicated")
         if k == "tp" else None,
         "loss": "HF ForCausalLMLoss on full logits" + (" per micro-batch (schedule loss_fn)" if k == "pp" else ""),
-        "pp_split": "stage0 = embed_tokens + layers 0-1; stage1 = layers 2-3 + norm + lm_head + loss"
-        if k == "pp" else None,
+        "pp_split": pp_split_of(r) if k == "pp" else None,
         "return_outputs": False if k == "pp" else None,
     }
 
@@ -395,15 +436,15 @@ def curve_detail(prof) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 
-def build_base():
+def build_base(cfg=MODEL):
     torch.manual_seed(0)
-    model = measure.build_llm(MODEL).float()
+    model = measure.build_llm(cfg).float()
     model.train()
     return model
 
 
-def inputs_for(batch: int, seed: int) -> dict:
-    r = dict(MODEL, batch=batch)
+def inputs_for(batch: int, seed: int, cfg=MODEL) -> dict:
+    r = dict(cfg, batch=batch)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, r["vocab"], (batch, r["seq"]), generator=g)
     return {"input_ids": ids, "labels": ids}
@@ -414,10 +455,11 @@ class Ctx:
 
 
 def build_single(row, rank, world, info):
+    cfg = cfg_of(row)
     c = Ctx()
-    c.model = build_base()
+    c.model = build_base(cfg)
     c.inner = c.model
-    c.inputs = measure.make_inputs(MODEL)  # seed 1, exactly measure.py's inputs
+    c.inputs = measure.make_inputs(cfg)  # seed 1, exactly measure.py's inputs
     c.fwd_kwargs = lambda: dict(c.inputs)
     return c
 
@@ -425,8 +467,9 @@ def build_single(row, rank, world, info):
 def build_ddp(row, rank, world, info):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    cfg = cfg_of(row)
     c = Ctx()
-    c.inner = build_base()
+    c.inner = build_base(cfg)
     c.model = DDP(c.inner, bucket_cap_mb=row["bucket_cap_mb"],
                   gradient_as_bucket_view=row["gradient_as_bucket_view"])
     try:
@@ -435,7 +478,7 @@ def build_ddp(row, rank, world, info):
                                if k in ld}
     except Exception as e:  # noqa: BLE001
         info["ddp_logging"] = {"error": repr(e)}
-    c.inputs = inputs_for(MODEL["batch"], 1 + rank)
+    c.inputs = inputs_for(cfg["batch"], 1 + rank, cfg)
     c.fwd_kwargs = lambda: dict(c.inputs)
     return c
 
@@ -444,15 +487,16 @@ def build_fsdp2(row, rank, world, info):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    cfg = cfg_of(row)
     c = Ctx()
     mesh = init_device_mesh("cpu", (world,))
-    c.model = build_base()
+    c.model = build_base(cfg)
     raf = row["reshard_after_forward"]
     for layer in c.model.model.layers:
         fully_shard(layer, mesh=mesh, reshard_after_forward=raf)
     fully_shard(c.model, mesh=mesh, reshard_after_forward=raf)
     c.inner = c.model
-    c.inputs = inputs_for(MODEL["batch"], 1 + rank)
+    c.inputs = inputs_for(cfg["batch"], 1 + rank, cfg)
     c.fwd_kwargs = lambda: dict(c.inputs)
     return c
 
@@ -464,9 +508,10 @@ def build_tp(row, rank, world, info):
                                                    parallelize_module)
     from transformers.masking_utils import create_causal_mask
 
+    cfg = cfg_of(row)
     c = Ctx()
     mesh = init_device_mesh("cpu", (world,))
-    c.model = build_base()
+    c.model = build_base(cfg)
     sp = row["sp"]
     for layer in c.model.model.layers:
         if sp:
@@ -496,15 +541,16 @@ def build_tp(row, rank, world, info):
             "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
         })
     c.inner = c.model
-    c.inputs = inputs_for(MODEL["batch"], 1)  # every TP rank sees the same batch
-    seq = MODEL["seq"]
+    c.inputs = inputs_for(cfg["batch"], 1, cfg)  # every TP rank sees the same batch
+    seq = cfg["seq"]
+    batch = cfg["batch"]
     cfg = c.model.config
 
     def fwd_kwargs():
         kw = dict(c.inputs)
         if sp:  # positions and the mask for the full sequence (HF would size them by the local shard)
             pos = torch.arange(seq).unsqueeze(0)
-            shape_only = torch.empty((MODEL["batch"], seq, 1))
+            shape_only = torch.empty((batch, seq, 1))
             kw["position_ids"] = pos
             kw["attention_mask"] = create_causal_mask(config=cfg, inputs_embeds=shape_only, attention_mask=None,
                                                       cache=None, position_ids=pos)
@@ -515,11 +561,13 @@ def build_tp(row, rank, world, info):
 
 
 class Stage0(torch.nn.Module):
-    def __init__(self, m):
+    """The first stage: embed_tokens + layers [0, hi)."""
+
+    def __init__(self, m, hi=2):
         super().__init__()
         self.config = m.config
         self.embed_tokens = m.model.embed_tokens
-        self.layers = torch.nn.ModuleList(list(m.model.layers[:2]))
+        self.layers = torch.nn.ModuleList(list(m.model.layers[:hi]))
         self.rotary_emb = m.model.rotary_emb
 
     def forward(self, input_ids):
@@ -536,12 +584,17 @@ class Stage0(torch.nn.Module):
 
 
 class Stage1(torch.nn.Module):
-    def __init__(self, m):
+    """A later stage: layers [lo, hi), then (the last stage, head=True) the final norm + lm_head; a
+    middle stage (head=False) returns the hidden states."""
+
+    def __init__(self, m, lo=2, hi=None, head=True):
         super().__init__()
         self.config = m.config
-        self.layers = torch.nn.ModuleList(list(m.model.layers[2:]))
-        self.norm = m.model.norm
-        self.lm_head = m.lm_head
+        self.layers = torch.nn.ModuleList(list(m.model.layers[lo:hi]))
+        self.head = head
+        if head:
+            self.norm = m.model.norm
+            self.lm_head = m.lm_head
         self.rotary_emb = m.model.rotary_emb
 
     def forward(self, h):
@@ -553,23 +606,27 @@ class Stage1(torch.nn.Module):
         pe = self.rotary_emb(h, position_ids=pos)
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_embeddings=pe, position_ids=pos)
+        if not self.head:
+            return h
         return self.lm_head(self.norm(h))
 
 
 def build_pp(row, rank, world, info):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+    cfg = cfg_of(row)
     c = Ctx()
-    full = build_base()
+    full = build_base(cfg)
     loss_function = full.loss_function
     vocab = full.config.vocab_size
-    mod = Stage0(full) if rank == 0 else Stage1(full)
+    lo, hi = pp_bounds(row)[rank]
+    mod = Stage0(full, hi) if rank == 0 else Stage1(full, lo, hi, head=rank == world - 1)
     del full
     gc.collect()
     mod.train()
     c.model = c.inner = mod
     n_mb = row["microbatches"]
-    c.inputs = inputs_for(MODEL["batch"] * n_mb, 1)
+    c.inputs = inputs_for(cfg["batch"] * n_mb, 1, cfg)
     stage = PipelineStage(mod, rank, world, torch.device("cpu"))
 
     def loss_fn(logits, target):
@@ -623,9 +680,11 @@ def run_step(row, rank, c, tracker, losses_out):
         losses = []
         if rank == 0:
             c.schedule.step(c.inputs["input_ids"], return_outputs=False)
-        else:
+        elif rank == row["world"] - 1:
             c.schedule.step(target=c.inputs["labels"], losses=losses, return_outputs=False)
             losses_out.append(float(sum(x.detach() for x in losses) / len(losses)))
+        else:  # a middle stage: receives activations, sends activations; no input, no target
+            c.schedule.step(return_outputs=False)
         del losses
     else:
         h = c.inner.lm_head.register_forward_hook(lambda *_: measure.mark("loss"))
@@ -767,10 +826,11 @@ def measure_row(row: dict) -> dict:
                 d = json.load(f)
             ranks.append(rank_fields(r, d["steps"], d["info"]))
     n_mb = row.get("microbatches", 1)
-    model = {k: MODEL[k] for k in measure.CONFIG_FIELDS if k != "id"}
-    model["batch"] = MODEL["batch"] * (n_mb if row["kind"] == "pp" else 1)
-    model["microbatch_batch"] = MODEL["batch"]
-    model["seq"] = MODEL["seq"]
+    cfg = cfg_of(row)
+    model = {k: cfg[k] for k in measure.CONFIG_FIELDS if k != "id"}
+    model["batch"] = cfg["batch"] * (n_mb if row["kind"] == "pp" else 1)
+    model["microbatch_batch"] = cfg["batch"]
+    model["seq"] = cfg["seq"]
     return {"id": row["id"], "model": model, "layout": layout_of(row), "ranks": ranks,
             "seconds": round(time.time() - t0, 1)}
 
@@ -793,12 +853,17 @@ METHOD = {
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", help="regex on row ids; merges into --out")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
-                                                  "fixtures", "distributed.json"))
+    ap.add_argument("--holdout", action="store_true",
+                    help="measure HOLDOUT_ROWS (HOLDOUT_MODEL) instead; --out defaults to distributed_holdout.json")
+    ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.out is None:
+        args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures",
+                                "distributed_holdout.json" if args.holdout else "distributed.json")
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    rows = [r for r in ROWS if args.only is None or re.search(args.only, r["id"])]
+    all_rows = HOLDOUT_ROWS if args.holdout else ROWS
+    rows = [r for r in all_rows if args.only is None or re.search(args.only, r["id"])]
     import transformers
 
     out_rows = []
@@ -818,7 +883,7 @@ def main():
             old = json.load(f)
         new_ids = {r["id"] for r in out_rows}
         merged = [r for r in old["rows"] if r["id"] not in new_ids] + out_rows
-        order = {r["id"]: i for i, r in enumerate(ROWS)}
+        order = {r["id"]: i for i, r in enumerate(all_rows)}
         doc["rows"] = sorted(merged, key=lambda r: order.get(r["id"], 99))
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)

@@ -465,12 +465,13 @@ impl T<'_> {
         x: TensorIx,
         saved: &mut Vec<TensorIx>,
     ) -> Result<TensorIx, PlanError> {
-        let h = self.h;
-        let q = self.hidden(&format!("{p}.q"), Role::Activations)?;
-        let k = self.hidden(&format!("{p}.k"), Role::Activations)?;
-        let v = self.hidden(&format!("{p}.v"), Role::Activations)?;
+        // The heads' width: the hidden size, or one tensor-parallel rank's share of it.
+        let (h, qw, c0) = (self.h, self.qw, self.c);
+        let q = self.rows_t(&format!("{p}.q"), Role::Activations, c0, qw)?;
+        let k = self.rows_t(&format!("{p}.k"), Role::Activations, c0, qw)?;
+        let v = self.rows_t(&format!("{p}.v"), Role::Activations, c0, qw)?;
         for t in [q, k, v] {
-            self.matmul(piece, x, t, h, h);
+            self.matmul(piece, x, t, qw, h);
         }
         // use_cache: the returned cache (DynamicCache, `torch.cat` copies) keeps this layer's
         // key and value until the caller drops the output. In training with batch ≥ 2 the 4-D
@@ -492,14 +493,14 @@ impl T<'_> {
                 &format!("{p}.kv_cache"),
                 Role::Activations,
                 c,
-                &[2, bsz, s, h],
-                h,
+                &[2, bsz, s, qw],
+                qw,
             )?;
             self.held.push(kv);
         }
         let (bsz, s, a, c) = (self.bsz, self.s, self.a, self.c);
         let bh = bsz.saturating_mul(a);
-        let head_dim = h / a;
+        let head_dim = self.d;
         let causal = self.spec.causal;
         let fused = match self.w.attention {
             Attention::Naive => false,
@@ -518,7 +519,7 @@ impl T<'_> {
                 &[bsz, a, s, 2],
                 2,
             )?;
-            let ctx = self.hidden(&format!("{p}.ctx"), Role::Activations)?;
+            let ctx = self.rows_t(&format!("{p}.ctx"), Role::Activations, c, qw)?;
             saved.extend([stats, ctx]);
             self.b.step(Step::FlashAttention {
                 q,
@@ -587,7 +588,7 @@ impl T<'_> {
             if pv != probs {
                 saved.push(pv);
             }
-            let ctx = self.hidden(&format!("{p}.ctx"), Role::Activations)?;
+            let ctx = self.rows_t(&format!("{p}.ctx"), Role::Activations, c, qw)?;
             saved.push(ctx);
             self.b.step(Step::Attention {
                 q,

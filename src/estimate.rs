@@ -452,7 +452,7 @@ pub fn all_cards(
         .map(|c| {
             let card = Card {
                 total: c.total,
-                non_pytorch: c.non_pytorch_for(w.gpus),
+                non_pytorch: c.non_pytorch_for(w),
                 conf: conf.clone(),
             };
             let r = crate::alloc::timeline::replay(&plan, conf, Some(card.usable()), 2, false);

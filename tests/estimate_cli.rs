@@ -494,7 +494,8 @@ fn expandable_segments_reserve_no_more_than_the_default() {
     assert_eq!(x["alloc_conf"], "expandable_segments:True");
 }
 
-/// Over several GPUs the card's footprint outside PyTorch gains one NCCL communicator.
+/// Over several GPUs the card's footprint outside PyTorch gains one NCCL communicator per
+/// process group of the rank.
 #[test]
 fn several_gpus_add_an_nccl_communicator_outside_pytorch() {
     let json = |extra: &[&str]| -> serde_json::Value {
@@ -518,6 +519,11 @@ fn several_gpus_add_an_nccl_communicator_outside_pytorch() {
         .as_u64()
         .unwrap();
     assert_eq!(four - one, 1 << 30);
+    // A rank of tensor × data parallelism is in two process groups: two communicators.
+    let two = json(&["--tp", "2", "--fsdp", "full", "--gpus", "8"])["non_pytorch_bytes"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(two - one, 2 << 30);
     // Set by hand, it is taken as given.
     let set = json(&["--zero", "2", "--gpus", "4", "--non-pytorch", "700MiB"]);
     assert_eq!(set["non_pytorch_bytes"].as_u64(), Some(700 << 20));

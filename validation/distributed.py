@@ -7,10 +7,26 @@ Run it with the venv that validation/setup.sh creates (2 CPU cores are enough; e
 with torch.set_num_threads(1) and only one process group runs at a time):
 
     "${OOMPROBE_VENV:-$HOME/.cache/oomprobe-validation-venv}/bin/python" validation/distributed.py \
-        [--only REGEX] [--out tests/fixtures/distributed.json]
+        [--holdout] [--only REGEX] [--out tests/fixtures/distributed.json]
 
 `--only` measures the rows whose id matches (re.search) and merges them into an existing --out
 file (other rows stay); without it every row is measured and the file is rewritten.
+
+`--holdout` measures the held-out rows instead (HOLDOUT_ROWS, default --out
+tests/fixtures/distributed_holdout.json; --only then selects among them): the same builders,
+baseline, peak method and row / rank schema as below, with a different model and layouts. Model
+(HOLDOUT_MODEL, "llama-gqa-holdout"): measure.py's LLAMA with hidden 384, 6 layers, 12 heads, 4 kv
+heads, ffn 1024, vocab 6000, max_positions 1024, eager, fp32, untied, rms_norm_eps 1e-5; per-rank
+(micro-)batch 1, seq 384. Rows: `holdout-ddp-bucket1` (DDP world 2, bucket_cap_mb 1,
+gradient_as_bucket_view False: one bucket at construction, 26 after the second step's rebuild,
+recorded in info.ddp_logging_after_steps), `holdout-fsdp2-w4` (FSDP2 world 4, per-layer + root,
+reshard_after_forward True), `holdout-tp-sp` and `holdout-tp-replicated` (tp 2, built as `tp-sp`
+and `tp`), `holdout-pp3-1f1b` (3 stages, Schedule1F1B, 6 micro-batches of 1: stage 0 =
+embed_tokens + layers 0-1, stage 1 = layers 2-3 (a middle stage: no embedding, no head; it
+computes its own positions, mask and cos/sin like the last stage and returns hidden states; its
+schedule.step gets neither input nor target), stage 2 = layers 4-5 + norm + lm_head + loss),
+`holdout-single` (world 1). The pipeline's stages split the layers evenly (pp_bounds; the default
+rows' split is the same 0-1 / 2-3 as before).
 
 Model: measure.py's LLAMA row (Llama GQA mini: hidden 256, 4 layers, 8 heads, 2 kv heads, ffn
 688, vocab 8000, eager attention, fp32, untied), built by measure.build_llm after
@@ -151,7 +167,7 @@ measure.fill_config_defaults(HOLDOUT_MODEL)
 
 HOLDOUT_ROWS = [
     dict(id="holdout-ddp-bucket1", kind="ddp", world=2, bucket_cap_mb=1, gradient_as_bucket_view=False,
-         cfg=HOLDOUT_MODEL),
+         cfg=HOLDOUT_MODEL, log_rebuilt_buckets=True),
     dict(id="holdout-fsdp2-w4", kind="fsdp2", world=4, reshard_after_forward=True, cfg=HOLDOUT_MODEL),
     dict(id="holdout-tp-sp", kind="tp", world=2, sp=True, cfg=HOLDOUT_MODEL),
     dict(id="holdout-tp-replicated", kind="tp", world=2, sp=False, cfg=HOLDOUT_MODEL),
@@ -763,6 +779,13 @@ def worker(rank: int, row: dict, port: int, tmpdir: str):
               f"{res['peak_op']}  base {baseline:,} (params {pbytes:,} grads {gbytes:,} opt {sbytes:,} "
               f"other {other:,}; profiler {res['baseline_profiler_bytes']:,})  loss {losses[-1] if losses else '-'}"
               f"  [{res['seconds']}s]", flush=True)
+    if row.get("log_rebuilt_buckets"):  # holdout-ddp-bucket1: DDP's logging data after the steps; with
+        # find_unused_parameters=False the constructor makes one bucket of every param (sys.maxsize
+        # limit; info.ddp_logging.bucket_sizes) and the second step's forward rebuilds them by
+        # bucket_cap_mb (rebuilt_bucket_sizes; the same total bytes, so other_before is unchanged)
+        ld = c.model._get_ddp_logging_data()
+        info["ddp_logging_after_steps"] = {k: ld[k] for k in ("bucket_sizes", "rebuilt_bucket_sizes",
+                                                              "has_rebuilt_buckets") if k in ld}
     info["losses"] = losses
     info["seconds"] = round(time.time() - t0, 1)
     with open(os.path.join(tmpdir, f"rank{rank}.json"), "w") as f:

@@ -195,10 +195,12 @@ pub const CARDS: &[Card] = &[
 pub const NCCL_COMMUNICATOR: u64 = 1 << 30;
 
 impl Card {
-    /// Outside PyTorch on this card for a run over `gpus` devices: one NCCL communicator more
-    /// where there is more than one.
-    pub fn non_pytorch_for(&self, gpus: u64) -> u64 {
-        self.non_pytorch + if gpus > 1 { NCCL_COMMUNICATOR } else { 0 }
+    /// Outside PyTorch on this card for one rank of `w`: one NCCL communicator per process
+    /// group the rank is in (data, tensor, pipeline, context parallel; one where more than one
+    /// GPU runs without a layout).
+    pub fn non_pytorch_for(&self, w: &crate::workload::Workload) -> u64 {
+        self.non_pytorch
+            .saturating_add(NCCL_COMMUNICATOR.saturating_mul(w.communicators()))
     }
 }
 

@@ -163,7 +163,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         .transpose()?;
     let card = memory.map(|m| crate::estimate::Card {
         total: m,
-        non_pytorch: non_pytorch.unwrap_or(card_arg.map_or(0, |c| c.non_pytorch_for(w.gpus))),
+        non_pytorch: non_pytorch.unwrap_or(card_arg.map_or(0, |c| c.non_pytorch_for(&w))),
         conf: conf.clone(),
     });
     if let (Some(c), Some(n)) = (&card, non_pytorch) {
@@ -240,10 +240,13 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
             card.as_ref(),
         ));
         if card_arg.is_some() && non_pytorch.is_none() && report.workload.gpus > 1 {
+            let n = report.workload.communicators();
             text.push_str(&format!(
-                "  outside PyTorch: the card's {} and one NCCL communicator's buffers ({} per \
-                 rank, derived; --non-pytorch to set it)\n",
+                "  outside PyTorch: the card's {} and {n} NCCL communicator{}' buffers ({} each \
+                 per rank, derived; NCCL allocates them, not oomprobe's plan; --non-pytorch to \
+                 set it)\n",
                 fmt_bytes(card_arg.map_or(0, |c| c.non_pytorch)),
+                if n == 1 { "" } else { "s" },
                 fmt_bytes(crate::alloc::cards::NCCL_COMMUNICATOR)
             ));
         }

@@ -237,6 +237,14 @@ pub struct States {
     unsharded: Vec<(usize, TensorIx)>,
     /// DDP's `gradient_as_bucket_view`: gradients live in the buckets (allocated once).
     grads_in_buckets: bool,
+    /// Per piece, the optimizer parameter group its foreach kernels run in: tensor
+    /// parallelism with a replicated head needs two (foreach Adam refuses to mix DTensor and
+    /// plain parameters), whose temporaries are never alive together.
+    groups: Vec<u8>,
+    /// Tensors held from the backward to the step's end (see `hold_until_end`).
+    held_to_end: Vec<TensorIx>,
+    /// FSDP: the last reduce-scatter's input, kept until the next one (see `fsdp_reduce`).
+    rs_kept: Option<TensorIx>,
 }
 
 /// One piece's entry in autocast's weight-cast cache.
@@ -293,6 +301,17 @@ impl States {
             shard: w.shard_degree(),
             unsharded: Vec::new(),
             grads_in_buckets: w.parallel.ddp_bucket_mb.is_some() && w.parallel.bucket_view,
+            groups: pieces
+                .iter()
+                .map(|p| {
+                    let plain = w.parallel.tp > 1
+                        && w.parallel.tp_head == crate::workload::parallel::TpHead::Replicated
+                        && !p.name.starts_with('L');
+                    u8::from(plain)
+                })
+                .collect(),
+            held_to_end: Vec::new(),
+            rs_kept: None,
         };
         b.phase(Phase::Setup);
         for (i, p) in pieces.iter().enumerate() {
@@ -353,6 +372,38 @@ impl States {
         Ok(())
     }
 
+    /// FSDP2's backward is finalized: the last reduce-scatter input goes.
+    pub fn fsdp_finalize(&mut self, b: &mut Builder) {
+        if let Some(t) = self.rs_kept.take() {
+            b.free(t);
+        }
+    }
+
+    /// A copy of piece `name`'s gradient held from now to the step's end: under tensor
+    /// parallelism a vocabulary-split embedding's local gradient is there twice through the
+    /// optimizer step (measured over gloo on two models, `tests/fixtures/distributed*.json`;
+    /// which reference keeps the second one is not traced).
+    pub fn hold_until_end(
+        &mut self,
+        b: &mut Builder,
+        name: &str,
+        w: &Workload,
+    ) -> Result<(), PlanError> {
+        let (Some(kind), Some(i)) = (self.grad_kind(), self.piece(name)) else {
+            return Ok(());
+        };
+        if self.frozen(i) {
+            return Ok(());
+        }
+        let held = StateKind {
+            role: Role::Workspace,
+            ..kind
+        };
+        let t = self.alloc_kind(b, &held, &format!("{name}.grad_copy"), i, w)?;
+        self.held_to_end.push(t);
+        Ok(())
+    }
+
     /// FSDP's reduce-scatter after a unit's backward (`pieces` named): the unit's unsharded
     /// gradients are copied into one flat input and freed, the scattered output (1/shard of
     /// it) holds the sharded gradients (added into kept ones), the input goes.
@@ -393,7 +444,11 @@ impl States {
             &[out_elems.max(1)],
             out_elems.clamp(1, 4096),
         )?;
-        b.free(input);
+        // FSDP2 keeps a unit's reduce-scatter input until the next unit's reduce-scatter has
+        // been waited on; the last one until the backward is finalized (`finalize_backward`).
+        if let Some(prev) = self.rs_kept.replace(input) {
+            b.free(prev);
+        }
         // The scattered output is the sharded `.grad`s of the whole unit (views into it); a
         // kept gradient takes it in place.
         let first = mine[0].0;
@@ -821,52 +876,58 @@ impl States {
         // two temporaries of one parameter tensor at a time, like the for-loop Adam.
         let two_temps = (adam && imp == OptimizerImpl::ForLoop)
             || matches!(w.optimizer, Optimizer::Lion | Optimizer::Adafactor);
-        let mut foreach_tmps = Vec::new();
-        if adam && imp == OptimizerImpl::Foreach {
-            // _multi_tensor_adam: exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs), all at once.
+        let mut groups: Vec<u8> = self.groups.clone();
+        groups.sort_unstable();
+        groups.dedup();
+        for group in groups {
+            let mut foreach_tmps = Vec::new();
+            if adam && imp == OptimizerImpl::Foreach {
+                // _multi_tensor_adam: exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs), all of the
+                // parameter group's at once.
+                for i in 0..n {
+                    if self.frozen(i) || self.groups.get(i).copied().unwrap_or(0) != group {
+                        continue;
+                    }
+                    let elems = self.pieces[i].elems.div_ceil(self.shard);
+                    let t = tmp_of(b, i, "foreach_sqrt", &self.names, elems)?;
+                    foreach_tmps.push(t);
+                }
+            }
             for i in 0..n {
-                if self.frozen(i) {
+                if self.frozen(i) || self.groups.get(i).copied().unwrap_or(0) != group {
                     continue;
                 }
-                let elems = self.pieces[i].elems.div_ceil(self.shard);
-                let t = tmp_of(b, i, "foreach_sqrt", &self.names, elems)?;
-                foreach_tmps.push(t);
+                let mut denom = None;
+                if two_temps {
+                    // _single_tensor_adam, one parameter tensor at a time: denom =
+                    // (exp_avg_sq.sqrt() / bc2).add_(eps): the sqrt and the quotient are alive
+                    // together for a moment; the largest tensor of the group sets the peak.
+                    let elems = self.pieces[i].largest.max(1).min(self.pieces[i].elems);
+                    let elems = elems.div_ceil(self.shard);
+                    let sqrt = tmp_of(b, i, "sqrt", &self.names, elems)?;
+                    denom = Some(tmp_of(b, i, "denom", &self.names, elems)?);
+                    b.free(sqrt);
+                }
+                let ps = &self.pieces[i];
+                if let (Some(g), [m, v]) = (ps.grad, ps.opt.as_slice()) {
+                    let p = ps.master.unwrap_or(ps.params);
+                    let elems = [p, g, *m, *v]
+                        .iter()
+                        .map(|&t| b.tensor(t).elems())
+                        .min()
+                        .unwrap_or(0);
+                    b.step(Step::Adam {
+                        p,
+                        g,
+                        m: *m,
+                        v: *v,
+                        elems,
+                    });
+                }
+                b.free_all(denom);
             }
+            b.free_all(foreach_tmps);
         }
-        for i in 0..n {
-            if self.frozen(i) {
-                continue;
-            }
-            let mut denom = None;
-            if two_temps {
-                // _single_tensor_adam, one parameter tensor at a time: denom =
-                // (exp_avg_sq.sqrt() / bc2).add_(eps): the sqrt and the quotient are alive
-                // together for a moment; the largest tensor of the group sets the peak.
-                let elems = self.pieces[i].largest.max(1).min(self.pieces[i].elems);
-                let elems = elems.div_ceil(self.shard);
-                let sqrt = tmp_of(b, i, "sqrt", &self.names, elems)?;
-                denom = Some(tmp_of(b, i, "denom", &self.names, elems)?);
-                b.free(sqrt);
-            }
-            let ps = &self.pieces[i];
-            if let (Some(g), [m, v]) = (ps.grad, ps.opt.as_slice()) {
-                let p = ps.master.unwrap_or(ps.params);
-                let elems = [p, g, *m, *v]
-                    .iter()
-                    .map(|&t| b.tensor(t).elems())
-                    .min()
-                    .unwrap_or(0);
-                b.step(Step::Adam {
-                    p,
-                    g,
-                    m: *m,
-                    v: *v,
-                    elems,
-                });
-            }
-            b.free_all(denom);
-        }
-        b.free_all(foreach_tmps);
         if !self.keep_grads {
             for ps in &mut self.pieces {
                 if let Some(g) = ps.grad.take() {
@@ -874,6 +935,8 @@ impl States {
                 }
             }
         }
+        let held = std::mem::take(&mut self.held_to_end);
+        b.free_all(held);
         Ok(())
     }
 }

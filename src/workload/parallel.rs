@@ -209,6 +209,20 @@ impl Workload {
             Some(_) => self.dp(),
         }
     }
+    /// The process groups (NCCL communicators) one rank is in: one per degree above 1, one
+    /// where more than one GPU runs without a layout.
+    pub fn communicators(&self) -> u64 {
+        let p = &self.parallel;
+        let n = [self.dp(), p.tp, p.pp, p.cp]
+            .iter()
+            .filter(|&&d| d > 1)
+            .count() as u64;
+        if self.gpus > 1 {
+            n.max(1)
+        } else {
+            0
+        }
+    }
     /// The coordinates of `rank`.
     pub fn coords(&self, rank: u64) -> Coords {
         let p = &self.parallel;
@@ -249,6 +263,12 @@ pub fn check(w: &Workload) -> Result<(), LayoutError> {
     }
     if p.is_single() && w.zero == 0 {
         return Ok(());
+    }
+    if p.offload {
+        return Err(err(
+            "offload",
+            "FSDP's CPU offload is not modelled yet (the sharded states and the optimizer step move to the host)",
+        ));
     }
     if p.fsdp.is_some() && w.zero > 0 {
         return Err(err(

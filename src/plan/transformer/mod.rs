@@ -168,6 +168,8 @@ struct T<'a> {
     gather: Option<TensorIx>,
     /// FSDP: each unit's unsharded parameters while gathered ("root", "L{i}").
     units: std::collections::HashMap<String, TensorIx>,
+    /// FSDP: the last forward all-gather's flat output, kept until the next one.
+    all_gather_kept: Option<TensorIx>,
     /// The stage's first layer.
     lo: u64,
     /// Sequence parallelism: the residual stream holds 1/tp of the sequence.
@@ -432,6 +434,18 @@ impl T<'_> {
         // reduce_dtype=fp32), as torchtitan sets it: the gathered parameters are 16-bit and
         // autocast has nothing to cast.
         let dt = self.ac.map_or(param_dtype(self.w.precision), |a| a.low);
+        // The flat all-gather output, copied out into the unsharded parameters. In forward
+        // FSDP2 keeps it until the next unit's all-gather has been waited on (to overlap the
+        // copy-out with it), the last one until the root's forward returns
+        // (`_fsdp_param_group.py` `wait_for_unshard`, `_fsdp_state.py` `_post_forward`); in
+        // backward it goes after the copy-out.
+        let flat = self.b.push(
+            &format!("fsdp.all_gather.{unit}"),
+            Role::Workspace,
+            dt,
+            &[elems],
+            elems.clamp(1, 4096),
+        )?;
         let t = self.b.push(
             &format!("fsdp.unsharded.{unit}"),
             Role::Params,
@@ -440,6 +454,11 @@ impl T<'_> {
             elems.clamp(1, 4096),
         )?;
         self.units.insert(unit.to_string(), t);
+        if self.b.current_phase() == Phase::Backward {
+            self.b.free(flat);
+        } else if let Some(prev) = self.all_gather_kept.replace(flat) {
+            self.b.free(prev);
+        }
         Ok(())
     }
     fn reshard(&mut self, unit: &str) {
@@ -457,6 +476,10 @@ impl T<'_> {
     }
     /// The backward begins: FSDP2's root pre-backward prefetches the last layer's all-gather.
     fn begin_backward(&mut self, last_layer: u64) -> Result<(), PlanError> {
+        // The root's forward has returned: FSDP2 lets go of the last all-gather output.
+        if let Some(flat) = self.all_gather_kept.take() {
+            self.b.free(flat);
+        }
         self.states.begin_backward(self.b);
         self.unshard_layer(last_layer)
     }
@@ -1009,6 +1032,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         saving: train,
         gather: None,
         units: Default::default(),
+        all_gather_kept: None,
         lo: stage.lo,
         sp: w.parallel.sequence_parallel && w.parallel.tp > 1,
         rope: None,
@@ -1397,8 +1421,14 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
             if let Some(l) = logit_shape.last_mut() {
                 *l = full;
             }
+            // DTensor all-gathers along dim 0 and concatenates the chunks along the
+            // vocabulary: the gather's output and the concatenation are alive together
+            // (measured: two logit sizes at the forward's end of tp-sp).
+            let ag =
+                t.b.push("logits.all_gather", Role::Workspace, c, &logit_shape, full)?;
             let g =
                 t.b.push("logits.gathered", Role::Activations, c, &logit_shape, full)?;
+            t.b.free(ag);
             t.b.free(logits);
             (g, full)
         } else {
@@ -1561,6 +1591,9 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         // Embedding backward: the dense gradient of the token embedding (added into the tied
         // head's gradient when it already exists) and of the positions.
         t.states.gradient(t.b, "embed", w_)?;
+        if w_.parallel.tp > 1 && w_.parallel.tp_head != TpHead::Replicated {
+            t.states.hold_until_end(t.b, "embed", w_)?;
+        }
         // The last op (ViT's patch convolution, or the position lookup) releases what it saved
         // and its incoming gradient before its weight's gradient is converted to fp32.
         t.states.gradient_then(t.b, "embed.rest", w_, |b| {
@@ -1586,14 +1619,17 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         // The root's post-backward: its gradients reduce-scattered, its parameters resharded.
         t.states.fsdp_reduce(t.b, &root_pieces)?;
         t.reshard("root");
+        t.states.fsdp_finalize(t.b);
     }
     // A loop that kept the outputs (logits, cache) drops them once backward is done; only the
     // detached loss lives through the optimizer step.
     t.release_held();
     t.b.free_all(inputs);
-    t.states.optimizer_step(t.b, w_)?;
     if let Some(g) = sent_grad {
+        // The schedule's step ends by waiting on its sends, before the optimizer runs.
+        t.b.phase(Phase::Optimizer);
         t.b.free(g);
     }
+    t.states.optimizer_step(t.b, w_)?;
     Ok(())
 }

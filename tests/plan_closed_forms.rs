@@ -680,3 +680,116 @@ proptest! {
         }
     }
 }
+
+/// FSDP shards what ZeRO-3 shards: a rank's model states before a steady step are 1/N of the
+/// model's parameters and Adam moments (12 B per parameter in fp32), each parameter group
+/// padded to a multiple of N (FSDP2 pads every parameter's first dimension).
+#[test]
+fn fsdp_states_are_zero3s_share() {
+    use oomprobe::workload::parallel::Fsdp;
+    let w = gpt2(1, 128, Precision::Fp32);
+    let psi = oomprobe::plan::build::param_count(&w).unwrap();
+    let groups = oomprobe::plan::transformer::pieces(&w).unwrap().len() as u64;
+    for n in [2u64, 8, 64] {
+        let mut f = w.clone();
+        f.gpus = n;
+        f.parallel.fsdp = Some(Fsdp::Full);
+        let plan = Plan::for_workload(&f).unwrap();
+        let setup: u64 = plan
+            .events
+            .iter()
+            .filter(|e| e.phase == Phase::Setup)
+            .filter_map(|e| match e.kind {
+                EventKind::Alloc(t) => Some(plan.tensors[t].bytes),
+                _ => None,
+            })
+            .sum();
+        let share = 12 * psi.div_ceil(n);
+        assert!(
+            setup >= share && setup <= share + 12 * groups,
+            "N={n}: {setup} B of states, 12Ψ/N = {share}"
+        );
+    }
+}
+
+/// Under 1F1B the first of p stages holds p micro-batches of its L/p layers: one
+/// micro-batch's activations of the whole model (Narayanan et al. 2021 §2.2; Korthikanti et
+/// al. 2022 §4.2.3, the first stage's `L · sbh(34 + 5as/h)`), whatever p.
+#[test]
+fn first_pipeline_stage_holds_the_whole_models_activations() {
+    let (b, s, h, a, l) = (2u64, 512u64, 768u64, 12u64, 12u64);
+    let per_layer = 34 * s * b * h + 5 * a * s * s * b;
+    for pp in [2u64, 3, 4, 6] {
+        let mut w = gpt2(b, s, Precision::Fp16);
+        w.gpus = pp;
+        w.parallel.pp = pp;
+        w.parallel.microbatches = 2 * pp;
+        w.parallel.rank = Some(0);
+        let plan = Plan::for_workload(&w).unwrap();
+        plan.check_timeline().unwrap();
+        // What is live as the first backward begins: every micro-batch in flight's layers.
+        let first_bwd = plan
+            .events
+            .iter()
+            .position(|e| e.phase == Phase::Backward)
+            .unwrap();
+        let layers: u64 = plan
+            .live_after(first_bwd)
+            .into_iter()
+            .map(|t| &plan.tensors[t])
+            .filter(|t| {
+                let n = t.name.split_once('.').map_or(t.name.as_str(), |(m, rest)| {
+                    if m.starts_with("mb") {
+                        rest
+                    } else {
+                        t.name.as_str()
+                    }
+                });
+                n.starts_with('L') && matches!(t.role, Role::Activations | Role::Attention)
+            })
+            .map(|t| t.bytes)
+            .sum();
+        assert_eq!(layers, l * per_layer, "pp {pp}");
+    }
+}
+
+/// Context parallelism splits the sequence: a rank's stored activations per layer at seq s over
+/// cp ranks are one rank's at s / cp (flash attention saves nothing quadratic), the model
+/// states are FSDP's share over dp × cp ranks.
+#[test]
+fn context_parallel_ranks_store_their_share_of_the_sequence() {
+    use oomprobe::workload::parallel::Fsdp;
+    let mut w = preset("llama3-8b");
+    w.attention = oomprobe::workload::Attention::Flash;
+    w.batch = 1;
+    w.layers = 4;
+    w.gpus = 8;
+    w.parallel.fsdp = Some(Fsdp::Full);
+    for cp in [2u64, 4] {
+        let mut c = w.clone();
+        c.seq = 8192;
+        c.parallel.cp = cp;
+        let mut d = w.clone();
+        d.seq = 8192 / cp;
+        d.gpus = 8 / cp;
+        let pc = Plan::for_workload(&c).unwrap();
+        let pd = Plan::for_workload(&d).unwrap();
+        assert_eq!(
+            bytes_with_prefix(&pc, "L1."),
+            bytes_with_prefix(&pd, "L1."),
+            "cp {cp}"
+        );
+        let setup = |p: &Plan| -> u64 {
+            p.events
+                .iter()
+                .filter(|e| e.phase == Phase::Setup)
+                .filter_map(|e| match e.kind {
+                    EventKind::Alloc(t) => Some(p.tensors[t].bytes),
+                    _ => None,
+                })
+                .sum()
+        };
+        let (sc, sd) = (setup(&pc) as f64, setup(&pd) as f64 / cp as f64);
+        assert!((sc - sd).abs() / sd < 1e-4, "cp {cp}: {sc} vs {sd}");
+    }
+}

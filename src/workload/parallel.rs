@@ -200,13 +200,16 @@ impl Workload {
     pub fn dp(&self) -> u64 {
         (self.gpus / self.parallel.model_parallel().max(1)).max(1)
     }
-    /// The degree model states are sharded over (FSDP's shard group; ZeRO's data-parallel
-    /// ranks), 1 when they are replicated.
+    /// The degree model states are sharded over, 1 when they are replicated: FSDP's shard
+    /// group, the data-parallel ranks times the context-parallel ones (torchtitan's
+    /// `dp_shard_cp` mesh: context-parallel ranks hold the same parameters), within one node
+    /// for hybrid sharding.
     pub fn shard_degree(&self) -> u64 {
+        let group = self.dp().saturating_mul(self.parallel.cp.max(1));
         match self.parallel.fsdp {
             None => 1,
-            Some(Fsdp::Hybrid) => self.dp().min(HYBRID_GROUP),
-            Some(_) => self.dp(),
+            Some(Fsdp::Hybrid) => group.min(HYBRID_GROUP),
+            Some(_) => group,
         }
     }
     /// The process groups (NCCL communicators) one rank is in: one per degree above 1, one

@@ -411,6 +411,25 @@ impl T<'_> {
             2,
         )?;
         let ctx = self.rows_t(&format!("{p}.ctx"), Role::Activations, c, self.qw)?;
+        // Context parallelism (ring attention, torch's `context_parallel`): the key and value
+        // chunks of the other ranks pass round the ring in a double buffer while this rank's
+        // partial outputs and statistics are merged into its own (modelled, not measured: the
+        // CPU runs no ring attention).
+        let cp = self.w.parallel.cp;
+        let ring = if cp > 1 {
+            let kv = [bsz, g, s, d];
+            let mut r = Vec::new();
+            for name in ["k0", "v0", "k1", "v1"] {
+                r.push(
+                    self.b
+                        .push(&format!("{p}.cp.ring_{name}"), Role::Workspace, c, &kv, d)?,
+                );
+            }
+            r.push(self.rows_t(&format!("{p}.cp.partial_out"), Role::Workspace, c, self.qw)?);
+            r
+        } else {
+            Vec::new()
+        };
         self.b.step(Step::FlashAttention {
             q,
             k: kc,
@@ -423,6 +442,7 @@ impl T<'_> {
             causal: self.spec.causal,
             kv_group: a.checked_div(g).unwrap_or(1),
         });
+        self.b.free_all(ring);
         for t in [q, kc, vc, stats] {
             if !(cached && (t == k || t == v)) && !saved.contains(&t) {
                 saved.push(t);

@@ -63,13 +63,7 @@ fn a_bad_layout_exits_2_naming_its_dimension() {
 }
 
 fn json(args: &[&str]) -> Value {
-    let out = oomprobe().args(args).arg("--json").output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    adapter::json_of(args)
 }
 
 #[test]
@@ -152,18 +146,9 @@ fn diagnose_lists_the_layouts_that_fit_on_n_gpus() {
 }
 
 fn probe(args: &[&str]) -> Value {
-    let out = oomprobe()
-        .arg("probe")
-        .args(args)
-        .args(["--json", "--quiet"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "probe {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let mut all = vec!["probe"];
+    all.extend(args);
+    adapter::json_of(&all)
 }
 
 #[test]

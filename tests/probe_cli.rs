@@ -9,18 +9,9 @@ mod adapter;
 use adapter::{oomprobe, require_adapter};
 
 fn probe_json(args: &[&str]) -> Value {
-    let out = oomprobe()
-        .arg("probe")
-        .args(args)
-        .args(["--json", "--quiet"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "probe {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("probe --json prints JSON")
+    let mut all = vec!["probe"];
+    all.extend(args);
+    adapter::json_of(&all)
 }
 
 fn only_run(report: &Value) -> &Value {

@@ -244,12 +244,7 @@ def ubytes(tensors) -> int:
 
 
 def state_tensors(opt) -> list:
-    out = []
-    for st in opt.state.values():
-        for v in st.values():
-            if isinstance(v, torch.Tensor):
-                out.append(v)
-    return out
+    return measure.optimizer_state_tensors(opt)
 
 
 def mbmark(name: str):

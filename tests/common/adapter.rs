@@ -23,3 +23,20 @@ pub fn require_adapter() {
         "{INSTALL_HINT}"
     );
 }
+
+/// Run `oomprobe ARGS --json` (`--quiet` too for a probe): it must succeed; its JSON.
+#[allow(dead_code)]
+pub fn json_of(args: &[&str]) -> Value {
+    let mut cmd = oomprobe();
+    cmd.args(args).arg("--json");
+    if args.first() == Some(&"probe") {
+        cmd.arg("--quiet");
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("--json prints JSON")
+}

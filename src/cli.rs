@@ -263,6 +263,10 @@ pub struct DiagnoseArgs {
     /// recorded its OOM on: reserved + free at that moment).
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub memory: Option<String>,
+    /// A card from the table (`estimate --gpu list`): its memory as CUDA reports it, less what
+    /// lives outside PyTorch on it (with --gpus, one NCCL communicator per process group).
+    #[arg(long, value_name = "CARD", allow_hyphen_values = true)]
+    pub gpu: Option<String>,
     #[arg(long)]
     pub json: bool,
 }

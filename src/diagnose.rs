@@ -175,6 +175,16 @@ fn finetune_remedies(w: &Workload, memory: u64) -> Result<Vec<Remedy>, PlanError
 
 /// Diagnose `w` (at its batch and sequence) on `memory` bytes.
 pub fn diagnose(w: &Workload, memory: u64) -> Result<Diagnosis, PlanError> {
+    diagnose_on(w, memory, None)
+}
+
+/// `diagnose` on `memory` bytes of a card of the table (`card`: the layout search takes its
+/// non-PyTorch share per layout).
+pub fn diagnose_on(
+    w: &Workload,
+    memory: u64,
+    card: Option<&crate::alloc::cards::Card>,
+) -> Result<Diagnosis, PlanError> {
     let plan = Plan::for_workload(w)?;
     let b = breakdown(&plan);
     // All model states, gradients included (backward makes every one before the update).
@@ -337,7 +347,12 @@ pub fn diagnose(w: &Workload, memory: u64) -> Result<Diagnosis, PlanError> {
         reason,
         remedies,
         layouts: if crate::layouts::applies(w) {
-            Some(crate::layouts::search(w, memory, 6)?)
+            Some(crate::layouts::search(
+                w,
+                card.map_or(memory, |c| c.total),
+                card,
+                6,
+            )?)
         } else {
             None
         },

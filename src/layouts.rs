@@ -1,11 +1,15 @@
 //! Layout search: for a training workload on `--gpus N` cards of one memory size, the parallel
 //! layouts (tensor × pipeline × data parallelism, the data-parallel ranks sharded by FSDP or
-//! replicated by DDP, with and without full checkpointing) whose worst rank fits, each with its
-//! per-rank peak, its max micro-batch and what the rank holds of model states and activations.
+//! replicated by DDP, with and without full checkpointing) whose worst rank fits under
+//! PyTorch's caching allocator, each with its per-rank peak, its max micro-batch (what the
+//! allocator gets, and what the tensors alone would) and what the rank holds of model states and
+//! activations. With a card from the table, each layout's ranks lose its non-PyTorch share and
+//! one NCCL communicator per process group.
 
 use serde::Serialize;
 
-use crate::estimate::{breakdown, predicted_max};
+use crate::alloc::conf::AllocConf;
+use crate::estimate::{breakdown, predicted_max, predicted_max_reserved, Card};
 use crate::plan::build::PlanError;
 use crate::plan::{ranks, Plan};
 use crate::scenario::Scenario;
@@ -25,16 +29,22 @@ pub struct LayoutFit {
     pub sharding: &'static str,
     pub sequence_parallel: bool,
     pub checkpoint: Checkpoint,
-    /// The worst rank's peak at the workload's micro-batch.
+    /// The worst rank's peak at the workload's micro-batch (the tensors).
     pub peak_bytes: u64,
+    /// What PyTorch's allocator may take on each card of this layout (the card's memory less
+    /// what lives outside PyTorch: the CUDA context and the layout's NCCL communicators).
+    pub usable_bytes: u64,
     pub worst_rank: u64,
     /// Parameters, gradients and optimizer state the worst rank holds at its peak.
     pub model_states_bytes: u64,
     /// Everything else at that peak (activations, attention, workspace, gathered weights).
     pub activations_bytes: u64,
+    /// The workload's micro-batch fits under PyTorch's caching allocator.
     pub fits: bool,
-    /// The largest micro-batch whose worst rank fits.
+    /// The largest micro-batch whose worst rank fits under PyTorch's caching allocator.
     pub max_micro_batch: Option<u64>,
+    /// The largest by the tensors alone (no allocator rounding or caching).
+    pub max_micro_batch_tensors: Option<u64>,
 }
 
 /// What the search found.
@@ -127,8 +137,14 @@ fn flags(c: &Workload) -> String {
     }
 }
 
-/// Search the layouts of `w` on its `gpus` cards of `memory` bytes; the `limit` best are kept.
-pub fn search(w: &Workload, memory: u64, limit: usize) -> Result<Layouts, PlanError> {
+/// Search the layouts of `w` on its `gpus` cards of `memory` bytes (a card of the table: its
+/// total, less its non-PyTorch share per layout); the `limit` best are kept.
+pub fn search(
+    w: &Workload,
+    memory: u64,
+    table: Option<&crate::alloc::cards::Card>,
+    limit: usize,
+) -> Result<Layouts, PlanError> {
     let cands = candidates(w);
     let mut all = Vec::new();
     for c in &cands {
@@ -137,8 +153,23 @@ pub fn search(w: &Workload, memory: u64, limit: usize) -> Result<Layouts, PlanEr
             Err(PlanError::Overflow { .. }) => continue,
             Err(e) => return Err(e),
         };
+        let card = Card {
+            total: memory,
+            non_pytorch: table.map_or(0, |k| k.non_pytorch_for(c)),
+            conf: AllocConf::default(),
+        };
+        let usable = card.usable();
         let b = breakdown(&plan);
         let states = b.model_states();
+        let fits = b.total <= usable
+            && crate::alloc::timeline::replay(
+                &plan,
+                &card.conf,
+                Some(usable),
+                crate::alloc::timeline::STEPS,
+                false,
+            )
+            .fits();
         let p = &c.parallel;
         all.push(LayoutFit {
             flags: flags(c),
@@ -153,11 +184,13 @@ pub fn search(w: &Workload, memory: u64, limit: usize) -> Result<Layouts, PlanEr
             sequence_parallel: p.sequence_parallel,
             checkpoint: c.checkpoint,
             peak_bytes: b.total,
+            usable_bytes: usable,
             worst_rank: ranks::rank_of(&plan).unwrap_or(0),
             model_states_bytes: states,
             activations_bytes: b.total.saturating_sub(states),
-            fits: b.total <= memory,
-            max_micro_batch: predicted_max(c, Scenario::Batch, memory)?,
+            fits,
+            max_micro_batch: predicted_max_reserved(c, Scenario::Batch, &card)?,
+            max_micro_batch_tensors: predicted_max(c, Scenario::Batch, usable)?,
         });
     }
     let fitting = all.iter().filter(|l| l.fits).count();
@@ -183,7 +216,7 @@ pub fn search(w: &Workload, memory: u64, limit: usize) -> Result<Layouts, PlanEr
 /// The search as a person reads it.
 pub fn render(l: &Layouts, batch: u64) -> String {
     let mut s = format!(
-        "layouts on {} GPUs of {} ({} tried, {} fit at micro-batch {batch}):\n",
+        "layouts on {} GPUs of {} ({} tried, {} fit at micro-batch {batch} with PyTorch's allocator):\n",
         l.gpus,
         fmt_bytes(l.memory_bytes),
         l.tried,
@@ -196,7 +229,7 @@ pub fn render(l: &Layouts, batch: u64) -> String {
     let wide = l.best.iter().map(|x| x.flags.len()).max().unwrap_or(0);
     for x in &l.best {
         s.push_str(&format!(
-            "  {:<4} {:<wide$}  dp {:<3} rank {:<3} peak {} (states {}, activations {}), max micro-batch {}\n",
+            "  {:<4} {:<wide$}  dp {:<3} rank {:<3} peak {} (states {}, activations {}), max micro-batch {} ({} by the tensors)\n",
             if x.fits { "fits" } else { "-" },
             x.flags,
             x.dp,
@@ -204,7 +237,9 @@ pub fn render(l: &Layouts, batch: u64) -> String {
             fmt_bytes(x.peak_bytes),
             fmt_bytes(x.model_states_bytes),
             fmt_bytes(x.activations_bytes),
-            x.max_micro_batch.map_or("none".into(), |m| m.to_string())
+            x.max_micro_batch.map_or("none".into(), |m| m.to_string()),
+            x.max_micro_batch_tensors
+                .map_or("none".into(), |m| m.to_string())
         ));
     }
     s

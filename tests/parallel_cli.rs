@@ -122,6 +122,37 @@ fn diagnose_lists_the_layouts_that_fit_on_n_gpus() {
     assert_eq!(best["fits"], true, "{l}");
     assert!(best["peak_bytes"].as_u64().unwrap() <= 80 << 30);
     assert!(best["max_micro_batch"].as_u64().unwrap() >= 1);
+    // On a card of the table each layout's ranks lose the card's non-PyTorch share and one NCCL
+    // communicator per process group; what PyTorch's allocator gets is at most what the
+    // tensors alone would.
+    let d = json(&[
+        "diagnose",
+        "--model",
+        "llama3-8b",
+        "--precision",
+        "amp-bf16",
+        "--seq",
+        "4096",
+        "--batch",
+        "1",
+        "--gpus",
+        "8",
+        "--gpu",
+        "h100-sxm",
+    ]);
+    for x in d["layouts"]["best"].as_array().unwrap() {
+        let usable = x["usable_bytes"].as_u64().unwrap();
+        let groups = u64::from(x["tp"].as_u64().unwrap() > 1)
+            + u64::from(x["pp"].as_u64().unwrap() > 1)
+            + u64::from(x["dp"].as_u64().unwrap() > 1);
+        assert!(usable + groups.max(1) * (1 << 30) < 80 << 30, "{x}");
+        if let (Some(a), Some(t)) = (
+            x["max_micro_batch"].as_u64(),
+            x["max_micro_batch_tensors"].as_u64(),
+        ) {
+            assert!(a <= t, "{x}");
+        }
+    }
     // Eight 24 GiB cards cannot hold a 70B model's Adam states in any layout.
     let cfg = format!(
         "{}/tests/fixtures/configs/llama3-70b.json",

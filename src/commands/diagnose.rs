@@ -16,9 +16,25 @@ pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
         return crate::commands::snapshot::diagnose(&args.snapshot, memory, args.json);
     }
     let r = resolve(&args.workload, "gpt2")?;
-    let memory = match args.memory.as_deref() {
-        Some(m) => memory_arg(m)?,
-        None => match case_memory(&args.workload)? {
+    let card = match args.gpu.as_deref() {
+        None => None,
+        Some(id) => Some(crate::alloc::cards::get(id).ok_or_else(|| {
+            CliError::usage(format!(
+                "--gpu: no card '{id}' (one of: {})",
+                crate::alloc::cards::ids()
+            ))
+        })?),
+    };
+    if card.is_some() && args.memory.is_some() {
+        return Err(CliError::usage(
+            "--gpu and --memory both say what the card has: give one",
+        ));
+    }
+    let memory = match (args.memory.as_deref(), card) {
+        // The card's memory less what lives outside PyTorch on it (its CUDA context, NCCL).
+        (_, Some(c)) => c.total.saturating_sub(c.non_pytorch_for(&r.workload)),
+        (Some(m), None) => memory_arg(m)?,
+        (None, None) => match case_memory(&args.workload)? {
             Some(m) => m,
             None => match crate::backend::open::detected_gpu() {
                 Some((name, m)) => {
@@ -42,7 +58,11 @@ pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
         }
         return out(&crate::serve::render::diagnosis_text(&d));
     }
-    let d = diagnose(&r.workload, memory).map_err(plan_error)?;
+    let d = match card {
+        Some(c) => crate::diagnose::diagnose_on(&r.workload, memory, Some(c)),
+        None => diagnose(&r.workload, memory),
+    }
+    .map_err(plan_error)?;
     for w in &r.warnings {
         eprintln!("oomprobe: warning: {w}");
     }

@@ -155,6 +155,10 @@ ROWS = [
     dict(id="tp-sp", kind="tp", world=2, sp=True),
     dict(id="pp-1f1b", kind="pp", world=2, schedule="1F1B", microbatches=4),
     dict(id="pp-gpipe", kind="pp", world=2, schedule="GPipe", microbatches=4),
+    dict(id="fsdp2-ckpt", kind="fsdp2", world=2, reshard_after_forward=True, checkpoint="checkpoint_wrapper"),
+    dict(id="fsdp2-mp-bf16", kind="fsdp2", world=2, reshard_after_forward=True, mp=("bfloat16", "float32")),
+    dict(id="ddp-ckpt", kind="ddp", world=2, bucket_cap_mb=25, gradient_as_bucket_view=False,
+         checkpoint="checkpoint_wrapper"),
 ]
 
 # --holdout: a second model and layouts, measured by the same builders, baseline and peak method
@@ -223,6 +227,9 @@ def layout_of(r: dict) -> dict:
         "loss": "HF ForCausalLMLoss on full logits" + (" per micro-batch (schedule loss_fn)" if k == "pp" else ""),
         "pp_split": pp_split_of(r) if k == "pp" else None,
         "return_outputs": False if k == "pp" else None,
+        "checkpoint": r.get("checkpoint"),
+        "mp_param_dtype": r["mp"][0] if r.get("mp") else None,
+        "mp_reduce_dtype": r["mp"][1] if r.get("mp") else None,
     }
 
 
@@ -475,12 +482,36 @@ def build_single(row, rank, world, info):
     return c
 
 
+def apply_checkpointing(model, row, info):
+    """Activation checkpointing of every decoder layer (rows with `checkpoint`), before any wrapper:
+    "checkpoint_wrapper" wraps each layer as torchtitan's full AC does (torch.distributed's
+    checkpoint_wrapper, CheckpointImpl.NO_REENTRANT, preserve_rng_state=False) and puts the wrapper
+    in the layer's place, so fully_shard / DDP wrap the checkpointed layer;
+    "hf_gradient_checkpointing" is HF's gradient_checkpointing_enable(use_reentrant=False)."""
+    how = row.get("checkpoint")
+    if how is None:
+        return
+    if how == "checkpoint_wrapper":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+        layers = model.model.layers
+        for i, layer in enumerate(layers):
+            layers.register_module(str(i), checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                                              preserve_rng_state=False))
+    elif how == "hf_gradient_checkpointing":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise ValueError(how)
+    info["checkpointed_layers"] = [type(m).__name__ for m in model.model.layers]
+
+
 def build_ddp(row, rank, world, info):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     cfg = cfg_of(row)
     c = Ctx()
     c.inner = build_base(cfg)
+    apply_checkpointing(c.inner, row, info)
     c.model = DDP(c.inner, bucket_cap_mb=row["bucket_cap_mb"],
                   gradient_as_bucket_view=row["gradient_as_bucket_view"])
     try:
@@ -496,16 +527,21 @@ def build_ddp(row, rank, world, info):
 
 def build_fsdp2(row, rank, world, info):
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     cfg = cfg_of(row)
     c = Ctx()
     mesh = init_device_mesh("cpu", (world,))
     c.model = build_base(cfg)
+    apply_checkpointing(c.model, row, info)
     raf = row["reshard_after_forward"]
+    kw = {}
+    if row.get("mp"):  # the model stays fp32 (sharded params, grads, Adam state); no autocast
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, row["mp"][0]),
+                                               reduce_dtype=getattr(torch, row["mp"][1]))
     for layer in c.model.model.layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=raf)
-    fully_shard(c.model, mesh=mesh, reshard_after_forward=raf)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=raf, **kw)
+    fully_shard(c.model, mesh=mesh, reshard_after_forward=raf, **kw)
     c.inner = c.model
     c.inputs = inputs_for(cfg["batch"], 1 + rank, cfg)
     c.fwd_kwargs = lambda: dict(c.inputs)

@@ -48,6 +48,16 @@ def test_keyword_flags_reach_the_cli():
     assert lora["breakdown"]["total"] < full["breakdown"]["total"] / 4
 
 
+def test_a_layout_is_keyword_flags():
+    one = oomprobe.estimate(model="llama3-8b", seq=2048, batch=1)
+    rank = oomprobe.estimate(model="llama3-8b", seq=2048, batch=1, gpus=8, tp=2,
+                             sequence_parallel=True, fsdp="full")
+    assert rank["notes"][0].startswith("per-rank plan: rank 0 of 8")
+    assert rank["breakdown"]["total"] < one["breakdown"]["total"] / 4
+    with pytest.raises(ValueError, match="--tp: tp 3 does not divide the 32 attention heads"):
+        oomprobe.estimate(model="llama3-8b", tp=3)
+
+
 def test_bad_arguments_raise_the_clis_line():
     with pytest.raises(ValueError, match=r"^oomprobe: --model: unknown model preset 'nope'") as e:
         oomprobe.estimate(model="nope")

@@ -245,6 +245,9 @@ pub struct States {
     held_to_end: Vec<TensorIx>,
     /// FSDP: the last reduce-scatter's input, kept until the next one (see `fsdp_reduce`).
     rs_kept: Option<TensorIx>,
+    /// FSDP's mixed-precision parameter type: the unsharded gradients backward makes are in
+    /// it (None: the gradients' own type).
+    pub gather_dtype: Option<DType>,
 }
 
 /// One piece's entry in autocast's weight-cast cache.
@@ -312,6 +315,7 @@ impl States {
                 .collect(),
             held_to_end: Vec::new(),
             rs_kept: None,
+            gather_dtype: None,
         };
         b.phase(Phase::Setup);
         for (i, p) in pieces.iter().enumerate() {
@@ -797,7 +801,7 @@ impl States {
             // In the gathered parameters' type (16-bit under FSDP2's mixed precision).
             let full = StateKind {
                 role: Role::Workspace,
-                dtype: self.low.unwrap_or(kind.dtype),
+                dtype: self.gather_dtype.or(self.low).unwrap_or(kind.dtype),
                 ..kind.clone()
             };
             let shard = std::mem::replace(&mut self.shard, 1);

@@ -999,6 +999,26 @@ fn stage_pieces(
 
 /// Build a transformer step's timeline at the workload's batch and sequence.
 pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
+    // FSDP under `amp-*` is FSDP2's MixedPrecisionPolicy(param_dtype=the 16-bit type,
+    // reduce_dtype=fp32), as torchtitan trains (no autocast): the gathered parameters, and so
+    // every activation, are 16-bit as under `model.bfloat16()`, while the sharded parameters,
+    // gradients and optimizer state stay fp32.
+    let mp = (w.parallel.fsdp.is_some() && w.precision.is_autocast())
+        .then(|| super::params::compute_dtype(w.precision));
+    let with = |p: crate::workload::Precision| {
+        let mut c = w.clone();
+        c.precision = p;
+        c
+    };
+    let act_w = mp.map(|low| {
+        with(if low == DType::F16 {
+            crate::workload::Precision::Fp16
+        } else {
+            crate::workload::Precision::Bf16
+        })
+    });
+    let state_w = mp.map(|_| with(crate::workload::Precision::Fp32));
+    let w = act_w.as_ref().unwrap_or(w);
     let (bsz, s, h, a, f, v) = (w.batch, w.seq, w.hidden, w.heads, w.ffn, w.vocab);
     let spec = spec_of(w)?;
     let (qw, kvw, d) = widths(w)?;
@@ -1007,7 +1027,8 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     // `prepare_model_for_kbit_training` upcasts the embeddings, norms and head.
     let c = residual_dtype(w);
     let stage = crate::workload::parallel::stage(w, w.parallel.rank.unwrap_or(0));
-    let states = States::setup(b, w, &stage_pieces(w, &stage)?)?;
+    let mut states = States::setup(b, state_w.as_ref().unwrap_or(w), &stage_pieces(w, &stage)?)?;
+    states.gather_dtype = mp;
     let zero3 = w.zero == 3 && w.gpus > 1;
     let ac = super::params::autocast(w);
     let mut t = T {

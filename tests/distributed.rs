@@ -50,6 +50,15 @@ fn flags(r: &Value, rank: u64, step: &str) -> Vec<String> {
     .map(String::from)
     .collect();
     let world = n(&l["world"]);
+    // Every decoder layer checkpointed (torch's checkpoint_wrapper, non-reentrant).
+    if l["checkpoint"].is_string() {
+        f.extend(["--checkpoint".into(), "full".into()]);
+    }
+    // FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): `amp-bf16` with FSDP.
+    if l["mp_param_dtype"].as_str() == Some("bfloat16") {
+        let i = f.iter().position(|a| a == "fp32").unwrap();
+        f[i] = "amp-bf16".into();
+    }
     let mut add = |s: String| f.extend(s.split_whitespace().map(String::from));
     match l["kind"].as_str().unwrap() {
         "single" => return f,

@@ -113,7 +113,24 @@ Layouts (row ids):
   forward_one_chunk, loss in loss_fn, backward at each backward_one_chunk, optimizer; each chunk's
   micro-batch index is marked too (pp rows: `microbatch_marks`, live delta at each chunk start).
 
-Numbers are bytes of the CPU allocator (no caching: every torch allocation is a malloc), fp32.
+* `fsdp2-ckpt`, `ddp-ckpt`: `fsdp2` / `ddp` with activation checkpointing of every decoder layer as
+  torchtitan's full AC does it (apply_checkpointing): each layer is replaced by torch.distributed's
+  checkpoint_wrapper(layer, CheckpointImpl.NO_REENTRANT, preserve_rng_state=False) before
+  fully_shard / DDP, so fully_shard wraps the checkpointed layer (layout.checkpoint =
+  "checkpoint_wrapper"; "hf_gradient_checkpointing" would be HF's gradient_checkpointing_enable(
+  use_reentrant=False); null on the other rows). FSDP2 all-gathers each layer once in forward and
+  once in backward as without checkpointing: the recomputation runs after the layer's pre-backward
+  unshard, so it gathers nothing again. The global module hooks (ModuleTracker) are off in
+  backward, so recomputed allocations are named by their autograd node.
+* `fsdp2-mp-bf16`: `fsdp2` with MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) on
+  every fully_shard call (layers and root), no autocast, the model built in fp32: the sharded params,
+  grads and Adam state are fp32, the all-gathers bf16, the reduce-scatters fp32
+  (layout.mp_param_dtype / mp_reduce_dtype; null on the other rows). The residual stream, norms'
+  outputs, rotary cos/sin and the logits are bf16 (HF's loss upcasts the logits to fp32); eager
+  attention's softmax is fp32 (softmax(dtype=float32), then cast to bf16).
+
+Numbers are bytes of the CPU allocator (no caching: every torch allocation is a malloc), fp32
+(fsdp2-mp-bf16: fp32 states, bf16 compute).
 """
 
 from __future__ import annotations

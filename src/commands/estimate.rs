@@ -242,11 +242,14 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         if card_arg.is_some() && non_pytorch.is_none() && report.workload.gpus > 1 {
             let n = report.workload.communicators();
             text.push_str(&format!(
-                "  outside PyTorch: the card's {} and {n} NCCL communicator{}' buffers ({} each \
-                 per rank, derived; NCCL allocates them, not oomprobe's plan; --non-pytorch to \
-                 set it)\n",
+                "  outside PyTorch: the card's {} and {n} NCCL {}' buffers ({} each per rank, \
+                 derived; NCCL allocates them, not oomprobe's plan; --non-pytorch to set it)\n",
                 fmt_bytes(card_arg.map_or(0, |c| c.non_pytorch)),
-                if n == 1 { "" } else { "s" },
+                if n == 1 {
+                    "communicator"
+                } else {
+                    "communicators"
+                },
                 fmt_bytes(crate::alloc::cards::NCCL_COMMUNICATOR)
             ));
         }

@@ -1,0 +1,47 @@
+//! Rank plans and the layout search: the worst rank of Llama-3-70B under tp 8 × pp 4 with 16
+//! micro-batches (one plan per stage, each composed of its micro-batches), and `diagnose
+//! --gpus 8`'s search over Llama-3-8B's layouts on 80 GiB (32 layouts, each judged under the
+//! caching allocator with its max micro-batch searched).
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use oomprobe::plan::Plan;
+use oomprobe::workload::parallel::Fsdp;
+use oomprobe::workload::{presets, Precision};
+
+fn bench(c: &mut Criterion) {
+    let mut w = presets::get("llama3-8b").unwrap();
+    w.layers = 80;
+    w.hidden = 8192;
+    w.heads = 64;
+    w.ffn = 28672;
+    w.precision = Precision::AmpBf16;
+    w.seq = 4096;
+    w.batch = 1;
+    w.gpus = 64;
+    w.parallel.tp = 8;
+    w.parallel.sequence_parallel = true;
+    w.parallel.pp = 4;
+    w.parallel.microbatches = 16;
+    w.parallel.fsdp = Some(Fsdp::Full);
+    let mut g = c.benchmark_group("layouts");
+    g.sample_size(10);
+    g.bench_function("70B tp8 pp4 x16 micro-batches, worst of 4 stages", |b| {
+        b.iter(|| Plan::for_workload(&w).unwrap().peak_bytes())
+    });
+    let mut d = presets::get("llama3-8b").unwrap();
+    d.precision = Precision::AmpBf16;
+    d.seq = 4096;
+    d.batch = 1;
+    d.gpus = 8;
+    g.bench_function("llama3-8b layout search on 8 x 80 GiB", |b| {
+        b.iter(|| {
+            oomprobe::layouts::search(&d, 80 << 30, None, 6)
+                .unwrap()
+                .fitting
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -93,6 +93,12 @@ fn estimate_plans_the_worst_rank_and_any_rank_asked() {
         note.contains("rank 3 of 4") && note.contains("as asked"),
         "{note}"
     );
+    assert_eq!(worst["rank"]["rank"], 0, "{}", worst["rank"]);
+    assert_eq!(worst["rank"]["worst"], true);
+    assert_eq!(worst["rank"]["stages"], 4);
+    assert_eq!(last["rank"]["stage"], 3);
+    assert_eq!(last["rank"]["layers"], serde_json::json!([24, 31]));
+    assert_eq!(last["rank"]["worst"], false);
     // Under 1F1B the first stage holds four micro-batches, the last one (plus the logits).
     let total = |v: &Value| v["breakdown"]["total"].as_u64().unwrap();
     assert!(total(&worst) > total(&last));

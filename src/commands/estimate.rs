@@ -21,6 +21,10 @@ pub struct EstimateReport {
     pub schema_version: u32,
     pub workload: Workload,
     pub param_count: u64,
+    /// Additive (issue 33): with a parallel layout, the rank this plan is (the worst one
+    /// unless `--rank` named it) and its place in the mesh.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<crate::plan::ranks::RankInfo>,
     pub breakdown: Breakdown,
     /// Additive: where the peak sits in the step's timeline and the live-bytes curve.
     pub timeline: TimelineSummary,
@@ -189,6 +193,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
     let report = EstimateReport {
         schema_version: crate::report::SCHEMA_VERSION,
         param_count: param_count(&w).map_err(plan_error)?,
+        rank: crate::plan::ranks::info(&plan),
         workload: w,
         breakdown: b,
         timeline: timeline_summary(&plan),
@@ -289,6 +294,7 @@ fn serve(w: Workload, memory: u64, detected: Option<String>, json: bool) -> CliR
     let report = EstimateReport {
         schema_version: crate::report::SCHEMA_VERSION,
         param_count: param_count(&w).map_err(plan_error)?,
+        rank: crate::plan::ranks::info(&plan),
         workload: w,
         breakdown: breakdown(&plan),
         timeline: timeline_summary(&plan),

@@ -266,3 +266,36 @@ pub fn schedule(one: Plan, st: &Stage, w: &Workload) -> Result<Plan, PlanError> 
         notes,
     })
 }
+
+/// Which rank a plan is (JSON `rank` of `estimate`; None without a layout).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RankInfo {
+    pub rank: u64,
+    pub of: u64,
+    /// Chosen as the worst rank (no `--rank` was given).
+    pub worst: bool,
+    pub coords: crate::workload::parallel::Coords,
+    pub stage: u64,
+    pub stages: u64,
+    /// The stage's layers, first and last.
+    pub layers: [u64; 2],
+}
+
+/// The rank `p` was built for.
+pub fn info(p: &Plan) -> Option<RankInfo> {
+    let w = &p.workload;
+    if w.parallel.is_single() {
+        return None;
+    }
+    let r = rank_of(p)?;
+    let st = parallel::stage(w, r);
+    Some(RankInfo {
+        rank: r,
+        of: w.gpus,
+        worst: w.parallel.rank.is_none(),
+        coords: w.coords(r),
+        stage: st.index,
+        stages: st.of,
+        layers: [st.lo, st.hi.saturating_sub(1)],
+    })
+}

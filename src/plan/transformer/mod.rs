@@ -1363,7 +1363,12 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
             if seg.is_none() {
                 t.b.free_all(std::mem::take(&mut masks));
             }
-            if llm && seg.is_none() && !frames.iter().any(|f| f.saved.contains(&x0)) {
+            // (A later pipeline stage's received input is the pipeline's until its backward.)
+            if llm
+                && stage.first()
+                && seg.is_none()
+                && !frames.iter().any(|f| f.saved.contains(&x0))
+            {
                 t.b.free(x0);
             }
             t.use_piece(head_piece)?;

@@ -1560,8 +1560,9 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         };
         // The head's matmul: its weight gradient and the gradient of its input.
         let w_ = t.w;
-        if head_piece == "embed" {
-            // A tied head: its gradient waits for the embedding's.
+        if head_piece == "embed" && stage.first() {
+            // A tied head: its gradient waits for the embedding's (on a later pipeline stage
+            // the head is the stage's own copy: its gradient is whole here).
             t.states.gradient_part(t.b, head_piece, w_)?;
         } else {
             t.states.gradient(t.b, head_piece, w_)?;

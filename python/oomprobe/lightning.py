@@ -24,7 +24,7 @@ from lightning.pytorch.tuner import batch_size_scaling as _bs
 from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
 from lightning.pytorch.utilities.parsing import lightning_setattr
 
-from . import _device, max_batch
+from . import _device, _layout, max_batch
 from .verify import Bracket, bracket
 
 __all__ = ["BatchSizeFinder", "step_flags"]
@@ -48,6 +48,7 @@ def step_flags(trainer: Any, device_type: str) -> dict:
         flags["precision"] = precision
     if device_type == "cpu":
         flags.update(_device.CPU_FLAGS, optimizer_impl="for-loop")
+    flags.update(_layout.lightning(trainer))
     return flags
 
 

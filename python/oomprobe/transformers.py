@@ -22,7 +22,7 @@ import os
 import tempfile
 from typing import Any, Optional
 
-from . import _device, max_batch
+from . import _device, _layout, max_batch
 from .verify import Bracket, bracket
 
 __all__ = ["find_batch_size"]
@@ -46,6 +46,7 @@ def step_flags(args: Any, device_type: str) -> dict:
         flags["precision"] = "amp-fp16"
     if device_type == "cpu":
         flags.update(_device.CPU_FLAGS)
+    flags.update(_layout.transformers(args))
     return flags
 
 

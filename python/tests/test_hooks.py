@@ -117,3 +117,34 @@ def test_step_flags_follow_the_trainers_arguments():
                                        "dropout_mask": "input"}
     # Each is a flag the binary takes: the prediction runs with them.
     assert oomprobe.max_batch(tensors_only=True, **step_flags(args, "cuda"), **FLAGS) >= 1
+
+
+def test_layout_flags_follow_the_strategy_and_the_arguments():
+    from oomprobe import _layout
+
+    class DDPStrategy:
+        _ddp_kwargs = {"bucket_cap_mb": 50, "gradient_as_bucket_view": True}
+
+    class FSDPStrategy:
+        sharding_strategy = types.SimpleNamespace(name="SHARD_GRAD_OP")
+
+    class DeepSpeedStrategy:
+        config = {"zero_optimization": {"stage": 3}}
+
+    trainer = types.SimpleNamespace(world_size=8, strategy=DDPStrategy())
+    assert _layout.lightning(trainer) == {"gpus": 8, "ddp": 50, "bucket_view": "on"}
+    trainer.strategy = FSDPStrategy()
+    assert _layout.lightning(trainer) == {"gpus": 8, "fsdp": "shard-grad-op"}
+    trainer.strategy = DeepSpeedStrategy()
+    assert _layout.lightning(trainer) == {"gpus": 8, "zero": 3}
+    assert _layout.lightning(types.SimpleNamespace(world_size=1, strategy=None)) == {}
+
+    args = types.SimpleNamespace(world_size=4, fsdp=["full_shard", "auto_wrap"])
+    assert _layout.transformers(args) == {"gpus": 4, "fsdp": "full"}
+    args = types.SimpleNamespace(world_size=4, fsdp="", ddp_bucket_cap_mb=None)
+    assert _layout.transformers(args) == {"gpus": 4, "ddp": 25}
+    assert _layout.transformers(types.SimpleNamespace(world_size=1)) == {}
+    # Each is a set of flags the binary takes.
+    for flags in ({"gpus": 8, "ddp": 50, "bucket_view": "on"}, {"gpus": 8, "fsdp": "shard-grad-op"},
+                  {"gpus": 4, "fsdp": "full"}):
+        assert oomprobe.max_batch(tensors_only=True, **flags, **FLAGS) >= 1

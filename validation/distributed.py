@@ -112,6 +112,12 @@ Layouts (row ids):
   stage's params. One step = schedule.step(...) + opt.step() + zero_grad. Marks: forward at each
   forward_one_chunk, loss in loss_fn, backward at each backward_one_chunk, optimizer; each chunk's
   micro-batch index is marked too (pp rows: `microbatch_marks`, live delta at each chunk start).
+* `pp-interleaved`: ScheduleInterleaved1F1B, world 2, 2 virtual stages per rank (layout.chunks
+  2), 4 stages of one decoder layer each, loop style (layout.pp_rank_stages: rank 0 holds stages 0
+  and 2, rank 1 stages 1 and 3); stage 0 = embed_tokens + layer 0 (Stage0), stages 1-3 = one layer
+  each (Stage1; stage 3 also norm + lm_head + loss); 4 micro-batches of 2 (global batch 8, seq 256;
+  the schedule runs 2 rounds of 2). Same step, loss_fn and Adam (over the params of both of the
+  rank's stage modules) as `pp-1f1b`; the chunk marks also name the stage: `fwd{mb}@s{stage}`.
 
 * `fsdp2-ckpt`, `ddp-ckpt`: `fsdp2` / `ddp` with activation checkpointing of every decoder layer as
   torchtitan's full AC does it (apply_checkpointing): each layer is replaced by torch.distributed's
@@ -172,6 +178,7 @@ ROWS = [
     dict(id="tp-sp", kind="tp", world=2, sp=True),
     dict(id="pp-1f1b", kind="pp", world=2, schedule="1F1B", microbatches=4),
     dict(id="pp-gpipe", kind="pp", world=2, schedule="GPipe", microbatches=4),
+    dict(id="pp-interleaved", kind="pp", world=2, schedule="Interleaved1F1B", microbatches=4, chunks=2),
     dict(id="fsdp2-ckpt", kind="fsdp2", world=2, reshard_after_forward=True, checkpoint="checkpoint_wrapper"),
     dict(id="fsdp2-mp-bf16", kind="fsdp2", world=2, reshard_after_forward=True, mp=("bfloat16", "float32")),
     dict(id="ddp-ckpt", kind="ddp", world=2, bucket_cap_mb=25, gradient_as_bucket_view=False,
@@ -203,21 +210,36 @@ def cfg_of(row: dict) -> dict:
 
 
 def pp_bounds(row: dict) -> list:
-    """Each pipeline stage's decoder layers [lo, hi): layers split evenly over the stages (default
-    rows: (0, 2), (2, 4); holdout-pp3-1f1b: (0, 2), (2, 4), (4, 6)). Stage 0 also has embed_tokens,
-    the last stage norm + lm_head + loss; a middle stage has neither."""
-    n, w = cfg_of(row)["layers"], row["world"]
-    assert n % w == 0, (n, w)
-    k = n // w
-    return [(i * k, (i + 1) * k) for i in range(w)]
+    """Each pipeline stage's decoder layers [lo, hi): layers split evenly over the world * chunks
+    stages (default rows: (0, 2), (2, 4); pp-interleaved: one layer per stage; holdout-pp3-1f1b:
+    (0, 2), (2, 4), (4, 6)). Stage 0 also has embed_tokens, the last stage norm + lm_head + loss; a
+    middle stage has neither."""
+    n, s = cfg_of(row)["layers"], pp_stages(row)
+    assert n % s == 0, (n, s)
+    k = n // s
+    return [(i * k, (i + 1) * k) for i in range(s)]
+
+
+def pp_stages(row: dict) -> int:
+    """The number of pipeline stages: world * chunks (chunks = virtual stages per rank, 1 unless
+    the row is interleaved)."""
+    return row["world"] * row.get("chunks", 1)
+
+
+def pp_rank_stages(row: dict) -> list:
+    """Each rank's stage indices, loop style (stage s on rank s % world; pp-interleaved: [[0, 2],
+    [1, 3]])."""
+    w = row["world"]
+    return [[r + k * w for k in range(row.get("chunks", 1))] for r in range(w)]
 
 
 def pp_split_of(row: dict) -> str:
-    w = row["world"]
+    n_st, w = pp_stages(row), row["world"]
     parts = []
     for i, (lo, hi) in enumerate(pp_bounds(row)):
-        s = f"stage{i} = " + ("embed_tokens + " if i == 0 else "") + f"layers {lo}-{hi - 1}"
-        parts.append(s + (" + norm + lm_head + loss" if i == w - 1 else ""))
+        s = f"stage{i}" + (f" (rank {i % w})" if n_st > w else "") + " = " + \
+            ("embed_tokens + " if i == 0 else "") + (f"layers {lo}-{hi - 1}" if hi - lo > 1 else f"layer {lo}")
+        parts.append(s + (" + norm + lm_head + loss" if i == n_st - 1 else ""))
     return "; ".join(parts)
 
 
@@ -232,6 +254,8 @@ def layout_of(r: dict) -> dict:
         "pp": w if k == "pp" else 1,
         "microbatches": r.get("microbatches", 1),
         "schedule": r.get("schedule"),
+        "chunks": r.get("chunks"),
+        "pp_rank_stages": pp_rank_stages(r) if k == "pp" else None,
         "reshard_after_forward": r.get("reshard_after_forward"),
         "bucket_cap_mb": r.get("bucket_cap_mb"),
         "gradient_as_bucket_view": r.get("gradient_as_bucket_view"),
@@ -676,45 +700,65 @@ class Stage1(torch.nn.Module):
 
 
 def build_pp(row, rank, world, info):
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     cfg = cfg_of(row)
     c = Ctx()
     full = build_base(cfg)
     loss_function = full.loss_function
     vocab = full.config.vocab_size
-    lo, hi = pp_bounds(row)[rank]
-    mod = Stage0(full, hi) if rank == 0 else Stage1(full, lo, hi, head=rank == world - 1)
+    n_st = pp_stages(row)
+    bounds = pp_bounds(row)
+    my_stages = pp_rank_stages(row)[rank]  # one stage, or (interleaved) this rank's virtual stages
+    mods = []
+    for s in my_stages:
+        lo, hi = bounds[s]
+        mods.append(Stage0(full, hi) if s == 0 else Stage1(full, lo, hi, head=s == n_st - 1))
     del full
     gc.collect()
-    mod.train()
-    c.model = c.inner = mod
+    for m in mods:
+        m.train()
+    # one stage: the stage module itself (as before); several: a container of them, so that
+    # parameters() (Adam, the baseline) covers every local stage
+    c.model = c.inner = mods[0] if len(mods) == 1 else torch.nn.ModuleDict({f"stage{s}": m
+                                                                           for s, m in zip(my_stages, mods)})
     n_mb = row["microbatches"]
     c.inputs = inputs_for(cfg["batch"] * n_mb, 1, cfg)
-    stage = PipelineStage(mod, rank, world, torch.device("cpu"))
+    stages = [PipelineStage(m, s, n_st, torch.device("cpu")) for s, m in zip(my_stages, mods)]
 
     def loss_fn(logits, target):
         measure.mark("loss")
         return loss_function(logits=logits, labels=target, vocab_size=vocab)
 
-    sched_cls = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}[row["schedule"]]
-    c.schedule = sched_cls(stage, n_microbatches=n_mb, loss_fn=loss_fn)
-    f_orig, b_orig = stage.forward_one_chunk, stage.backward_one_chunk
+    if row["schedule"] == "Interleaved1F1B":
+        c.schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n_mb, loss_fn=loss_fn)
+    else:
+        sched_cls = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}[row["schedule"]]
+        c.schedule = sched_cls(stages[0], n_microbatches=n_mb, loss_fn=loss_fn)
+    for s, stage in zip(my_stages, stages):
+        # the mark names the micro-batch and, with several stages per rank, the stage: fwd{mb}@s{stage}
+        sfx = f"@s{s}" if len(stages) > 1 else ""
+        f_orig, b_orig = stage.forward_one_chunk, stage.backward_one_chunk
 
-    def fwd(fwd_chunk_id, *a, **k):
-        measure.mark("forward")
-        mbmark(f"fwd{fwd_chunk_id}")
-        return f_orig(fwd_chunk_id, *a, **k)
+        def fwd(fwd_chunk_id, *a, _f=f_orig, _sfx=sfx, **k):
+            measure.mark("forward")
+            mbmark(f"fwd{fwd_chunk_id}{_sfx}")
+            return _f(fwd_chunk_id, *a, **k)
 
-    def bwd(bwd_chunk_id, *a, **k):
-        measure.mark("backward")
-        mbmark(f"bwd{bwd_chunk_id}")
-        return b_orig(bwd_chunk_id, *a, **k)
+        def bwd(bwd_chunk_id, *a, _b=b_orig, _sfx=sfx, **k):
+            measure.mark("backward")
+            mbmark(f"bwd{bwd_chunk_id}{_sfx}")
+            return _b(bwd_chunk_id, *a, **k)
 
-    stage.forward_one_chunk = fwd
-    stage.backward_one_chunk = bwd
-    c.stage = stage
-    info["stage_modules"] = [n for n, _ in mod.named_children()]
+        stage.forward_one_chunk = fwd
+        stage.backward_one_chunk = bwd
+    c.stage = stages[0]
+    c.stages = stages
+    if len(mods) == 1:
+        info["stage_modules"] = [n for n, _ in mods[0].named_children()]
+    else:
+        info["stage_modules"] = {f"stage{s}": [n for n, _ in m.named_children()] for s, m in zip(my_stages, mods)}
+    info["pp_stages"] = my_stages
     return c
 
 

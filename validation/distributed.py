@@ -648,6 +648,20 @@ def build_tp(row, rank, world, info):
     return c
 
 
+def _run_layers(stage, h):
+    """A stage's layers over `h`, with the positions, causal mask and rotary cos/sin it makes for
+    them (as LlamaModel makes them, from the hidden states it holds)."""
+    from transformers.masking_utils import create_causal_mask
+
+    pos = torch.arange(h.shape[1]).unsqueeze(0)
+    mask = create_causal_mask(config=stage.config, inputs_embeds=h, attention_mask=None, cache=None,
+                              position_ids=pos)
+    pe = stage.rotary_emb(h, position_ids=pos)
+    for layer in stage.layers:
+        h = layer(h, attention_mask=mask, position_embeddings=pe, position_ids=pos)
+    return h
+
+
 class Stage0(torch.nn.Module):
     """The first stage: embed_tokens + layers [0, hi)."""
 
@@ -659,16 +673,7 @@ class Stage0(torch.nn.Module):
         self.rotary_emb = m.model.rotary_emb
 
     def forward(self, input_ids):
-        from transformers.masking_utils import create_causal_mask
-
-        h = self.embed_tokens(input_ids)
-        pos = torch.arange(h.shape[1]).unsqueeze(0)
-        mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None, cache=None,
-                                  position_ids=pos)
-        pe = self.rotary_emb(h, position_ids=pos)
-        for layer in self.layers:
-            h = layer(h, attention_mask=mask, position_embeddings=pe, position_ids=pos)
-        return h
+        return _run_layers(self, self.embed_tokens(input_ids))
 
 
 class Stage1(torch.nn.Module):
@@ -686,14 +691,7 @@ class Stage1(torch.nn.Module):
         self.rotary_emb = m.model.rotary_emb
 
     def forward(self, h):
-        from transformers.masking_utils import create_causal_mask
-
-        pos = torch.arange(h.shape[1]).unsqueeze(0)
-        mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None, cache=None,
-                                  position_ids=pos)
-        pe = self.rotary_emb(h, position_ids=pos)
-        for layer in self.layers:
-            h = layer(h, attention_mask=mask, position_embeddings=pe, position_ids=pos)
+        h = _run_layers(self, h)
         if not self.head:
             return h
         return self.lm_head(self.norm(h))

@@ -148,10 +148,15 @@ pub fn parse_checkpoint(v: &str) -> Result<Checkpoint, CliError> {
 }
 
 pub fn parse_dropout(v: &str) -> Result<bool, CliError> {
+    on_off("dropout", v)
+}
+
+/// An on/off value of `--flag` (also true/false, yes/no, 1/0).
+pub(crate) fn on_off(flag: &str, v: &str) -> Result<bool, CliError> {
     match v.to_ascii_lowercase().as_str() {
         "on" | "true" | "yes" | "1" => Ok(true),
         "off" | "false" | "no" | "0" => Ok(false),
-        _ => Err(usage("dropout", format!("expected on or off, not '{v}'"))),
+        _ => Err(usage(flag, format!("expected on or off, not '{v}'"))),
     }
 }
 
@@ -169,7 +174,7 @@ pub fn parse_zero(v: &str) -> Result<u8, CliError> {
 }
 
 /// Parse one of a flag's named values.
-fn choice<T: Copy>(flag: &str, v: &str, values: &[(&str, T)]) -> Result<T, CliError> {
+pub(crate) fn choice<T: Copy>(flag: &str, v: &str, values: &[(&str, T)]) -> Result<T, CliError> {
     let l = v.to_ascii_lowercase();
     values
         .iter()

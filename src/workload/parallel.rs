@@ -606,14 +606,6 @@ fn usage(flag: &str, msg: impl std::fmt::Display) -> crate::error::CliError {
     crate::error::CliError::usage(format!("--{flag}: {msg}"))
 }
 
-fn on_off(flag: &str, v: &str) -> Result<bool, crate::error::CliError> {
-    match v.to_ascii_lowercase().as_str() {
-        "on" | "true" | "yes" | "1" => Ok(true),
-        "off" | "false" | "no" | "0" => Ok(false),
-        _ => Err(usage(flag, format!("expected on or off, not '{v}'"))),
-    }
-}
-
 /// Apply the layout flags (and a training `--tp`) to `w`; `gpus_given`: `--gpus` was set.
 pub fn apply(
     w: &mut Workload,
@@ -621,24 +613,25 @@ pub fn apply(
     tp: Option<&str>,
     gpus_given: bool,
 ) -> Result<(), crate::error::CliError> {
-    use super::overrides::count;
+    use super::overrides::{choice, count, on_off};
     let p = &mut w.parallel;
     if let Some(v) = tp {
         p.tp = count("tp", v)?;
     }
     if let Some(v) = &a.fsdp {
-        p.fsdp = match v.to_ascii_lowercase().as_str() {
-            "full" | "full-shard" => Some(Fsdp::Full),
-            "hybrid" | "hybrid-shard" => Some(Fsdp::Hybrid),
-            "shard-grad-op" => Some(Fsdp::ShardGradOp),
-            "none" | "no-shard" => None,
-            _ => {
-                return Err(usage(
-                    "fsdp",
-                    format!("unknown value '{v}' (full, hybrid, shard-grad-op, none)"),
-                ))
-            }
-        };
+        p.fsdp = choice(
+            "fsdp",
+            v,
+            &[
+                ("full", Some(Fsdp::Full)),
+                ("hybrid", Some(Fsdp::Hybrid)),
+                ("shard-grad-op", Some(Fsdp::ShardGradOp)),
+                ("none", None),
+                ("full-shard", Some(Fsdp::Full)),
+                ("hybrid-shard", Some(Fsdp::Hybrid)),
+                ("no-shard", None),
+            ],
+        )?;
     }
     if let Some(v) = &a.reshard_after_forward {
         p.reshard_after_forward = on_off("reshard-after-forward", v)?;
@@ -653,17 +646,15 @@ pub fn apply(
         p.bucket_view = on_off("bucket-view", v)?;
     }
     if let Some(v) = &a.tp_head {
-        p.tp_head = match v.to_ascii_lowercase().as_str() {
-            "sharded" => TpHead::Sharded,
-            "gathered" => TpHead::Gathered,
-            "replicated" => TpHead::Replicated,
-            _ => {
-                return Err(usage(
-                    "tp-head",
-                    format!("unknown value '{v}' (sharded, gathered, replicated)"),
-                ))
-            }
-        };
+        p.tp_head = choice(
+            "tp-head",
+            v,
+            &[
+                ("sharded", TpHead::Sharded),
+                ("gathered", TpHead::Gathered),
+                ("replicated", TpHead::Replicated),
+            ],
+        )?;
     }
     if let Some(v) = &a.sequence_parallel {
         p.sequence_parallel = on_off("sequence-parallel", v)?;
@@ -675,17 +666,16 @@ pub fn apply(
         p.microbatches = count("microbatches", v)?;
     }
     if let Some(v) = &a.schedule {
-        p.schedule = match v.to_ascii_lowercase().as_str() {
-            "gpipe" => Schedule::Gpipe,
-            "1f1b" => Schedule::OneFOneB,
-            "interleaved" | "interleaved-1f1b" => Schedule::Interleaved,
-            _ => {
-                return Err(usage(
-                    "schedule",
-                    format!("unknown value '{v}' (gpipe, 1f1b, interleaved)"),
-                ))
-            }
-        };
+        p.schedule = choice(
+            "schedule",
+            v,
+            &[
+                ("gpipe", Schedule::Gpipe),
+                ("1f1b", Schedule::OneFOneB),
+                ("interleaved", Schedule::Interleaved),
+                ("interleaved-1f1b", Schedule::Interleaved),
+            ],
+        )?;
     }
     if let Some(v) = &a.chunks {
         p.chunks = count("chunks", v)?;

@@ -37,7 +37,9 @@ pub struct ServeArgs {
     /// auto (the model's dtype) | fp8 (1 byte per element).
     #[arg(long, value_name = "D", allow_hyphen_values = true)]
     pub kv_cache_dtype: Option<String>,
-    /// Tensor-parallel GPUs: weights and KV heads split over them (sizes are per GPU).
+    /// Tensor-parallel GPUs: with --mode serve the engine's weights and KV heads split over them;
+    /// in training Megatron-style column/row-parallel layers (see --tp-head,
+    /// --sequence-parallel). Sizes are per GPU.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub tp: Option<String>,
 }

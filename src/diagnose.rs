@@ -62,6 +62,9 @@ pub struct Remedy {
 pub struct Diagnosis {
     pub schema_version: u32,
     pub workload: Workload,
+    /// Additive (issue 44): total, active and vision-tower parameters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<crate::workload::layers::Counts>,
     pub memory_bytes: u64,
     pub breakdown: Breakdown,
     pub cause: Cause,
@@ -340,6 +343,7 @@ pub fn diagnose_on(
     }
     Ok(Diagnosis {
         schema_version: crate::report::SCHEMA_VERSION,
+        parameters: crate::plan::build::parameters(w).ok(),
         workload: w.clone(),
         memory_bytes: memory,
         breakdown: b,

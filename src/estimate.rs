@@ -7,10 +7,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::build::{param_count, PlanError};
+use crate::plan::build::PlanError;
 use crate::plan::{CurvePoint, EventKind, Peak, Phase, Plan, Role};
 use crate::scenario::Scenario;
-use crate::units::{fmt_bytes, fmt_count};
+use crate::units::fmt_bytes;
 use crate::workload::{Arch, Checkpoint, Gelu, Grads, OptimizerImpl, StepKind, Workload};
 
 /// Bytes per role (JSON contract: these field names).
@@ -221,7 +221,7 @@ pub fn boundaries(
 
 /// A one-line description of a workload for people.
 pub fn describe(w: &Workload) -> String {
-    let psi = param_count(w).map(fmt_count).unwrap_or_else(|_| "?".into());
+    let psi = crate::plan::build::params_text(w);
     let prec = w.precision.name();
     // Inference holds no optimizer and runs in eval mode (no dropout): the plan has neither.
     let opt = match w.optimizer {
@@ -229,9 +229,9 @@ pub fn describe(w: &Workload) -> String {
         o => o.name(),
     };
     let mut s = match w.arch {
-        Arch::Dense => format!("{}: {psi} params (model states only)", w.name),
+        Arch::Dense => format!("{}: {psi} (model states only)", w.name),
         Arch::Resnet => format!(
-            "{}: ResNet-{}, width {}, {} px, {} classes, batch {}, {psi} params",
+            "{}: ResNet-{}, width {}, {} px, {} classes, batch {}, {psi}",
             w.name, w.layers, w.hidden, w.image, w.vocab, w.batch
         ),
         _ => {
@@ -254,7 +254,7 @@ pub fn describe(w: &Workload) -> String {
                 )
             });
             format!(
-            "{}: {} layers, hidden {}, {} heads{kv}, ffn {}{moe}, {} {}, batch {}, seq {}, {psi} params",
+            "{}: {} layers, hidden {}, {} heads{kv}, ffn {}{moe}, {} {}, batch {}, seq {}, {psi}",
             w.name,
             w.layers,
             w.hidden,

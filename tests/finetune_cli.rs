@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use assert_cmd::Command;
 use oomprobe::plan::build::param_count;
 use oomprobe::plan::{Plan, Role};
-use oomprobe::workload::config::load_hf;
+use oomprobe::workload::hf::load_hf;
 use oomprobe::workload::{Lora, Precision, Quant, QuantKind, Target, Workload};
 use serde_json::Value;
 

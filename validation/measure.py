@@ -226,6 +226,9 @@ def build_model(row: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
 
         model = torchvision.models.resnet50(weights=None, num_classes=row["classes"])
         head = model.fc
+    elif "config" in row:  # --families: the model of a config.json file
+        model = build_family(row)
+        head = model.lm_head
     elif arch in LLM_ARCHS:
         model = build_llm(row)
         head = model.lm_head
@@ -331,7 +334,7 @@ def make_inputs(row: dict) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     b = row["batch"]
     arch = row["arch"]
-    if arch == "gpt2" or arch in LLM_ARCHS:
+    if arch == "gpt2" or arch in LLM_ARCHS or "config" in row:
         ids = torch.randint(0, row["vocab"], (b, row["seq"]), generator=g)
         return {"input_ids": ids, "labels": ids}
     if arch == "bert":
@@ -1003,6 +1006,233 @@ def holdout_rows() -> list[dict]:
     return rows
 
 
+# ----------------------------------------------------------------------------------------------
+# Today's families, tiny (--families): each row's model is built from a config.json FILE under
+# tests/fixtures/validation_families/, the same file `oomprobe estimate --config FILE` reads.
+# ----------------------------------------------------------------------------------------------
+
+FAMILIES_DIR = os.path.join("tests", "fixtures", "validation_families")
+# Shapes every family shares (a family's spec overrides them): hidden 256, 4 layers, 8 heads of 32,
+# 2 kv heads, ffn 688, vocab 8000, no dropout, no KV cache, token ids unset (the vocab is small).
+FAMILY_COMMON = dict(vocab_size=8000, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
+                     num_key_value_heads=2, head_dim=32, intermediate_size=688, max_position_embeddings=1024,
+                     attention_dropout=0.0, use_cache=False, pad_token_id=None, bos_token_id=None,
+                     eos_token_id=None)
+# Experts where the family has them: 4, top-2, expert ffn 128.
+_MOE4 = dict(num_local_experts=4, num_experts_per_tok=2)
+# name -> (model_type, architectures[0], overrides of FAMILY_COMMON, extra keys written into the
+# file only (fields real checkpoints ship that this transformers reads from kwargs), keys dropped).
+FAMILIES: dict[str, tuple[str, str, dict, dict, tuple[str, ...]]] = {
+    # sinks in every attention layer; sliding (64) and full layers alternate; every layer MoE
+    # (intermediate_size = the expert width); attention_bias true; no dense MLP. Ships untied.
+    # max_position_embeddings as shipped (131072): YaRN's factor 32 over 4096 matches it.
+    "gpt_oss": ("gpt_oss", "GptOssForCausalLM",
+                dict(_MOE4, intermediate_size=128, sliding_window=64, tie_word_embeddings=False,
+                     max_position_embeddings=131072,
+                     layer_types=["sliding_attention", "full_attention"] * 2), {}, ()),
+    # q_norm / k_norm (RMSNorm over the whole q / k projection), post-norms only. Untied.
+    "olmo2": ("olmo2", "Olmo2ForCausalLM", dict(tie_word_embeddings=False), {}, ("head_dim",)),
+    # text only. RoPE layers: chunked attention (64) + L2 qk norm; every 4th layer NoPE (full
+    # attention, temperature tuning). MoE every 2nd layer (layers 1, 3: 4 experts top-2, width
+    # intermediate_size, + a shared expert of the same width); dense layers intermediate_size_mlp.
+    "llama4_text": ("llama4_text", "Llama4ForCausalLM",
+                    dict(_MOE4, intermediate_size=128, intermediate_size_mlp=688, interleave_moe_layer_step=2,
+                         attention_chunk_size=64, tie_word_embeddings=False), {}, ("moe_layers",)),
+    # parallel block (attention and MLP from one LayerNorm), LayerNorm without bias, logit_scale.
+    # Command-R ships tied.
+    "cohere": ("cohere", "CohereForCausalLM", dict(use_qk_norm=False, tie_word_embeddings=True), {},
+               ("head_dim",)),
+    # Command R7B: 3 sliding (64) + 1 full layer (sliding_window_pattern 4, its shipped value); the
+    # full layer has no RoPE. Tied.
+    "cohere2": ("cohere2", "Cohere2ForCausalLM", dict(sliding_window=64, tie_word_embeddings=True),
+                {"sliding_window_pattern": 4}, ()),
+    # GLM-4.5: layer 0 dense (first_k_dense_replace 1), then MoE (4 routed top-2 of width 128 + 1
+    # shared; sigmoid router with e_score_correction_bias); partial RoPE 0.5; qk norm and attention
+    # bias as GLM-4.5 ships them. Untied.
+    "glm4_moe": ("glm4_moe", "Glm4MoeForCausalLM",
+                 dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, n_shared_experts=1,
+                      first_k_dense_replace=1, n_group=1, topk_group=1, use_qk_norm=True, attention_bias=True,
+                      tie_word_embeddings=False), {}, ()),
+    # every layer MoE (intermediate_size = expert width 128), sigmoid router + correction bias,
+    # q_norm / k_norm over the whole projection, partial RoPE (rotary_dim 16 of head_dim 32, as
+    # M2 ships 64 of 128). Untied.
+    "minimax_m2": ("minimax_m2", "MiniMaxM2ForCausalLM",
+                   dict(_MOE4, intermediate_size=128, tie_word_embeddings=False),
+                   {"rotary_dim": 16, "use_qk_norm": True, "qk_norm_type": "per_layer", "scoring_func": "sigmoid",
+                    "use_routing_bias": True, "shared_intermediate_size": 0}, ()),
+    # Llama-like; every 4th layer NoPE (no_rope_layer_interval 4). Tied.
+    "smollm3": ("smollm3", "SmolLM3ForCausalLM", dict(tie_word_embeddings=True), {}, ("head_dim",)),
+    # Llama + multipliers (Granite 3.3's: embedding 12, attention 1/128, residual 0.22, logits 16). Tied.
+    "granite": ("granite", "GraniteForCausalLM",
+                dict(embedding_multiplier=12.0, attention_multiplier=0.0078125, residual_multiplier=0.22,
+                     logits_scaling=16.0, tie_word_embeddings=True), {}, ("head_dim",)),
+    # Granite's multipliers, every layer MoE (4 experts top-2, width intermediate_size 128). Tied.
+    "granitemoe": ("granitemoe", "GraniteMoeForCausalLM",
+                   dict(_MOE4, intermediate_size=128, embedding_multiplier=12.0, attention_multiplier=0.015625,
+                        residual_multiplier=0.22, logits_scaling=6.0, tie_word_embeddings=True), {}, ("head_dim",)),
+    # q_norm / k_norm per head; layer 0 dense (mlp_only_layers [0], ffn 688), layers 1-3 MoE (4
+    # experts top-2 of width 128, no shared expert). Untied. transformers 5 writes the expert count
+    # as num_local_experts; the file spells it num_experts, as Qwen3-MoE checkpoints ship it.
+    "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM",
+                  dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, mlp_only_layers=[0],
+                       tie_word_embeddings=False), {"num_experts": 4}, ("num_local_experts",)),
+    # sliding (64) and full layers alternate (sliding_window_pattern 2); q/k norm; GeGLU; sandwich
+    # norms; query_pre_attn_scalar = head_dim; embeddings scaled by sqrt(hidden). Tied.
+    "gemma3_text": ("gemma3_text", "Gemma3ForCausalLM",
+                    dict(sliding_window=64, query_pre_attn_scalar=32, tie_word_embeddings=True,
+                         layer_types=["sliding_attention", "full_attention"] * 2),
+                    {"sliding_window_pattern": 2}, ("_sliding_window_pattern",)),
+    # MLA (q_lora 64, kv_lora 32, nope 32 + rope 16, v 32; 8 heads, kv heads = heads); layer 0
+    # dense (ffn 688), layers 1-3 MoE (4 routed top-2 of width 128 + 1 shared). Untied.
+    "deepseek_v3": ("deepseek_v3", "DeepseekV3ForCausalLM",
+                    dict(num_key_value_heads=8, q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32,
+                         qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2,
+                         n_shared_experts=1, moe_intermediate_size=128, first_k_dense_replace=1, n_group=1,
+                         topk_group=1, tie_word_embeddings=False), {}, ("head_dim", "qk_head_dim")),
+    # 3 Gated DeltaNet layers + 1 gated full-attention layer (full_attention_interval 4); linear
+    # heads: 2 key heads, 4 value heads of 32; conv kernel 4; every layer MoE (4 experts top-2 of
+    # width 128 + a gated shared expert of 128). Untied.
+    "qwen3_next": ("qwen3_next", "Qwen3NextForCausalLM",
+                   dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
+                        shared_expert_intermediate_size=128, linear_num_key_heads=2, linear_num_value_heads=4,
+                        linear_key_head_dim=32, linear_value_head_dim=32, tie_word_embeddings=False,
+                        layer_types=["linear_attention"] * 3 + ["full_attention"]),
+                   {"full_attention_interval": 4}, ()),
+    # "M-M*-": Mamba-2 (8 heads of 32, state 16, 1 group, conv 4, chunk 128), MLP (relu², not
+    # gated), Mamba-2, attention, MLP; one norm per block. No expert block (no E): the MoE fields
+    # the config class writes anyway are set tiny and unused. Untied.
+    "nemotron_h": ("nemotron_h", "NemotronHForCausalLM",
+                   dict(hybrid_override_pattern="M-M*-", mamba_num_heads=8,
+                        mamba_head_dim=32, ssm_state_size=16, n_groups=1, tie_word_embeddings=False,
+                        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
+                        moe_shared_expert_intermediate_size=128),
+                   {"hybrid_override_pattern": "M-M*-", "num_hidden_layers": 5}, ("layers_block_type",)),
+}
+# transformers' generic PretrainedConfig fields that a model's config.json need not carry.
+_GENERIC_CONFIG_KEYS = ("output_hidden_states", "return_dict", "dtype", "chunk_size_feed_forward",
+                        "is_encoder_decoder", "id2label", "label2id", "problem_type", "_name_or_path",
+                        "output_attentions")
+
+
+def family_config(name: str) -> dict:
+    """The tiny config.json dict of a family: the family's config class with FAMILY_COMMON and its
+    overrides, `to_dict()` without the generic fields, `architectures` set, the spec's file-only
+    keys added and dropped keys removed. Keys sorted (as save_pretrained writes them)."""
+    from transformers import CONFIG_MAPPING
+
+    model_type, arch, over, extra, drop = FAMILIES[name]
+    kw = {**FAMILY_COMMON, **over}
+    if model_type == "nemotron_h":
+        kw.pop("num_hidden_layers")
+    cfg = CONFIG_MAPPING[model_type](**kw)
+    d = cfg.to_dict()
+    for k in _GENERIC_CONFIG_KEYS + tuple(drop):
+        d.pop(k, None)
+    d["architectures"] = [arch]
+    d.update(extra)
+    return dict(sorted(d.items()))
+
+
+def write_family_configs(root: str, names) -> dict[str, str]:
+    """Write each family's config file; returns name -> path relative to the repository root."""
+    out = {}
+    os.makedirs(os.path.join(root, FAMILIES_DIR), exist_ok=True)
+    for name in names:
+        rel = os.path.join(FAMILIES_DIR, f"{name}.json")
+        text = json.dumps(family_config(name), indent=2) + "\n"
+        path = os.path.join(root, rel)
+        if not os.path.exists(path) or open(path).read() != text:
+            with open(path, "w") as f:
+                f.write(text)
+        out[name] = rel
+    return out
+
+
+def _repo_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_family_config(row: dict):
+    """The row's config file read back as a user would: AutoConfig.from_pretrained(FILE)."""
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(os.path.join(_repo_root(), row["config"]))
+
+
+def build_family(row: dict) -> torch.nn.Module:
+    """The family model from its config FILE (random init, `architectures[0]`, the row's attention
+    implementation); checks that the built model has the file's shapes."""
+    import transformers
+
+    cfg = load_family_config(row)
+    cls = getattr(transformers, cfg.architectures[0])
+    model = cls._from_config(cfg, attn_implementation=row["attn_implementation"])
+    c = model.config
+    emb = model.get_input_embeddings().weight
+    checks = {"hidden_size": (c.hidden_size, row["hidden"]), "vocab_size": (c.vocab_size, row["vocab"]),
+              "layers": (len(model.model.layers), row["layers"]),
+              "tied lm_head": (model.lm_head.weight is emb, row["tied_embeddings"]),
+              "use_cache": (c.use_cache, False),
+              "_attn_implementation": (c._attn_implementation, row["attn_implementation"])}
+    if row["experts"]:  # (dense models carry one too: "eager", nemotron_h "grouped_mm"; unused there)
+        checks["_experts_implementation"] = (c._experts_implementation, row["experts_implementation"])
+    for k, (got, want) in checks.items():
+        if got != want:
+            raise RuntimeError(f"{row['id']}: {k} is {got!r}, the row says {want!r}")
+    return model
+
+
+def family_rows(root: str | None = None) -> list[dict]:
+    """One row per family and attention implementation (eager; sdpa where the model class has
+    `_supports_sdpa`), fp32, b2 s256, dropout 0; the CONFIG_FIELDS read from the config file
+    (informative: the file is the model). Writes the config files."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    root = root or _repo_root()
+    paths = write_family_configs(root, FAMILIES)
+    rows = []
+    for name, rel in paths.items():
+        d = json.load(open(os.path.join(root, rel)))
+        cfg = CONFIG_MAPPING[d["model_type"]](**{k: v for k, v in d.items() if k != "model_type"})
+        cls = getattr(transformers, d["architectures"][0])
+        g = lambda *ks, default=None: next((getattr(cfg, k) for k in ks if getattr(cfg, k, None) is not None),  # noqa: E731
+                                           default)
+        experts = g("num_local_experts", "n_routed_experts", "num_experts", default=0)
+        if name == "nemotron_h" and "moe" not in cfg.layer_types:
+            experts = 0
+        if name in ("gpt_oss", "granitemoe", "minimax_m2"):  # every layer MoE: intermediate_size is the expert's
+            ffn, expert_ffn, shared = 0, cfg.intermediate_size, 0
+        elif name == "llama4_text":
+            ffn, expert_ffn, shared = cfg.intermediate_size_mlp, cfg.intermediate_size, cfg.intermediate_size
+        elif experts:
+            ffn = cfg.intermediate_size
+            expert_ffn = cfg.moe_intermediate_size
+            shared = g("shared_expert_intermediate_size", default=0) or (g("n_shared_experts", default=0) * expert_ffn)
+        else:
+            ffn, expert_ffn, shared = cfg.intermediate_size, 0, 0
+        act = g("hidden_activation", "mlp_hidden_act", "hidden_act", default="")
+        base = dict(arch=d["model_type"], config=rel, family=name, precision="fp32", hidden=cfg.hidden_size,
+                    layers=len(cfg.layer_types) if name == "nemotron_h" else cfg.num_hidden_layers,
+                    heads=cfg.num_attention_heads, kv_heads=g("num_key_value_heads", default=cfg.num_attention_heads),
+                    ffn=ffn, vocab=cfg.vocab_size, max_positions=cfg.max_position_embeddings, batch=2, seq=256,
+                    image=0, patch=0, classes=0, dropout=0.0, gelu="" if act == "silu" else act, use_cache=False,
+                    tied_embeddings=bool(cfg.tie_word_embeddings), head="lm", experts=experts,
+                    experts_per_token=g("num_experts_per_tok", default=0) if experts else 0,
+                    rms_norm_eps=d.get("rms_norm_eps"),
+                    output_router_logits=bool(g("output_router_logits", default=False)),
+                    router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.0)) if experts else 0.0,
+                    experts_implementation=("eager" if name == "llama4_text" else "grouped_mm") if experts else "",
+                    head_dim=d.get("head_dim"), expert_ffn=expert_ffn, shared_expert_ffn=shared,
+                    adam_foreach=(True, False))
+        for impl in ("eager", "sdpa") if cls._supports_sdpa else ("eager",):
+            model = f"{name}-tiny" + ("" if impl == "eager" else f"-{impl}")
+            r = dict(base, model=model, attn_implementation=impl)
+            r["id"] = f"{model}-p0-b{r['batch']}-s{r['seq']}"
+            rows.append(r)
+    return rows
+
+
 def fill_config_defaults(r: dict) -> None:
     """The decoder-LLM config fields for every row (other architectures: their fixed values)."""
     r.setdefault("kv_heads", r["heads"])
@@ -1077,6 +1307,8 @@ def log_steps(steps: dict, t0: float, log) -> None:
 def measure_row(row: dict, breakdown: bool, log, variants: str | None = None) -> tuple[dict, dict | None]:
     t0 = time.time()
     out = {k: row[k] for k in CONFIG_FIELDS}
+    if "config" in row:  # --families rows: the config.json file the model was built from
+        out["config"] = row["config"]
     if row.get("inference_only"):
         out["inference_only"] = True
     model, _ = build_model(row)
@@ -1273,6 +1505,64 @@ def llm_digest(fixture_path: str, breakdown_path: str) -> str:
     return "\n".join(out)
 
 
+def measure_families(rows: list[dict], args, versions: dict, log) -> int:
+    """--families: measure each row as measure_row does (breakdown always, Adam foreach and
+    for-loop); a row that raises is recorded under the fixture's `failures` (id, config, where,
+    error, the traceback's last frames) and the run goes on. Writes --families-out and
+    --families-breakdown-out (with --merge: the file's other rows and failures kept)."""
+    import traceback
+
+    measured, breakdowns, failures = [], {}, []
+    t0 = time.time()
+    for i, row in enumerate(rows):
+        log(f"[{i + 1}/{len(rows)}] {row['id']} ({row['config']})")
+        t_row = time.time()
+        try:
+            res, bd = measure_row(row, True, log, args.variants)
+        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+            tb = traceback.extract_tb(e.__traceback__)
+            failures.append({"id": row["id"], "config": row["config"], "attn_implementation": row["attn_implementation"],
+                             "error": f"{type(e).__name__}: {e}"[:2000],
+                             "where": [f"{os.path.relpath(f.filename, os.path.dirname(torch.__file__) + '/..')}:"
+                                       f"{f.lineno} {f.name}" for f in tb[-6:]],
+                             "seconds": round(time.time() - t_row, 1)})
+            log(f"  FAILED: {failures[-1]['error'][:300]}")
+            gc.collect()
+            continue
+        measured.append(res)
+        breakdowns[row["id"]] = bd
+    seconds = round(time.time() - t0, 1)
+    order = [r["id"] for r in family_rows(_repo_root())]
+    path = args.families_out
+    old_failures = []
+    if args.merge and os.path.exists(path):
+        old_failures = json.load(open(path)).get("failures", [])
+    if write_fixture(path, measured, versions, args.threads, seconds, args.merge, order) != 0:
+        return 2
+    doc = json.load(open(path))
+    done = {r["id"] for r in measured} | {f["id"] for f in failures}
+    doc["method"]["config"] = ("each row's model is `architectures[0]._from_config(AutoConfig.from_pretrained("
+                               "config), attn_implementation=...)` of its `config` file (relative to the "
+                               "repository root; written by measure.py --families from FAMILIES); fp32, random init")
+    doc["failures"] = sorted([f for f in old_failures if f["id"] not in done] + failures,
+                             key=lambda f: order.index(f["id"]) if f["id"] in order else 1e9)
+    doc["rows"] = [r for r in doc["rows"] if r["id"] not in {f["id"] for f in failures}]
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=False)
+        f.write("\n")
+    log(f"wrote {path} ({len(measured)} rows measured now, {len(failures)} failed) [{seconds:.0f}s]")
+    bpath = args.families_breakdown_out
+    if args.merge and os.path.exists(bpath):
+        old_bd = json.load(open(bpath))["rows"]
+        breakdowns = {**{k: v for k, v in old_bd.items() if k not in breakdowns}, **breakdowns}
+    breakdowns = dict(sorted(breakdowns.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 1e9))
+    with open(bpath, "w") as f:
+        json.dump({"versions": versions, "rows": breakdowns}, f, indent=1)
+        f.write("\n")
+    log(f"wrote {bpath}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
@@ -1287,7 +1577,10 @@ def main(argv=None) -> int:
                "  measure.py --holdout                holdout rows -> tests/fixtures/validation_holdout.json,\n"
                "                                      breakdowns -> validation/saved_breakdown_holdout.json\n"
                "  measure.py --llm --autocast --variants keep_first --update-variants\n"
-               "                                      re-measure only keep_first in the LLM fixture's rows, in place\n")
+               "                                      re-measure only keep_first in the LLM fixture's rows, in place\n"
+               "  measure.py --families               tiny rows of today's families from config files ->\n"
+               "                                      tests/fixtures/validation_families.json (+ the config files,\n"
+               "                                      validation/saved_breakdown_families.json)\n")
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(here)
     ap.add_argument("--out", default=os.path.join(root, "tests", "fixtures", "validation.json"))
@@ -1317,6 +1610,15 @@ def main(argv=None) -> int:
                          "breakdown -> --holdout-breakdown-out")
     ap.add_argument("--holdout-out", default=os.path.join(root, "tests", "fixtures", "validation_holdout.json"))
     ap.add_argument("--holdout-breakdown-out", default=os.path.join(here, "saved_breakdown_holdout.json"))
+    ap.add_argument("--families", action="store_true",
+                    help="only the tiny rows of today's families (gpt_oss, olmo2, llama4_text, cohere, cohere2, "
+                         "glm4_moe, minimax_m2, smollm3, granite, granitemoe, qwen3_moe, gemma3_text, deepseek_v3, "
+                         "qwen3_next, nemotron_h; eager, and sdpa where supported), each built from the config "
+                         "file it writes to tests/fixtures/validation_families/<name>.json -> --families-out, "
+                         "every row's breakdown -> --families-breakdown-out; a row that fails is recorded under "
+                         "`failures`")
+    ap.add_argument("--families-out", default=os.path.join(root, "tests", "fixtures", "validation_families.json"))
+    ap.add_argument("--families-breakdown-out", default=os.path.join(here, "saved_breakdown_families.json"))
     ap.add_argument("--variants", default=None, metavar="REGEX",
                     help="measure only the train variants whose key ({foreach|forloop}_{free|keep}_{first|steady}) "
                          "matches, e.g. 'keep_first'")
@@ -1335,7 +1637,10 @@ def main(argv=None) -> int:
     if args.update_variants and not args.variants:
         print("measure.py: --update-variants needs --variants REGEX", file=sys.stderr)
         return 2
-    if args.holdout:
+    if args.families:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs from files only, nothing downloaded
+        candidates = family_rows(root)
+    elif args.holdout:
         candidates = holdout_rows()
     elif args.llm:
         candidates = llm_rows(args.autocast)
@@ -1373,7 +1678,9 @@ def main(argv=None) -> int:
         "torchvision": torchvision.__version__,
         "python": platform.python_version(),
     }
-    if args.holdout:
+    if args.families:
+        out_for = lambda r: args.families_out  # noqa: E731
+    elif args.holdout:
         out_for = lambda r: args.holdout_out  # noqa: E731
     elif args.llm:
         out_for = lambda r: args.llm_out  # noqa: E731
@@ -1385,6 +1692,8 @@ def main(argv=None) -> int:
                 return 2
         return 0
 
+    if args.families:
+        return measure_families(rows, args, versions, log)
     measured = []
     breakdowns = {}
     t0 = time.time()

@@ -21,6 +21,9 @@ pub struct EstimateReport {
     pub schema_version: u32,
     pub workload: Workload,
     pub param_count: u64,
+    /// Additive (issue 44): the parameters in total, active per token (a mixture of experts'
+    /// unrouted experts left out) and in a vision tower.
+    pub parameters: crate::workload::layers::Counts,
     /// Additive (issue 33): with a parallel layout, the rank this plan is (the worst one
     /// unless `--rank` named it) and its place in the mesh.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -193,6 +196,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
     let report = EstimateReport {
         schema_version: crate::report::SCHEMA_VERSION,
         param_count: param_count(&w).map_err(plan_error)?,
+        parameters: crate::plan::build::parameters(&w).map_err(plan_error)?,
         rank: crate::plan::ranks::info(&plan),
         workload: w,
         breakdown: b,
@@ -294,6 +298,7 @@ fn serve(w: Workload, memory: u64, detected: Option<String>, json: bool) -> CliR
     let report = EstimateReport {
         schema_version: crate::report::SCHEMA_VERSION,
         param_count: param_count(&w).map_err(plan_error)?,
+        parameters: crate::plan::build::parameters(&w).map_err(plan_error)?,
         rank: crate::plan::ranks::info(&plan),
         workload: w,
         breakdown: breakdown(&plan),

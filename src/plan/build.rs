@@ -199,6 +199,54 @@ impl Builder {
     }
 }
 
+/// A model's parameters: the total, what one token runs through (the routed experts it does
+/// not reach left out) and a multimodal wrapper's vision tower, from its layers when a config
+/// described them, else from the uniform shape (every layer's experts alike).
+pub fn parameters(w: &Workload) -> Result<crate::workload::layers::Counts, PlanError> {
+    if let (Some(m), None) = (&w.model, &w.lora) {
+        return Ok(m.counts());
+    }
+    let total = param_count(w)?;
+    let inactive = match (w.moe, w.arch) {
+        (Some(m), a) if a != Arch::Dense => {
+            let mats: u64 = 3;
+            let per_expert = mats.saturating_mul(w.hidden).saturating_mul(m.expert_ffn);
+            m.experts
+                .saturating_sub(m.top_k)
+                .saturating_mul(per_expert)
+                .saturating_mul(w.layers)
+        }
+        _ => 0,
+    };
+    Ok(crate::workload::layers::Counts {
+        total,
+        active: total.saturating_sub(inactive),
+        vision: 0,
+    })
+}
+
+/// "8.03B params", "671.03B params (37.55B active)", with a vision tower's share named.
+pub fn params_text(w: &Workload) -> String {
+    use crate::units::fmt_count;
+    match parameters(w) {
+        Err(_) => "? params".into(),
+        Ok(c) => {
+            let mut s = format!("{} params", fmt_count(c.total));
+            let mut extra = Vec::new();
+            if c.active < c.total {
+                extra.push(format!("{} active", fmt_count(c.active)));
+            }
+            if c.vision > 0 {
+                extra.push(format!("{} in the vision tower", fmt_count(c.vision)));
+            }
+            if !extra.is_empty() {
+                s.push_str(&format!(" ({})", extra.join(", ")));
+            }
+            s
+        }
+    }
+}
+
 /// Total trainable parameters of a workload's model (Dense: its `params`).
 pub fn param_count(w: &Workload) -> Result<u64, PlanError> {
     match w.arch {
@@ -245,6 +293,21 @@ pub fn validate(w: &Workload) -> Result<(), PlanError> {
             resnet::stage_blocks(w.layers)?;
         }
         _ => {
+            if let Some(m) = w.model.as_ref().filter(|_| !w.inference()) {
+                if let Some(mixer) = m.unplanned_mixer() {
+                    let c = m.counts();
+                    return Err(PlanError::Invalid(format!(
+                        "{} ({} parameters{}): training a model with {mixer} layers is not planned yet (their op sequence is not modelled); --mode inference and --mode serve plan it",
+                        w.name,
+                        crate::units::fmt_count(c.total),
+                        if c.active < c.total {
+                            format!(", {} active", crate::units::fmt_count(c.active))
+                        } else {
+                            String::new()
+                        }
+                    )));
+                }
+            }
             need(w.layers, "layers")?;
             need(w.hidden, "hidden")?;
             need(w.heads, "heads")?;

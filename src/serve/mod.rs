@@ -11,6 +11,7 @@
 //! plan of the profiling forward (`gpu_model_runner.py:4713-4776`): weights are its params, the
 //! peak above them is what PyTorch's peak counter sees.
 
+pub mod cache;
 pub mod engines;
 pub mod pool;
 pub mod render;
@@ -151,6 +152,10 @@ pub fn profile_workload(w: &Workload, s: &Serve, limits: Limits) -> Workload {
         m.shared_ffn = m.shared_ffn.div_ceil(tp);
     }
     p.vocab = vocab_per_gpu(w.vocab, tp);
+    if let Some(m) = p.model.as_mut() {
+        m.tp_local(tp, false);
+        m.vocab = p.vocab;
+    }
     p.serve = Some(Serve {
         max_num_batched_tokens: Some(limits.max_num_batched_tokens),
         max_num_seqs: Some(limits.max_num_seqs),
@@ -211,6 +216,10 @@ pub struct ServeSizing {
     pub refusal: Option<Refusal>,
     /// The smallest utilization at which one `max_model_len` sequence fits (None: not even 1.0).
     pub util_to_fit: Option<f64>,
+    /// Additive (issue 44): a request's cache at `max_model_len`, layer kind by layer kind
+    /// (vLLM V1's spec per layer), for a model described layer by layer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<cache::CacheSizing>,
     pub notes: Vec<String>,
 }
 
@@ -293,14 +302,48 @@ pub fn size_with(
     let d = w.head_dim();
     let page = page_bytes(s.block_size, kvh, d, dtype_bytes);
     let layers = w.layers;
-    let per_token = page / s.block_size.max(1) * layers;
+    let mut per_token = page / s.block_size.max(1) * layers;
+    let cache = w.model.as_ref().map(|m| {
+        cache::sizing(
+            m,
+            cache::CacheSettings {
+                block: s.block_size,
+                max_model_len: s.max_model_len,
+                max_num_batched_tokens: limits.max_num_batched_tokens,
+                dtype: dtype_bytes,
+                state_dtype: dtype_bytes,
+                tp: s.tp,
+            },
+        )
+    });
+    let hybrid = w.model.as_ref().is_some_and(|m| cache::is_hybrid(m));
+    if let (true, Some(c)) = (hybrid, &cache) {
+        per_token = c.bytes_per_token;
+    }
     let util = if s.engine == Engine::Sglang && s.util_default {
         engines::sglang_default_fraction(total, s.tp)
     } else {
         s.gpu_memory_utilization
     };
-    let (requested, kv, blocks, tokens, refusal, util_to_fit) = match s.engine {
-        Engine::Vllm => {
+    let (requested, kv, blocks, tokens, refusal, util_to_fit) = match (s.engine, &cache) {
+        (Engine::Vllm, Some(c)) if hybrid => {
+            let z = hybrid_sizing(
+                total,
+                util,
+                weights + profile_peak + non_torch,
+                c,
+                s.block_size,
+            );
+            (
+                (total as f64 * util).ceil() as u64,
+                z.0,
+                z.1,
+                z.1 * s.block_size,
+                z.2,
+                z.3,
+            )
+        }
+        (Engine::Vllm, _) => {
             let (kv, blocks, refusal, u) = size_from_parts(
                 total,
                 util,
@@ -315,7 +358,7 @@ pub fn size_with(
             let requested = (total as f64 * util).ceil() as u64;
             (requested, kv, blocks, blocks * s.block_size, refusal, u)
         }
-        Engine::Sglang => {
+        (Engine::Sglang, _) => {
             let z = engines::sglang(
                 total,
                 util,
@@ -326,7 +369,7 @@ pub fn size_with(
             );
             z.parts()
         }
-        Engine::Trtllm => {
+        (Engine::Trtllm, _) => {
             let rest = weights + profile_peak + non_torch;
             let z = engines::trtllm(total, util, rest, per_token, s.block_size, s.max_model_len);
             z.parts()
@@ -425,12 +468,60 @@ pub fn size_with(
         blocks,
         tokens,
         blocks_per_request: s.max_model_len.div_ceil(s.block_size),
-        concurrency: concurrency(blocks, s.max_model_len, s.block_size),
+        concurrency: match (&cache, hybrid) {
+            (Some(c), true) if kv > 0 => kv as f64 / c.bytes_per_request.max(1) as f64,
+            (Some(_), true) => 0.0,
+            _ => concurrency(blocks, s.max_model_len, s.block_size),
+        },
+        cache,
         refusal,
         util_to_fit,
         notes,
     };
     Ok((sizing, plan))
+}
+
+/// vLLM's sizing of a cache whose layers differ (sliding, chunked, MLA, recurrent state):
+/// (KV bytes, blocks of the layers that grow with the length, refusal, utilization to fit).
+/// A request needs its bytes per request ([`cache::sizing`]); the blocks are what the pool holds
+/// of the growing layers' pages.
+fn hybrid_sizing(
+    total: u64,
+    util: f64,
+    rest: u64,
+    c: &cache::CacheSizing,
+    block: u64,
+) -> (i64, u64, Option<Refusal>, Option<f64>) {
+    let requested = (total as f64 * util).ceil() as u64;
+    let kv = requested as i128 - rest as i128;
+    let per_block = c.bytes_per_token.saturating_mul(block).max(1);
+    let blocks = if kv > 0 {
+        (kv as u128 / per_block as u128) as u64
+    } else {
+        0
+    };
+    let needed = c.bytes_per_request;
+    let refusal = if kv <= 0 {
+        Some(Refusal::NoMemory)
+    } else if needed as i128 > kv {
+        let fixed = needed.saturating_sub(c.bytes_per_token.saturating_mul(c.max_model_len));
+        let room = (kv as u64).saturating_sub(fixed);
+        let tokens = room / c.bytes_per_token.max(1) / block * block;
+        Some(Refusal::TooShort {
+            needed_bytes: needed,
+            estimated_max_model_len: tokens.min(c.max_model_len),
+        })
+    } else {
+        None
+    };
+    let least = rest as f64 + needed as f64;
+    let u = (least / total.max(1) as f64 * 1000.0).ceil() / 1000.0;
+    (
+        kv.clamp(i64::MIN as i128, i64::MAX as i128) as i64,
+        blocks,
+        refusal,
+        (u <= 1.0).then_some(u),
+    )
 }
 
 /// The same workload with some serving settings changed (diagnose's remedies).

@@ -77,11 +77,9 @@ pub fn fit_line(z: &ServeSizing) -> String {
 
 /// One line naming the served model.
 pub fn model_line(w: &crate::workload::Workload) -> String {
-    let psi = crate::plan::build::param_count(w)
-        .map(crate::units::fmt_count)
-        .unwrap_or_else(|_| "?".into());
+    let psi = crate::plan::build::params_text(w);
     format!(
-        "{}: {} layers, hidden {}, {} heads ({} key/value), head width {}, ffn {}, {} vocab, {psi} params, {}",
+        "{}: {} layers, hidden {}, {} heads ({} key/value), head width {}, ffn {}, {} vocab, {psi}, {}",
         w.name,
         w.layers,
         w.hidden,
@@ -150,16 +148,38 @@ pub fn text(z: &ServeSizing) -> String {
             gib(z.non_torch_bytes as i64)
         ));
     }
-    t.push_str(&format!(
-        "  KV per block       {} per layer = 2 x {} tokens x {} KV heads x {} x {} B; {} per token over {} layers\n",
-        fmt_bytes(z.page_bytes_per_layer),
-        z.block_size,
-        z.kv_heads_per_gpu,
-        z.head_dim,
-        z.kv_dtype_bytes,
-        fmt_bytes(z.bytes_per_token),
-        z.layers
-    ));
+    match z.cache.as_ref().filter(|c| c.parts.iter().any(|p| p.kind != "full")) {
+        Some(c) => {
+            t.push_str(&format!(
+                "  cache per request  {} at {} tokens, layer by layer (vLLM V1's spec per layer):\n",
+                fmt_bytes(c.bytes_per_request),
+                c.max_model_len
+            ));
+            for p in &c.parts {
+                let what = match p.kind {
+                    "mamba" | "gated_deltanet" => "a constant state".to_string(),
+                    _ => format!("{} tokens", p.tokens),
+                };
+                t.push_str(&format!(
+                    "    {:<3} {:<15} {} each ({what}), {}\n",
+                    p.layers,
+                    p.kind,
+                    fmt_bytes(p.bytes_per_layer),
+                    fmt_bytes(p.bytes)
+                ));
+            }
+        }
+        None => t.push_str(&format!(
+            "  KV per block       {} per layer = 2 x {} tokens x {} KV heads x {} x {} B; {} per token over {} layers\n",
+            fmt_bytes(z.page_bytes_per_layer),
+            z.block_size,
+            z.kv_heads_per_gpu,
+            z.head_dim,
+            z.kv_dtype_bytes,
+            fmt_bytes(z.bytes_per_token),
+            z.layers
+        )),
+    }
     match z.engine {
         Engine::Vllm => {
             t.push_str(&format!(

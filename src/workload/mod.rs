@@ -3,7 +3,9 @@
 
 pub mod config;
 pub mod finetune;
+pub mod hf;
 pub mod hub;
+pub mod layers;
 pub mod overrides;
 pub mod parallel;
 pub mod presets;
@@ -44,6 +46,10 @@ pub enum Arch {
     Qwen2Moe,
     /// Qwen3-MoE: Qwen3's attention, routed experts.
     Qwen3Moe,
+    /// A decoder described by its layers alone (`Workload::model`): DeepSeek, gpt-oss, Llama 4,
+    /// Qwen3-Next, Nemotron-H, OLMo 2, Cohere and the other rows of `workload::hf::families`
+    /// whose plan family is no older one.
+    Decoder,
     /// Vision transformer: patch embedding, class token, GeLU MLP, LayerNorm.
     Vit,
     /// ResNet-50 style bottleneck CNN.
@@ -389,6 +395,10 @@ pub struct Workload {
     /// The serving engine's settings (`--mode serve`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serve: Option<serve::Serve>,
+    /// The model layer by layer, as its config describes it (a config.json's decoders): the
+    /// parameter count, serving's cache per layer and the per-layer MLPs come from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<Box<layers::ModelSpec>>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -439,6 +449,7 @@ impl Workload {
                 | Arch::Mixtral
                 | Arch::Qwen2Moe
                 | Arch::Qwen3Moe
+                | Arch::Decoder
         )
     }
     /// Key/value heads in effect.

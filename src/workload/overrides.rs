@@ -299,6 +299,7 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
     let name = w.name.clone();
     let arch = w.arch;
     let text = w.is_text_transformer();
+    let shape_before = super::layers::Shape::of(&w);
     let not_for = |flag: &str, why: &str| usage(flag, format!("does not apply to {name}: {why}"));
 
     if let Some(v) = &args.batch {
@@ -511,6 +512,9 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
              `_supports_sdpa = False`): use eager (its default) or flash (flash-attn 2.6+ caps \
              in the kernel)"
         )));
+    }
+    if let Some(note) = super::layers::resync(&mut w, shape_before) {
+        warnings.push(note);
     }
     validate(&w).map_err(|e| CliError::usage(format!("invalid workload {name}: {e}")))?;
     if text && w.max_positions > 0 && w.seq > w.max_positions {

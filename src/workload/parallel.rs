@@ -500,6 +500,9 @@ pub fn local_shape(w: &Workload) -> Workload {
             m.expert_ffn /= t;
             m.shared_ffn /= t;
         }
+        if let Some(m) = l.model.as_mut() {
+            m.tp_local(t, p.tp_head != TpHead::Replicated);
+        }
     }
     if p.cp > 1 {
         l.seq = w.seq / p.cp;

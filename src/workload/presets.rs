@@ -94,6 +94,7 @@ pub fn base(name: &str, arch: Arch) -> Workload {
         lora: None,
         quant: None,
         serve: None,
+        model: None,
     }
 }
 

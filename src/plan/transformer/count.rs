@@ -7,6 +7,7 @@ use crate::plan::build::{prod, sum, PlanError};
 use crate::plan::params::Piece;
 use crate::plan::DType;
 use crate::workload::finetune::quantized_bytes;
+use crate::workload::layers::ModelSpec;
 use crate::workload::{presets::vit_tokens, Target, Workload};
 
 /// Attention widths: (query width a·d, key/value width g·d, head width d).
@@ -257,6 +258,9 @@ fn adapter_params(w: &Workload) -> Result<u64, PlanError> {
 /// embedding), per layer `L{i}.attn` and `L{i}.mlp`, `head.rest` (final norm, BERT's MLM
 /// transform and decoder bias, ViT's classifier) and `head` (an untied output head).
 pub fn base_pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
+    if let Some(m) = &w.model {
+        return Ok(layer_pieces(m));
+    }
     let s = spec_of(w)?;
     let (h, v) = (w.hidden, w.vocab);
     let e = "the parameter count";
@@ -312,6 +316,77 @@ pub fn base_pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
     Ok(out)
 }
 
+/// Autocast's casts of one layer's piece where the layer is its own (a model described layer
+/// by layer whose plan family is `Arch::Decoder`, or a layer whose MLP differs from the
+/// family's: a dense layer among sparse ones): the matmul weights and biases of the piece.
+fn layer_cast_elems(w: &Workload, s: &Spec, name: &str) -> Option<(u64, u64, u64)> {
+    use crate::workload::layers::{Mixer, MlpSpec};
+    let m = w.model.as_ref()?;
+    let (i, block) = name.strip_prefix('L')?.split_once('.')?;
+    let l = m.layers.get(i.parse::<usize>().ok()?)?;
+    let own = w.arch == crate::workload::Arch::Decoder || super::decoder::mlp_kind(&l.mlp) != s.mlp;
+    if !own {
+        return None;
+    }
+    let h = m.hidden;
+    match block {
+        "attn" if w.arch == crate::workload::Arch::Decoder => Some(match l.mixer {
+            Mixer::Attention(a) => {
+                let q = a.heads * a.head_dim;
+                let kv = a.kv_heads * a.head_dim;
+                let qp = if a.output_gate { 2 * q } else { q };
+                let bias = if a.qkv_bias { qp + 2 * kv } else { 0 } + if a.o_bias { h } else { 0 };
+                (h * (qp + 2 * kv) + q * h, bias, h * qp)
+            }
+            _ => {
+                let p = l.params(h, m.norm);
+                (p.mixer, 0, p.mixer_largest)
+            }
+        }),
+        "mlp" => Some(match l.mlp {
+            MlpSpec::Dense { ffn, gated, bias } => {
+                let mats = if gated { 3 } else { 2 };
+                let b = if bias { (mats - 1) * ffn + h } else { 0 };
+                (mats * h * ffn, b, h * ffn + if bias { ffn } else { 0 })
+            }
+            MlpSpec::Moe(e) => {
+                let router = e.experts * h;
+                let mats = if e.gated { 3 } else { 2 };
+                let shared = mats * h * e.shared_ffn + if e.shared_gate { h } else { 0 };
+                (router + shared, 0, router)
+            }
+            MlpSpec::None => (0, 0, 0),
+        }),
+        _ => None,
+    }
+}
+
+/// The parameter groups of a model described layer by layer: `embed`, each layer's mixer
+/// (`L{i}.attn`) and MLP (`L{i}.mlp`) with their norms, `head.rest` (the final norm), `head`
+/// (an untied output head) and `vision` (a multimodal wrapper's tower and projector).
+fn layer_pieces(m: &ModelSpec) -> Vec<Piece> {
+    let h = m.hidden;
+    let emb = m.vocab.saturating_mul(h);
+    let mut out = vec![
+        Piece::new("embed", emb),
+        Piece::new("embed.rest", m.extra_params),
+    ];
+    for (i, l) in m.layers.iter().enumerate() {
+        let p = l.params(h, m.norm);
+        out.push(Piece::new(format!("L{i}.attn"), p.mixer).largest(p.mixer_largest));
+        out.push(Piece::new(format!("L{i}.mlp"), p.mlp).largest(p.mlp_largest));
+    }
+    out.push(Piece::new("head.rest", m.norm.params(h)));
+    if !m.tied {
+        out.push(Piece::new("head", emb));
+    }
+    if let Some(v) = &m.vision {
+        out.push(Piece::new("vision", v.params));
+    }
+    out.retain(|p| p.elems > 0);
+    out
+}
+
 /// All parameters (embeddings, layers, head, and the adapters under LoRA).
 pub fn param_count(w: &Workload) -> Result<u64, PlanError> {
     let p = base_pieces(w)?;
@@ -327,6 +402,9 @@ pub fn param_count(w: &Workload) -> Result<u64, PlanError> {
 /// (transformers casts their input to the weights' type), only its router and shared expert.
 pub(super) fn cast_elems(w: &Workload, name: &str) -> Result<(u64, u64, u64), PlanError> {
     let s = spec_of(w)?;
+    if let Some(c) = layer_cast_elems(w, &s, name) {
+        return Ok(c);
+    }
     let (h, f, v) = (w.hidden, w.ffn, w.vocab);
     let (qw, kvw, _) = widths(w)?;
     let e = "the weight-cast cache";

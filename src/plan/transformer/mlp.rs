@@ -77,7 +77,6 @@ impl T<'_> {
     /// Routed token-expert pairs T·k and each expert's width.
     pub(super) fn routed(&self) -> Result<(u64, u64), PlanError> {
         let m = self
-            .w
             .moe
             .ok_or_else(|| PlanError::Invalid("a mixture of experts needs experts".into()))?;
         Ok((
@@ -169,7 +168,6 @@ impl T<'_> {
     ) -> Result<TensorIx, PlanError> {
         let (h, c) = (self.h, self.c);
         let m = self
-            .w
             .moe
             .ok_or_else(|| PlanError::Invalid("a mixture of experts needs experts".into()))?;
         let t = self.rows();

@@ -91,6 +91,7 @@
 mod attention;
 mod bert;
 mod count;
+mod decoder;
 mod gemma;
 mod gpt2;
 mod llama;
@@ -107,6 +108,7 @@ use super::autocast::{self, Autocast};
 use super::build::{prod, Builder, PlanError};
 use super::params::{param_dtype, residual_dtype, States};
 use super::{DType, Phase, Role, Step, TensorIx};
+use crate::workload::layers::MlpSpec;
 use crate::workload::parallel::TpHead;
 use crate::workload::{Attention, Checkpoint, DropoutMask, Outputs, Target, Workload};
 use spec::{Embed, Head, Mlp, Norm, Spec};
@@ -147,6 +149,9 @@ struct T<'a> {
     f: u64,
     /// Key/value heads.
     g: u64,
+    /// The experts of the layer being built (a model described layer by layer has dense layers
+    /// among sparse ones, `enter_layer`).
+    moe: Option<crate::workload::Moe>,
     /// Head width.
     d: u64,
     /// Query width a·d and key/value width g·d.
@@ -574,6 +579,7 @@ impl T<'_> {
     ) -> Result<(Frame, Frame, TensorIx), PlanError> {
         self.saving = saving;
         self.live_in = self.live;
+        self.enter_layer(i);
         self.unshard_layer(i)?;
         let (h, f) = (self.h, self.f);
         let (pa, pm) = (format!("L{i}.attn"), format!("L{i}.mlp"));
@@ -768,6 +774,27 @@ impl T<'_> {
         Ok((frames, cur))
     }
 
+    /// Layer `i`'s own MLP, where the model is described layer by layer (dense layers among
+    /// sparse ones, each with its width): the spec's MLP kind, the width and the experts.
+    fn enter_layer(&mut self, i: u64) {
+        let Some(l) = self.w.model.as_ref().and_then(|m| m.layers.get(i as usize)) else {
+            return;
+        };
+        self.spec.mlp = decoder::mlp_kind(&l.mlp);
+        match l.mlp {
+            MlpSpec::Dense { ffn, .. } => self.f = ffn,
+            MlpSpec::Moe(e) => {
+                self.moe = Some(crate::workload::Moe {
+                    experts: e.experts,
+                    top_k: e.top_k,
+                    expert_ffn: e.expert_ffn,
+                    shared_ffn: e.shared_ffn,
+                })
+            }
+            MlpSpec::None => {}
+        }
+    }
+
     /// Free the saved tensors of a backward frame whose names `pred` picks (their node ran).
     fn release_saved(&mut self, saved: &mut Vec<TensorIx>, pred: impl Fn(&str) -> bool) {
         let (gone, kept): (Vec<TensorIx>, Vec<TensorIx>) =
@@ -778,6 +805,9 @@ impl T<'_> {
 
     fn backward(&mut self, fr: Frame, incoming: TensorIx) -> Result<TensorIx, PlanError> {
         let layer = fsdp_layer(&fr.piece);
+        if let Some(i) = layer {
+            self.enter_layer(i);
+        }
         let block = fr.block;
         if let (Some(i), Block::Mlp) = (layer, block) {
             // FSDP2's pre-backward: the layer gathered, the next one in backward prefetched.
@@ -1042,6 +1072,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         a,
         f,
         g: w.kv_heads(),
+        moe: w.moe,
         d,
         qw,
         kvw,
@@ -1065,6 +1096,18 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         live_in: true,
     };
     t.b.phase(Phase::Forward);
+    if let Some(mixer) = w.model.as_ref().and_then(|m| m.unplanned_mixer()) {
+        t.b.note(format!(
+            "the forward of its {mixer} layers is planned as softmax attention of the model's head widths (modelled, not measured); their weights and serving cache are their own"
+        ));
+    }
+    if let Some(v) = w.model.as_ref().and_then(|m| m.vision.as_ref()) {
+        t.b.note(format!(
+            "vision tower ({}): its {} weights are counted; its activations are not planned (the step is the text model's)",
+            v.kind,
+            crate::units::fmt_count(v.params)
+        ));
+    }
     // FSDP2's root unit (embedding, final norm, head): gathered at the root's pre-forward and
     // kept through the backward (the root does not reshard after forward).
     let root_pieces: Vec<String> = stage_pieces(w, &stage)?

@@ -113,6 +113,7 @@ impl Spec {
             Arch::Gemma | Arch::Gemma2 | Arch::Gemma3 => super::gemma::spec(w),
             Arch::Phi3 => super::phi3::spec(w),
             Arch::Mixtral | Arch::Qwen2Moe | Arch::Qwen3Moe => super::moe::spec(w),
+            Arch::Decoder => super::decoder::spec(w),
             Arch::Resnet | Arch::Dense => return None,
         })
     }

@@ -39,6 +39,23 @@ Holdout rows (`--holdout`: pure bf16 training = `model.bfloat16()` and Adam on b
 s256, `inference_only` true, no train steps; GPT-2 fused b2 s1024, Adam foreach only) go to
 tests/fixtures/validation_holdout.json and validation/saved_breakdown_holdout.json.
 
+Today's families (`--families`): tiny random-init models of gpt_oss, olmo2, llama4_text (text only),
+cohere, cohere2, glm4_moe, minimax_m2, smollm3, granite, granitemoe, qwen3_moe (mlp_only_layers [0]),
+gemma3_text, deepseek_v3 (MLA), qwen3_next (Gated DeltaNet, its torch fallback) and nemotron_h
+(Mamba-2, its torch fallback), hidden 256, 4 layers (nemotron_h 5: "M-M*-"), b2 s256, fp32,
+attention "eager" and "sdpa" where the class supports it (not gpt_oss). Each model is built from a
+config.json FILE that the mode writes first, tests/fixtures/validation_families/<name>.json (FAMILIES:
+the config class with FAMILY_COMMON and the family's overrides, `to_dict()` without the generic
+fields), with `AutoConfig.from_pretrained(FILE)` and `architectures[0]`, so `oomprobe estimate
+--config FILE --batch 2 --seq 256` reads the very same file. Rows (validation_llm.json's schema plus
+`config`, the file's path relative to the repository root; a row that raises goes to `failures`) ->
+tests/fixtures/validation_families.json, every row's breakdown -> validation/saved_breakdown_families.json
+(notes: validation/families_notes.md). torchvision is not needed there. Measured with
+
+    OMP_NUM_THREADS=2 "$OOMPROBE_VENV/bin/python" validation/measure.py --families --threads 2
+
+(torch 2.15.0, transformers 5.24.0: 29 rows, no failure, 269 s of measuring, 4 min 53 s wall on 2 cores).
+
 `--variants REGEX` measures only the train variants whose key (e.g. `foreach_keep_first`)
 matches; with `--update-variants` it measures only those steps of the selected rows and writes
 them into the existing rows of their fixture (the rows' train_<key>_* fields and
@@ -1669,15 +1686,23 @@ def main(argv=None) -> int:
                     f"without {b[k]['peak_bytes']:,} {b[k]['phase_max_bytes']} {'same' if same else 'DIFFERENT'}")
         return 1 if bad else 0
 
-    import torchvision
     import transformers
 
+    if args.families:  # no torchvision model among them: its version only where it is installed
+        try:
+            import torchvision
+        except ImportError:
+            torchvision = None
+    else:
+        import torchvision
     versions = {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "torchvision": torchvision.__version__,
+        "torchvision": torchvision.__version__ if torchvision is not None else None,
         "python": platform.python_version(),
     }
+    if versions["torchvision"] is None:
+        del versions["torchvision"]
     if args.families:
         out_for = lambda r: args.families_out  # noqa: E731
     elif args.holdout:

@@ -697,6 +697,7 @@ mod tests {
         let e = load_hf("q.json", r#"{"model_type":"qwen2_vl"}"#)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("nearest family is 'qwen2'"), "{e}");
+        // No look-alike is suggested: qwen2_vl is refused, naming the families it knows.
+        assert!(e.contains("'qwen2_vl'") && !e.contains("nearest"), "{e}");
     }
 }

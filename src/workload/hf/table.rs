@@ -36,6 +36,54 @@ const fn attention_family(
     }
 }
 
+/// DeepSeek-V3's row; GLM-5 and DeepSeek-V3.2 are the same layers with the indexer's fields.
+const DEEPSEEK_V3: Family = Family {
+        attn: AttnRule {
+            kind: AttnKind::Mla,
+            ..ATTN
+        },
+        mlp: MlpRule {
+            moe: Some(MoeRule {
+                experts: "n_routed_experts",
+                top_k: "num_experts_per_tok",
+                expert_ffn: "moe_intermediate_size",
+                shared: Shared::Count("n_shared_experts"),
+                placement: Placement::FirstKDense,
+                gating: Gating::Sigmoid,
+                router_bias: false,
+                expert_bias: false,
+                gated: true,
+            }),
+            ..DENSE
+        },
+        ..attention_family(
+            &["deepseek_v3", "kimi_k2"],
+            "DeepseekV3Config (MLA; first_k_dense_replace dense layers, then routed and shared experts; the MTP layers of num_nextn_predict_layers are not built by transformers)",
+            Arch::Decoder,
+            Windows::None,
+            &[
+                ("tie_word_embeddings", Def::B(false)),
+                ("attention_bias", Def::B(false)),
+                ("vocab_size", Def::U(129_280)),
+                ("hidden_size", Def::U(7168)),
+                ("intermediate_size", Def::U(18432)),
+                ("moe_intermediate_size", Def::U(2048)),
+                ("num_hidden_layers", Def::U(61)),
+                ("num_attention_heads", Def::U(128)),
+                ("n_shared_experts", Def::U(1)),
+                ("n_routed_experts", Def::U(256)),
+                ("num_experts_per_tok", Def::U(8)),
+                ("first_k_dense_replace", Def::U(3)),
+                ("moe_layer_freq", Def::U(1)),
+                ("kv_lora_rank", Def::U(512)),
+                ("q_lora_rank", Def::U(1536)),
+                ("qk_rope_head_dim", Def::U(64)),
+                ("qk_nope_head_dim", Def::U(128)),
+                ("v_head_dim", Def::U(128)),
+            ],
+        )
+    };
+
 /// Every family a config.json may name, in one table.
 pub const FAMILIES: &[Family] = &[
     attention_family(
@@ -315,97 +363,11 @@ pub const FAMILIES: &[Family] = &[
             ],
         )
     },
+    DEEPSEEK_V3,
     Family {
-        attn: AttnRule {
-            kind: AttnKind::Mla,
-            ..ATTN
-        },
-        mlp: MlpRule {
-            moe: Some(MoeRule {
-                experts: "n_routed_experts",
-                top_k: "num_experts_per_tok",
-                expert_ffn: "moe_intermediate_size",
-                shared: Shared::Count("n_shared_experts"),
-                placement: Placement::FirstKDense,
-                gating: Gating::Sigmoid,
-                router_bias: false,
-                expert_bias: false,
-                gated: true,
-            }),
-            ..DENSE
-        },
-        ..attention_family(
-            &["deepseek_v3", "kimi_k2"],
-            "DeepseekV3Config (MLA; first_k_dense_replace dense layers, then routed and shared experts; the MTP layers of num_nextn_predict_layers are not built by transformers)",
-            Arch::Decoder,
-            Windows::None,
-            &[
-                ("tie_word_embeddings", Def::B(false)),
-                ("attention_bias", Def::B(false)),
-                ("vocab_size", Def::U(129_280)),
-                ("hidden_size", Def::U(7168)),
-                ("intermediate_size", Def::U(18432)),
-                ("moe_intermediate_size", Def::U(2048)),
-                ("num_hidden_layers", Def::U(61)),
-                ("num_attention_heads", Def::U(128)),
-                ("n_shared_experts", Def::U(1)),
-                ("n_routed_experts", Def::U(256)),
-                ("num_experts_per_tok", Def::U(8)),
-                ("first_k_dense_replace", Def::U(3)),
-                ("moe_layer_freq", Def::U(1)),
-                ("kv_lora_rank", Def::U(512)),
-                ("q_lora_rank", Def::U(1536)),
-                ("qk_rope_head_dim", Def::U(64)),
-                ("qk_nope_head_dim", Def::U(128)),
-                ("v_head_dim", Def::U(128)),
-            ],
-        )
-    },
-    Family {
-        attn: AttnRule {
-            kind: AttnKind::Mla,
-            ..ATTN
-        },
-        mlp: MlpRule {
-            moe: Some(MoeRule {
-                experts: "n_routed_experts",
-                top_k: "num_experts_per_tok",
-                expert_ffn: "moe_intermediate_size",
-                shared: Shared::Count("n_shared_experts"),
-                placement: Placement::FirstKDense,
-                gating: Gating::Sigmoid,
-                router_bias: false,
-                expert_bias: false,
-                gated: true,
-            }),
-            ..DENSE
-        },
-        ..attention_family(
-            &["glm_moe_dsa", "deepseek_v32"],
-            "GlmMoeDsaConfig / DeepseekV32Config (DeepSeek-V3's layers; MLA with the sparse-attention indexer of index_n_heads × index_head_dim)",
-            Arch::Decoder,
-            Windows::None,
-            &[
-                ("tie_word_embeddings", Def::B(false)),
-                ("attention_bias", Def::B(false)),
-                ("vocab_size", Def::U(129_280)),
-                ("hidden_size", Def::U(7168)),
-                ("intermediate_size", Def::U(18432)),
-                ("moe_intermediate_size", Def::U(2048)),
-                ("num_hidden_layers", Def::U(61)),
-                ("num_attention_heads", Def::U(128)),
-                ("n_shared_experts", Def::U(1)),
-                ("n_routed_experts", Def::U(256)),
-                ("num_experts_per_tok", Def::U(8)),
-                ("first_k_dense_replace", Def::U(3)),
-                ("moe_layer_freq", Def::U(1)),
-                ("kv_lora_rank", Def::U(512)),
-                ("q_lora_rank", Def::U(1536)),
-                ("qk_rope_head_dim", Def::U(64)),
-                ("qk_nope_head_dim", Def::U(128)),
-                ("v_head_dim", Def::U(128)),
-            ],
-        )
+        types: &["glm_moe_dsa", "deepseek_v32"],
+        class: "GlmMoeDsaConfig / DeepseekV32Config (DeepSeek-V3's layers; MLA with the sparse-attention indexer of index_n_heads × index_head_dim)",
+        ..DEEPSEEK_V3
     },
     Family {
         attn: AttnRule {

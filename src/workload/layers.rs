@@ -484,11 +484,11 @@ impl ModelSpec {
         let emb = self.vocab * h;
         let head = if self.tied { 0 } else { emb };
         let mut total = emb + head + self.norm.params(h) + self.extra_params;
-        let mut inactive = 0;
+        let mut inactive: u64 = 0;
         for l in &self.layers {
             let p = l.params(h, self.norm);
-            total += p.mixer + p.mlp;
-            inactive += p.inactive;
+            total = total.saturating_add(p.mixer).saturating_add(p.mlp);
+            inactive = inactive.saturating_add(p.inactive);
         }
         let vision = self.vision.as_ref().map_or(0, |v| v.params);
         total += vision;

@@ -242,13 +242,28 @@ impl Cfg<'_> {
                 _ => None,
             }),
             Some(Json::Null) => Ok(None),
-            Some(x) => x.as_u64().map(Some).ok_or_else(|| {
-                field_err(
-                    self.path,
-                    key,
-                    format!("expected a non-negative integer, found {x}"),
-                )
-            }),
+            Some(x) => {
+                let n = x.as_u64().ok_or_else(|| {
+                    field_err(
+                        self.path,
+                        key,
+                        format!("expected a non-negative integer, found {x}"),
+                    )
+                })?;
+                // Each size within its flag's limit; any other count (heads, ranks, states,
+                // expert counts) at most 65536, checked before any layer is built.
+                let max = super::hf_size(key)
+                    .and_then(crate::workload::overrides::limit)
+                    .unwrap_or(1 << 16);
+                if n > max {
+                    return Err(field_err(
+                        self.path,
+                        key,
+                        format!("{n} is absurd (at most {max})"),
+                    ));
+                }
+                Ok(Some(n))
+            }
         }
     }
     /// A positive integer (absent: the default).

@@ -669,7 +669,7 @@ const HF_SIZES: [(&str, &str); 19] = [
     ("shared_expert_intermediate_size", "ffn"),
 ];
 
-fn hf_size(key: &str) -> Option<&'static str> {
+pub(super) fn hf_size(key: &str) -> Option<&'static str> {
     match key {
         "patch_size" => Some("patch"),
         _ => HF_SIZES.iter().find(|(k, _)| *k == key).map(|(_, s)| *s),

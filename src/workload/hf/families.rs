@@ -250,9 +250,17 @@ impl Cfg<'_> {
                         format!("expected a non-negative integer, found {x}"),
                     )
                 })?;
-                // Each size within its flag's limit; any other count (heads, ranks, states,
+                // Each size within its flag's limit (windows as a sequence, MLP widths as --ffn); any other count (heads, ranks, states,
                 // expert counts) at most 65536, checked before any layer is built.
-                let max = super::hf_size(key)
+                let size =
+                    super::hf_size(key).or(if key.contains("window") || key.contains("chunk") {
+                        Some("seq")
+                    } else if key.contains("intermediate_size") {
+                        Some("ffn")
+                    } else {
+                        None
+                    });
+                let max = size
                     .and_then(crate::workload::overrides::limit)
                     .unwrap_or(1 << 16);
                 if n > max {

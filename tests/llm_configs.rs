@@ -468,3 +468,14 @@ fn layer_counts_match_transformers_for_config_class_defaults() {
     let bad = check_counts(counted(&dir(), "defaults"));
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
+
+/// The configs set aside while the family table was written (`tests/fixtures/configs/holdout/`:
+/// DeepSeek-R1, Kimi K2, gpt-oss-120b, Llama 4 Maverick, Nemotron-Nano-9B-v2, OLMo 2 13B,
+/// Phi-4-mini, Qwen3-32B, Llama 3.2 3B), counted by transformers the same way.
+#[test]
+fn layer_counts_match_transformers_for_held_out_configs() {
+    let rows = counted(&dir().join("holdout"), "configs");
+    assert!(rows.len() >= 9, "{} held-out configs", rows.len());
+    let bad = check_counts(rows);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}

@@ -672,6 +672,10 @@ pub const FAMILIES: &[Family] = &[
             Windows::None,
             &[
                 ("tie_word_embeddings", Def::B(false)),
+                // The class's own default, not hidden / heads; `attention_head_dim` in the
+                // shipped files is not read by transformers 5.24 (Nemotron-Nano-9B-v2: 4480
+                // / 40 = 112, but its attention is 40 × 128 wide).
+                ("head_dim", Def::U(128)),
                 ("attention_bias", Def::B(false)),
                 ("mlp_bias", Def::B(false)),
                 ("use_bias", Def::B(false)),

@@ -230,6 +230,11 @@ fn checks() -> Vec<Check> {
 }
 
 fn checks_of(fx: &Value) -> Vec<Check> {
+    checks_of_with(fx, workload)
+}
+
+/// The checks of every row of `fx`, each row's workload built by `workload`.
+fn checks_of_with(fx: &Value, workload: fn(&Value) -> Workload) -> Vec<Check> {
     let mut out = Vec::new();
     for r in fx["rows"].as_array().unwrap() {
         let id = r["id"].as_str().unwrap().to_string();
@@ -622,4 +627,76 @@ fn lora_row_trace() {
             t.name
         );
     });
+}
+
+/// A row of `tests/fixtures/validation_families.json` (`validation/measure.py --families`): the
+/// tiny config file it measured, read as a user's `--config` is, at the row's batch, sequence
+/// and attention kernel, fp32 on the CPU.
+fn family_workload(r: &Value) -> Workload {
+    let path = format!(
+        "{}/{}",
+        env!("CARGO_MANIFEST_DIR"),
+        r["config"].as_str().unwrap()
+    );
+    let text = std::fs::read_to_string(&path).expect("family config");
+    let mut w = oomprobe::workload::config::load_hf(&path, &text).expect("family config reads");
+    w.batch = u(r, "batch");
+    w.seq = u(r, "seq");
+    w.autocast_device = Device::Cpu;
+    w.precision = Precision::Fp32;
+    w.attention = match r["attn_implementation"].as_str().unwrap() {
+        "eager" => Attention::Naive,
+        "sdpa" => Attention::Sdpa,
+        other => panic!("unknown attention {other}"),
+    };
+    w
+}
+
+/// Today's families (`tests/fixtures/validation_families.json`: gpt-oss, OLMo 2, Llama 4,
+/// Cohere 1/2, GLM-4.5, MiniMax-M2, SmolLM3, Granite, Granite MoE, Qwen3-MoE, Gemma 3; eager
+/// and SDPA), read from the config files measured, every quantity within 1 %.
+#[test]
+fn family_rows_are_reproduced() {
+    let mut fx = load("validation_families.json");
+    let hybrid = ["deepseek_v3", "qwen3_next", "nemotron_h"];
+    let rows: Vec<Value> = fx["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| !hybrid.contains(&r["arch"].as_str().unwrap()))
+        .cloned()
+        .collect();
+    assert!(rows.len() >= 20, "{} family rows", rows.len());
+    fx["rows"] = Value::Array(rows);
+    let checks = checks_of_with(&fx, family_workload);
+    assert_checks(&checks, "OOMPROBE_FAMILIES_TABLE");
+}
+
+/// `OOMPROBE_FAMILY_TRACE=<row id> cargo test --test validation family_row_trace -- --ignored
+/// --nocapture`: the tensors a family row's plan holds when backward starts, by name, to set
+/// beside `validation/saved_breakdown_families.json`.
+#[test]
+#[ignore]
+fn family_row_trace() {
+    let id = std::env::var("OOMPROBE_FAMILY_TRACE").expect("OOMPROBE_FAMILY_TRACE=<row id>");
+    let fx = load("validation_families.json");
+    let r = fx["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("no row {id}"));
+    let mut w = family_workload(r);
+    if std::env::var("OOMPROBE_FAMILY_MODE").as_deref() == Ok("inference") {
+        w.mode = Mode::Inference;
+    }
+    let p = Plan::for_workload(&w).unwrap();
+    let start = p
+        .events
+        .iter()
+        .position(|e| e.phase >= oomprobe::plan::Phase::Backward)
+        .unwrap_or(p.events.len());
+    for t in p.live_after(start) {
+        println!("{:>11} {}", p.tensors[t].bytes, p.tensors[t].name);
+    }
 }

@@ -177,6 +177,7 @@ mod tests {
 
     fn model(layers: Vec<LayerSpec>) -> ModelSpec {
         ModelSpec {
+            logit_scale: false,
             family: "t".into(),
             hidden: 2048,
             vocab: 1000,

@@ -265,6 +265,10 @@ pub struct ModelSpec {
     /// Extra parameters of the embedding and head (Gemma 3n's per-layer embeddings, ...).
     #[serde(default)]
     pub extra_params: u64,
+    /// The head scales its logits (Cohere's `logit_scale`, Granite's `logits_scaling`): a
+    /// second [b, s, V] tensor while the first lives.
+    #[serde(default)]
+    pub logit_scale: bool,
     pub layers: Vec<LayerSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision: Option<Tower>,
@@ -698,6 +702,7 @@ mod tests {
     fn llama3_8b_from_layers() {
         // Llama-3.1-8B: 8,030,261,248 parameters (tests/fixtures/configs/param_counts.json).
         let m = ModelSpec {
+            logit_scale: false,
             family: "llama".into(),
             hidden: 4096,
             vocab: 128256,

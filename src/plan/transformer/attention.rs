@@ -8,6 +8,7 @@ use crate::plan::autocast;
 use crate::plan::build::{prod, PlanError};
 use crate::plan::params::residual_dtype;
 use crate::plan::{DType, Role, Step, TensorIx};
+use crate::workload::layers::{Attn, Mixer, Window};
 use crate::workload::{Attention, Checkpoint, Target, Workload};
 
 /// The kernels PyTorch's `scaled_dot_product_attention` dispatches to (which decides what its
@@ -91,10 +92,42 @@ struct Qkv {
     q: TensorIx,
     k: TensorIx,
     v: TensorIx,
+    /// `k` and `v` are the KV cache's (held), not attention's own.
     cached: bool,
+    /// SDPA is passed a mask (a window the sequence reaches).
+    masked: bool,
+    /// The heads `k` and `v` have (the query heads once repeated).
+    kv_heads: u64,
 }
 
 impl T<'_> {
+    /// The layer's attention, where the model is described layer by layer.
+    fn attn_layer(&self) -> Option<Attn> {
+        match self.layer?.mixer {
+            Mixer::Attention(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The layer's window (sliding or chunked) is reached by the sequence, so its causal mask
+    /// cannot be left to the kernel.
+    fn window_reached(&self) -> bool {
+        match self.attn_layer().map(|a| a.window) {
+            Some(Window::Sliding(w) | Window::Chunked(w)) => self.s >= w,
+            _ => false,
+        }
+    }
+
+    /// A flash kernel's output is laid out [b, a, s, d] and copied for the output projection:
+    /// its query is contiguous in that layout when only part of each head rotates
+    /// (`torch.cat` of the rotated and the passed-through parts); the memory-efficient kernel
+    /// writes [b, s, a, d] whatever the query.
+    fn flash_out_copied(&self, backend: SdpaBackend) -> bool {
+        backend == SdpaBackend::Flash
+            && self.spec.rope
+            && self.attn_layer().is_some_and(|a| a.rotary_fraction < 1.0)
+    }
+
     /// A [b, heads, s, d] tensor (q, k or v in attention's layout).
     pub(super) fn heads_t(
         &mut self,
@@ -201,18 +234,52 @@ impl T<'_> {
         } else {
             (k, v0)
         };
-        let grouped = g != a;
+        // A window the sequence reaches makes transformers pass SDPA a mask (below it the
+        // causal mask is skipped: masking_utils' `_ignore_causal_mask_sdpa`); with a mask it
+        // does not pass grouped heads (`use_gqa_in_sdpa`) and CUDA's flash kernel takes none.
+        let masked = self.w.attention == Attention::Sdpa && self.window_reached();
+        let grouped = g != a && !masked;
+        let dev = self.w.autocast_device;
         let backend = match self.w.attention {
             Attention::Naive => SdpaBackend::Math,
             Attention::Flash => SdpaBackend::Flash,
             Attention::Sdpa => {
                 let qt = self.out("scaled_dot_product_attention", &[self.dtype(q)]);
-                sdpa_backend(self.w.autocast_device, qt, self.d, grouped, self.dropout)
+                match sdpa_backend(dev, qt, self.d, grouped, self.dropout) {
+                    SdpaBackend::Flash if masked && dev == autocast::Device::Cuda => {
+                        SdpaBackend::Efficient
+                    }
+                    b => b,
+                }
             }
         };
         let eager = self.w.attention == Attention::Naive;
         let from = saved.len();
-        let qkv = Qkv { q, k, v, cached };
+        let qkv = if masked && g != a && backend != SdpaBackend::Math {
+            // repeat_kv: expand + reshape, copies at the query heads.
+            let kr = self.heads_t(&format!("{p}.k_rep"), a, self.dtype(k), Role::Activations)?;
+            let vr = self.heads_t(&format!("{p}.v_rep"), a, self.dtype(v), Role::Activations)?;
+            if !cached && !saved.contains(&k) {
+                self.b.free(k);
+            }
+            Qkv {
+                q,
+                k: kr,
+                v: vr,
+                cached: false,
+                masked,
+                kv_heads: a,
+            }
+        } else {
+            Qkv {
+                q,
+                k,
+                v,
+                cached,
+                masked,
+                kv_heads: g,
+            }
+        };
         let ctx = if backend == SdpaBackend::Math {
             self.attention_scores(p, qkv, eager, saved)?
         } else {
@@ -241,7 +308,9 @@ impl T<'_> {
         eager: bool,
         saved: &mut Vec<TensorIx>,
     ) -> Result<TensorIx, PlanError> {
-        let Qkv { q, k, v, cached } = qkv;
+        let Qkv {
+            q, k, v, cached, ..
+        } = qkv;
         let (a, g, c) = (self.a, self.g, self.c);
         let (bsz, s, d) = (self.bsz, self.s, self.d);
         let qt = self.dtype(q);
@@ -391,13 +460,35 @@ impl T<'_> {
         backend: SdpaBackend,
         saved: &mut Vec<TensorIx>,
     ) -> Result<TensorIx, PlanError> {
-        let Qkv { q, k, v, cached } = qkv;
-        let (a, g, c) = (self.a, self.g, self.c);
+        let Qkv {
+            q,
+            k,
+            v,
+            cached,
+            masked,
+            kv_heads: g,
+        } = qkv;
+        let (a, c) = (self.a, self.c);
         let (bsz, s, d) = (self.bsz, self.s, self.d);
         let op = "scaled_dot_product_attention";
         let q = self.cast_for(op, q, false)?;
         let kc = self.cast_for(op, k, cached)?;
         let vc = self.cast_for(op, v, true)?;
+        // SDPA turns transformers' boolean mask into an additive one in the query's type for
+        // each call (`convert_boolean_attn_mask`), and the kernel saves it.
+        let mask = if masked {
+            let mt = self.dtype(q);
+            let m = self.b.push(
+                &format!("{p}.attn.mask"),
+                Role::Attention,
+                mt,
+                &[bsz, 1, s, s],
+                s,
+            )?;
+            Some(m)
+        } else {
+            None
+        };
         let rows = if backend == SdpaBackend::Efficient {
             s.div_ceil(32) * 32
         } else {
@@ -443,10 +534,18 @@ impl T<'_> {
             kv_group: a.checked_div(g).unwrap_or(1),
         });
         self.b.free_all(ring);
-        for t in [q, kc, vc, stats] {
+        for t in [q, kc, vc, stats].into_iter().chain(mask) {
             if !(cached && (t == k || t == v)) && !saved.contains(&t) {
                 saved.push(t);
             }
+        }
+        if self.flash_out_copied(backend) {
+            // A contiguous [b, a, s, d] query (partial rotary's `torch.cat`) gives the flash
+            // kernels an output in that layout: `transpose(1, 2).reshape` copies it for the
+            // output projection, and the kernel saves its own.
+            saved.push(ctx);
+            let copy = self.rows_t(&format!("{p}.ctx_copy"), Role::Activations, c, self.qw)?;
+            return Ok(copy);
         }
         if self.saving && self.frozen() {
             // The kernel saves its output (the frozen output projection does not).

@@ -13,7 +13,8 @@ pub(super) fn spec(w: &Workload) -> Spec {
     };
     s.norm = match m.norm {
         NormKind::Rms => Norm::Rms,
-        NormKind::Layer | NormKind::LayerNoBias => Norm::Layer,
+        NormKind::Layer => Norm::Layer,
+        NormKind::LayerNoBias => Norm::Centered,
     };
     s.sandwich_norms = m
         .layers

@@ -7,6 +7,7 @@ use crate::plan::autocast;
 use crate::plan::build::{prod, PlanError};
 use crate::plan::params::param_dtype;
 use crate::plan::{DType, Role, Step, TensorIx};
+use crate::workload::layers::MlpSpec;
 use crate::workload::{Gelu, Target};
 
 impl T<'_> {
@@ -123,7 +124,7 @@ impl T<'_> {
             (o[0], o)
         };
         self.consumed(n2, sm);
-        if self.frozen() && !sm.contains(&n2) {
+        if self.frozen() && !sm.contains(&n2) && !self.parallel_block() {
             self.b.free(n2);
         }
         let act = self.wide(&format!("{p}.mlp.act"))?;
@@ -249,7 +250,13 @@ impl T<'_> {
         self.b.free(weighted);
         self.consumed(xg, sm);
         if m.shared_ffn > 0 {
-            // The shared expert (a SwiGLU over every token) and its sigmoid gate [T, 1].
+            // The shared expert (a SwiGLU over every token) and, where it has one (Qwen2-MoE,
+            // Qwen3-Next), its sigmoid gate [T, 1], whose product saves the expert's output;
+            // without (DeepSeek, GLM-4.5, Llama 4) the output is only added.
+            let gate = self.layer.is_none_or(|l| match l.mlp {
+                MlpSpec::Moe(e) => e.shared_gate,
+                _ => true,
+            });
             let fs = m.shared_ffn;
             let mut shared = Vec::new();
             for n in ["shared.gate", "shared.up", "shared.act", "shared.prod"] {
@@ -259,11 +266,17 @@ impl T<'_> {
             self.matmul(pm, n2, shared[1], fs, h);
             let so = self.hidden_t(&format!("{p}.moe.shared.out"), Role::Activations, c)?;
             self.matmul(pm, shared[3], so, h, fs);
-            let sg = self.rows_t(&format!("{p}.moe.shared.gate_sig"), Role::Activations, c, 1)?;
             sm.extend(shared.iter().copied());
-            sm.extend([so, sg]);
+            if gate {
+                let sg =
+                    self.rows_t(&format!("{p}.moe.shared.gate_sig"), Role::Activations, c, 1)?;
+                sm.extend([so, sg]);
+                shared.extend([so, sg]);
+            } else {
+                self.b.free(so);
+            }
             if !self.saving {
-                for x in shared.into_iter().chain([so, sg]) {
+                for x in shared {
                     self.consumed(x, sm);
                 }
             }

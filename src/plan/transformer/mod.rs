@@ -108,7 +108,7 @@ use super::autocast::{self, Autocast};
 use super::build::{prod, Builder, PlanError};
 use super::params::{param_dtype, residual_dtype, States};
 use super::{DType, Phase, Role, Step, TensorIx};
-use crate::workload::layers::MlpSpec;
+use crate::workload::layers::{BlockForm, LayerSpec, MlpSpec};
 use crate::workload::parallel::TpHead;
 use crate::workload::{Attention, Checkpoint, DropoutMask, Outputs, Target, Workload};
 use spec::{Embed, Head, Mlp, Norm, Spec};
@@ -152,6 +152,8 @@ struct T<'a> {
     /// The experts of the layer being built (a model described layer by layer has dense layers
     /// among sparse ones, `enter_layer`).
     moe: Option<crate::workload::Moe>,
+    /// The record of the layer being built, where the model is described layer by layer.
+    layer: Option<LayerSpec>,
     /// Head width.
     d: u64,
     /// Query width a·d and key/value width g·d.
@@ -363,6 +365,11 @@ impl T<'_> {
         let push = |t: &mut Self, n: &str, dt: DType| {
             t.b.push(&format!("{name}.{n}"), Role::Activations, dt, &shape, width)
         };
+        // The fp32 reciprocal RMS, one per normalized row (per head for q/k norms).
+        let rsqrt = |t: &mut Self| {
+            let r = format!("{name}.rsqrt");
+            t.b.push(&r, Role::Activations, DType::F32, &[rows, 1], 1)
+        };
         if !self.live && self.saving {
             // Nothing before it needs a gradient and its gain is frozen: it saves nothing.
             self.saving = false;
@@ -372,6 +379,27 @@ impl T<'_> {
             return y;
         }
         match self.spec.norm {
+            Norm::Centered => {
+                let mut own = vec![
+                    push(self, "centred_pow", DType::F32)?,
+                    push(self, "centred_mul", DType::F32)?,
+                ];
+                own.push(rsqrt(self)?);
+                let xhat = push(self, "xhat", DType::F32)?;
+                let y = push(self, "out", xt)?;
+                self.norm_step(x, y, rows, width);
+                if self.frozen() {
+                    self.b.free(xhat);
+                } else {
+                    own.push(xhat);
+                }
+                if self.saving {
+                    saved.extend(own);
+                } else {
+                    self.b.free_all(own);
+                }
+                Ok(y)
+            }
             Norm::Layer => {
                 if !saved.contains(&x) {
                     saved.push(x);
@@ -390,17 +418,7 @@ impl T<'_> {
                 } else {
                     own.push(push(self, "x32", DType::F32)?);
                 }
-                let mut rshape = shape.clone();
-                if let Some(l) = rshape.last_mut() {
-                    *l = 1;
-                }
-                own.push(self.b.push(
-                    &format!("{name}.rsqrt"),
-                    Role::Activations,
-                    DType::F32,
-                    &rshape,
-                    1,
-                )?);
+                own.push(rsqrt(self)?);
                 let gemma = self.spec.norm == Norm::RmsGemma;
                 let xhat = push(self, "xhat", if gemma { DType::F32 } else { xt })?;
                 // LLaMA: weight · x̂ in the weights' and input's promoted type; Gemma: cast back
@@ -589,7 +607,10 @@ impl T<'_> {
         let n1 = self.norm(&format!("{p}.ln1"), x, &mut sa)?;
         let readers = if self.spec.fused_qkv { 1 } else { 3 };
         let n1 = self.sp_gather(n1, readers, false, &mut sa)?;
-        let n1 = self.matmul_input(n1, readers, false, &mut sa)?;
+        // A parallel block (Cohere: `x + attn(ln(x)) + mlp(ln(x))`): the MLP reads the same
+        // normalised input, which stays until both branches ran.
+        let parallel = self.parallel_block();
+        let n1 = self.matmul_input(n1, readers, parallel, &mut sa)?;
         // Over a frozen base before any adapter, an attention block without q, k or v
         // adapters needs no gradient: it saves nothing.
         let dead = saving && !self.live && !self.adapts(&[Target::Q, Target::K, Target::V]);
@@ -601,7 +622,7 @@ impl T<'_> {
         } else {
             self.attention_gpt(p, &pa, n1, &mut sa)?
         };
-        if self.frozen() && !sa.contains(&n1) {
+        if self.frozen() && !sa.contains(&n1) && !parallel {
             // Nothing saved the projections' input (adapters copied theirs).
             self.b.free(n1);
         }
@@ -611,7 +632,17 @@ impl T<'_> {
         let qw = self.qw;
         // The projection's output plus the residual: the residual stream's type. Gemma 2/3
         // normalize the projection's output first (its norm saves it).
-        let x2 = if self.spec.sandwich_norms {
+        let x2 = if parallel {
+            // The attention branch's output waits for the MLP's; nothing saves it.
+            let c = self.c;
+            let o = self.hidden_t(&format!("{p}.attn.out"), Role::Activations, c)?;
+            self.matmul(&pa, ctx, o, h, qw);
+            self.consumed(ctx, &mut sa);
+            if saving && !sa.contains(&n1) {
+                sa.push(n1);
+            }
+            o
+        } else if self.spec.sandwich_norms {
             let c = self.c;
             let o = self.hidden_t(&format!("{p}.attn.out"), Role::Activations, c)?;
             self.matmul(&pa, ctx, o, h, qw);
@@ -667,13 +698,17 @@ impl T<'_> {
             }
         }
         self.use_piece(&pm)?;
-        let n2 = self.norm(&format!("{p}.ln2"), x2, &mut sm)?;
-        let readers = match (self.spec.mlp, self.spec.fused_gate_up) {
-            (Mlp::Gated, false) => 2,
-            _ => 1,
+        let n2 = if parallel {
+            n1
+        } else {
+            let n2 = self.norm(&format!("{p}.ln2"), x2, &mut sm)?;
+            let readers = match (self.spec.mlp, self.spec.fused_gate_up) {
+                (Mlp::Gated, false) => 2,
+                _ => 1,
+            };
+            let n2 = self.sp_gather(n2, readers, false, &mut sm)?;
+            self.matmul_input(n2, readers, false, &mut sm)?
         };
-        let n2 = self.sp_gather(n2, readers, false, &mut sm)?;
-        let n2 = self.matmul_input(n2, readers, false, &mut sm)?;
         let dead = saving && !self.live && !self.adapts(&[Target::Gate, Target::Up]);
         if dead {
             self.saving = false;
@@ -713,6 +748,9 @@ impl T<'_> {
         }
         if !sm.contains(&x2) {
             self.b.free(x2);
+        }
+        if parallel && !saving {
+            self.b.free(n1);
         }
         if !saving {
             let done = std::mem::take(&mut sm);
@@ -780,6 +818,7 @@ impl T<'_> {
         let Some(l) = self.w.model.as_ref().and_then(|m| m.layers.get(i as usize)) else {
             return;
         };
+        self.layer = Some(*l);
         self.spec.mlp = decoder::mlp_kind(&l.mlp);
         match l.mlp {
             MlpSpec::Dense { ffn, .. } => self.f = ffn,
@@ -793,6 +832,11 @@ impl T<'_> {
             }
             MlpSpec::None => {}
         }
+    }
+
+    /// The layer being built is a parallel block (attention and MLP over one norm's output).
+    fn parallel_block(&self) -> bool {
+        self.layer.is_some_and(|l| l.block == BlockForm::Parallel)
     }
 
     /// Free the saved tensors of a backward frame whose names `pred` picks (their node ran).
@@ -1073,6 +1117,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         f,
         g: w.kv_heads(),
         moe: w.moe,
+        layer: None,
         d,
         qw,
         kvw,
@@ -1517,6 +1562,16 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
                 t.b.free(tanh);
             }
             capped
+        } else {
+            logits
+        };
+        let logits = if w.model.as_ref().is_some_and(|m| m.logit_scale) {
+            // Cohere's `logits * logit_scale`, Granite's `logits / logits_scaling`: a new
+            // [b, s, V] tensor beside the first (a scalar product saves nothing).
+            let scaled =
+                t.b.push("logits.scaled", Role::Activations, c, &logit_shape, v)?;
+            t.b.free(logits);
+            scaled
         } else {
             logits
         };

@@ -16,6 +16,10 @@ pub enum Norm {
     Rms,
     /// Gemma's RMSNorm: `x̂ · (1 + weight.float())` in fp32, then `type_as(x)`: x̂ saved in fp32.
     RmsGemma,
+    /// `CohereLayerNorm` (transformers 5.24 `modeling_cohere.py`): in fp32, `x − mean` made
+    /// twice (the variance's `pow` and the product each save their own), the per-row rsqrt,
+    /// x̂ (the gain's backward); the input itself is not saved. A gain, no bias.
+    Centered,
 }
 
 /// The MLP block.
@@ -173,7 +177,7 @@ impl Spec {
     pub fn norm_params(&self, width: u64) -> u64 {
         match self.norm {
             Norm::Layer => 2 * width,
-            Norm::Rms | Norm::RmsGemma => width,
+            Norm::Rms | Norm::RmsGemma | Norm::Centered => width,
         }
     }
 }

@@ -210,6 +210,8 @@ pub struct Family {
     pub mamba: MambaKeys,
     /// The config class's defaults for fields a file may leave out.
     pub defaults: &'static [(&'static str, Def)],
+    /// The head multiplies or divides its logits by a constant (`ModelSpec::logit_scale`).
+    pub logit_scale: bool,
 }
 
 pub use super::table::{FAMILIES, NOT_MODELLED};
@@ -300,6 +302,29 @@ impl Cfg<'_> {
                 format!("expected true or false, found {x}"),
             )),
         }
+    }
+    /// The rotated share of a head: `key` (`partial_rotary_factor`) at the top (transformers 4)
+    /// or inside `rope_parameters` (transformers 5), else a rotated width (`rotary_dim`,
+    /// MiniMax-M2's file) over the head's.
+    fn rotary_fraction(&self, key: &str, head_dim: u64) -> Result<f64, ConfigError> {
+        let nested = self
+            .obj
+            .get("rope_parameters")
+            .and_then(|r| r.get(key))
+            .and_then(Json::as_f64);
+        let frac = match (self.f(key)?.or(nested), self.f("rotary_dim")?) {
+            (Some(f), _) => f,
+            (None, Some(w)) => w / head_dim.max(1) as f64,
+            (None, None) => 1.0,
+        };
+        if !(frac > 0.0 && frac <= 1.0) {
+            return Err(field_err(
+                self.path,
+                key,
+                format!("rotates {frac} of a head; expected a share in (0, 1]"),
+            ));
+        }
+        Ok(frac)
     }
     pub fn f(&self, key: &str) -> Result<Option<f64>, ConfigError> {
         match self.obj.get(key) {
@@ -685,7 +710,7 @@ fn attention_of(c: &Cfg, window: Window, h: u64) -> Result<Mixer, ConfigError> {
         _ => r.qk_norm,
     };
     let rotary_fraction = match r.rotary {
-        Some(k) => c.f(k)?.unwrap_or(1.0),
+        Some(k) => c.rotary_fraction(k, head_dim)?,
         None => 1.0,
     };
     Ok(Mixer::Attention(Attn {
@@ -764,6 +789,7 @@ pub fn model(c: &Cfg, model_type: &str) -> Result<ModelSpec, ConfigError> {
         norm: c.fam.norm,
         tied: c.b("tie_word_embeddings")?,
         extra_params: 0,
+        logit_scale: c.fam.logit_scale,
         layers: layers(c, hidden, n)?,
         vision: None,
     })

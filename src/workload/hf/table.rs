@@ -33,6 +33,7 @@ const fn attention_family(
         mlp: DENSE,
         mamba: MAMBA_KEYS,
         defaults,
+        logit_scale: false,
     }
 }
 
@@ -150,13 +151,16 @@ pub const FAMILIES: &[Family] = &[
             ],
         )
     },
-    attention_family(
-        &["granite"],
-        "GraniteConfig (multipliers change no memory)",
-        Arch::Decoder,
-        Windows::None,
-        LLAMA_DEFAULTS,
-    ),
+    Family {
+        logit_scale: true,
+        ..attention_family(
+            &["granite"],
+            "GraniteConfig (the residual and attention multipliers change no memory; `logits / logits_scaling` makes a second logits tensor)",
+            Arch::Decoder,
+            Windows::None,
+            LLAMA_DEFAULTS,
+        )
+    },
     Family {
         block: BlockForm::PostNorm,
         attn: AttnRule {
@@ -172,6 +176,7 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
+        logit_scale: true,
         norm: NormKind::LayerNoBias,
         block: BlockForm::Parallel,
         attn: AttnRule {
@@ -192,6 +197,7 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
+        logit_scale: true,
         norm: NormKind::LayerNoBias,
         block: BlockForm::Parallel,
         ..attention_family(
@@ -551,6 +557,7 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
+        logit_scale: true,
         mlp: MlpRule {
             moe: Some(MoeRule {
                 experts: "num_local_experts",
@@ -709,6 +716,7 @@ pub const FAMILIES: &[Family] = &[
         )
     },
     Family {
+        logit_scale: true,
         pattern: Pattern::MambaHybrid,
         mlp: MlpRule {
             ffn: "shared_intermediate_size",

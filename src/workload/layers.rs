@@ -58,7 +58,8 @@ pub struct Attn {
     /// q_proj is twice as wide.
     #[serde(default)]
     pub output_gate: bool,
-    /// Share of the head width that is rotated (1 when all; GLM 0.5, Qwen3-Next 0.25).
+    /// Share of the head width that is rotated (1 when all; GLM 0.5, Qwen3-Next 0.25; 0 for
+    /// none, Llama 4's NoPE layers).
     #[serde(default = "one")]
     pub rotary_fraction: f64,
     /// tanh soft-capping of the scores.
@@ -197,6 +198,14 @@ pub struct MoeSpec {
     pub gating: Gating,
     /// The experts are gated (SwiGLU); false: up, activation, down (Nemotron's relu²).
     pub gated: bool,
+    /// gpt-oss's clamped SwiGLU, `(clamp(up) + 1) · g · σ(α·g)` with `g = clamp(gate)`: its
+    /// backward saves the clamped gate, the sigmoid, `up + 1` and the GLU besides the product.
+    #[serde(default)]
+    pub clamped: bool,
+    /// Every token goes through every expert, weighted by a score that is zero outside its top
+    /// k (Llama 4's `Llama4TextMoe` in transformers).
+    #[serde(default)]
+    pub all_tokens: bool,
 }
 
 /// The feed-forward part of a layer.

@@ -8,7 +8,7 @@ use crate::plan::autocast;
 use crate::plan::build::{prod, PlanError};
 use crate::plan::params::residual_dtype;
 use crate::plan::{DType, Role, Step, TensorIx};
-use crate::workload::layers::{Attn, Mixer, Window};
+use crate::workload::layers::{Attn, Mixer, QkNorm, Window};
 use crate::workload::{Attention, Checkpoint, Target, Workload};
 
 /// The kernels PyTorch's `scaled_dot_product_attention` dispatches to (which decides what its
@@ -125,7 +125,78 @@ impl T<'_> {
     fn flash_out_copied(&self, backend: SdpaBackend) -> bool {
         backend == SdpaBackend::Flash
             && self.spec.rope
-            && self.attn_layer().is_some_and(|a| a.rotary_fraction < 1.0)
+            && self
+                .attn_layer()
+                .is_some_and(|a| a.rotary_fraction > 0.0 && a.rotary_fraction < 1.0)
+    }
+
+    /// `x · rsqrt(mean(x²) + eps)` in fp32 over rows of `width` (`Llama4TextL2Norm`, cast
+    /// back with `type_as`): saves its fp32 input and the per-row rsqrt; the input goes unless
+    /// saved.
+    fn l2_norm(
+        &mut self,
+        name: &str,
+        x: TensorIx,
+        width: u64,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let xt = self.dtype(x);
+        let rows = self.b.tensor(x).elems() / width.max(1);
+        let shape = self.b.tensor(x).shape.clone();
+        let x32 = if xt == DType::F32 {
+            x
+        } else {
+            self.b.push(
+                &format!("{name}.x32"),
+                Role::Activations,
+                DType::F32,
+                &shape,
+                width,
+            )?
+        };
+        let r = self.b.push(
+            &format!("{name}.rsqrt"),
+            Role::Activations,
+            DType::F32,
+            &[rows, 1],
+            1,
+        )?;
+        let y32 = if xt == DType::F32 {
+            None
+        } else {
+            let n = format!("{name}.out32");
+            Some(
+                self.b
+                    .push(&n, Role::Workspace, DType::F32, &shape, width)?,
+            )
+        };
+        let y = self
+            .b
+            .push(&format!("{name}.out"), Role::Activations, xt, &shape, width)?;
+        self.norm_step(x, y, rows, width);
+        self.b.free_all(y32);
+        if self.saving && self.live {
+            if !saved.contains(&x32) {
+                saved.push(x32);
+            }
+            saved.push(r);
+        } else {
+            self.b.free(r);
+            if x32 != x {
+                self.b.free(x32);
+            }
+        }
+        if !saved.contains(&x) {
+            self.b.free(x);
+        }
+        Ok(y)
+    }
+
+    /// Scores with the sink's column, [b, a, s, s + 1].
+    fn sink_scores(&mut self, name: &str, role: Role, dtype: DType) -> Result<TensorIx, PlanError> {
+        let (bsz, a, s) = (self.bsz, self.a, self.s);
+        let w = s.saturating_add(1);
+        self.b.push(name, role, dtype, &[bsz, a, s, w], w)
     }
 
     /// A [b, heads, s, d] tensor (q, k or v in attention's layout).
@@ -195,7 +266,8 @@ impl T<'_> {
         };
         // RoPE: q·cos + rotate_half(q)·sin, new tensors in the promoted type of the projection
         // and the tables (fp32 under autocast); the multiplications save cos and sin only.
-        let (q, k) = if self.spec.rope {
+        let rope = self.spec.rope && self.attn_layer().is_none_or(|a| a.rotary_fraction > 0.0);
+        let (q, k) = if rope {
             let rt = autocast::promote(c, self.r);
             let qr = self.heads_t(&format!("{p}.q"), a, rt, Role::Activations)?;
             let kr = self.heads_t(&format!("{p}.k"), g, rt, Role::Activations)?;
@@ -215,6 +287,15 @@ impl T<'_> {
                 self.b.free(t);
             }
         }
+        // Llama 4: an L2 norm without weights over each rotated head.
+        let (q, k) = if self.attn_layer().is_some_and(|a| a.qk_norm == QkNorm::L2) {
+            let d = self.d;
+            let qn = self.l2_norm(&format!("{p}.q_l2"), q, d, saved)?;
+            let kn = self.l2_norm(&format!("{p}.k_l2"), k, d, saved)?;
+            (qn, kn)
+        } else {
+            (q, k)
+        };
         // use_cache: DynamicCache's update `torch.cat`s the key and value into copies that the
         // returned output holds, and attention reads those copies. transformers turns it off
         // under gradient checkpointing.
@@ -364,7 +445,33 @@ impl T<'_> {
             let capped = self.scores(&format!("{p}.attn.capped"), Role::Workspace, c)?;
             last = capped;
         }
-        let pt = if sm.fp32 && eager {
+        // Attention sinks (gpt-oss): a learned logit per head joins the scores as one more
+        // column (`torch.cat`), the row max is taken off (its backward saves the int64
+        // indices) and the softmax runs over s + 1 columns in the scores' type; the
+        // probabilities are its slice (a view) without the sink.
+        let sinks = eager && self.attn_layer().is_some_and(|l| l.sinks);
+        let mut sink_in = None;
+        if sinks {
+            let row = [bsz, a, s, 1];
+            let cat = self.sink_scores(&format!("{p}.attn.sinks_cat"), Role::Workspace, c)?;
+            let mx = self
+                .b
+                .push(&format!("{p}.attn.sinks_max"), Role::Workspace, c, &row, 1)?;
+            let idx = self.b.push(
+                &format!("{p}.attn.sinks_argmax"),
+                Role::Attention,
+                DType::I64,
+                &row,
+                1,
+            )?;
+            saved.push(idx);
+            let sub = self.sink_scores(&format!("{p}.attn.sinks_sub"), Role::Workspace, c)?;
+            self.b.free_all([cat, mx]);
+            sink_in = Some(sub);
+        }
+        let pt = if sinks {
+            c
+        } else if sm.fp32 && eager {
             DType::F32
         } else {
             self.out("softmax", &[c])
@@ -379,8 +486,13 @@ impl T<'_> {
         } else {
             None
         };
-        let probs = self.scores(&format!("{p}.attn.probs"), Role::Attention, pt)?;
+        let probs = if sinks {
+            self.sink_scores(&format!("{p}.attn.probs"), Role::Attention, pt)?
+        } else {
+            self.scores(&format!("{p}.attn.probs"), Role::Attention, pt)?
+        };
         self.b.free_all(widened);
+        self.b.free_all(sink_in);
         saved.push(probs);
         let mut pv = probs;
         // `.to(query.dtype)` (a no-op for an fp32 query: under autocast the rotated q is fp32),

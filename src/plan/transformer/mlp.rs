@@ -7,7 +7,7 @@ use crate::plan::autocast;
 use crate::plan::build::{prod, PlanError};
 use crate::plan::params::param_dtype;
 use crate::plan::{DType, Role, Step, TensorIx};
-use crate::workload::layers::MlpSpec;
+use crate::workload::layers::{MlpSpec, MoeSpec};
 use crate::workload::{Gelu, Target};
 
 impl T<'_> {
@@ -155,11 +155,16 @@ impl T<'_> {
         Ok(out)
     }
 
-    /// A sparse mixture of experts over `n2` as transformers 5.24 runs it by default
-    /// (`grouped_mm_experts_forward`): the router's logits and fp32 probabilities [T, E], top-k
-    /// indices; the tokens gathered by expert [T·k, h]; gate-up [T·k, 2f], act and product
-    /// [T·k, f], the down output [T·k, h] weighted by the routing weights; the sort, gather and
-    /// inverse-permutation indices (int64). A shared expert (Qwen2-MoE) runs over every token.
+    /// The layer's experts (its record, or the workload's).
+    fn moe_layer(&self) -> Option<MoeSpec> {
+        match self.layer.map(|l| l.mlp) {
+            Some(MlpSpec::Moe(e)) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// A sparse mixture of experts over `n2`: the router, the routed experts (grouped, or
+    /// every token through every expert for Llama 4), and a shared expert over every token.
     pub(super) fn mlp_moe(
         &mut self,
         p: &str,
@@ -167,13 +172,42 @@ impl T<'_> {
         n2: TensorIx,
         sm: &mut Vec<TensorIx>,
     ) -> Result<TensorIx, PlanError> {
-        let (h, c) = (self.h, self.c);
         let m = self
             .moe
             .ok_or_else(|| PlanError::Invalid("a mixture of experts needs experts".into()))?;
+        let (out, router, routed_out) = if self.moe_layer().is_some_and(|e| e.all_tokens) {
+            self.experts_all_tokens(p, pm, n2, sm)?
+        } else {
+            let (out, router) = self.experts_grouped(p, pm, n2, sm)?;
+            (out, router, None)
+        };
+        if m.shared_ffn > 0 {
+            self.shared_expert(p, pm, n2, m.shared_ffn, sm)?;
+        }
+        self.b.free_all(routed_out);
+        for x in router {
+            self.consumed(x, sm);
+        }
+        self.consumed(n2, sm);
+        Ok(out)
+    }
+
+    /// The routed experts as transformers 5.24 runs them by default
+    /// (`grouped_mm_experts_forward`): the router's logits and fp32 probabilities [T, E], top-k
+    /// indices; the tokens gathered by expert [T·k, h]; gate-up [T·k, 2f], act and product
+    /// [T·k, f], the down output [T·k, h] weighted by the routing weights; the sort, gather and
+    /// inverse-permutation indices (int64). Returns the output and the router's saved tensors.
+    fn experts_grouped(
+        &mut self,
+        p: &str,
+        pm: &str,
+        n2: TensorIx,
+        sm: &mut Vec<TensorIx>,
+    ) -> Result<(TensorIx, Vec<TensorIx>), PlanError> {
+        let (h, c) = (self.h, self.c);
         let t = self.rows();
         let (s_rows, fe) = self.routed()?;
-        let e = m.experts;
+        let e = self.moe.map_or(0, |m| m.experts);
         let logits = self.b.push(
             &format!("{p}.moe.router_logits"),
             Role::Activations,
@@ -230,16 +264,26 @@ impl T<'_> {
         }
         let gu = row(self, "gate_up", pt, 2 * fe)?;
         self.matmul_rows(pm, xg, gu, s_rows, 2 * fe, h);
+        // gpt-oss's clamped SwiGLU saves the clamped gate, `up + 1` and the GLU besides the
+        // sigmoid (act) and the product (measured: GptOssExperts on CPU).
+        let mut clamped = Vec::new();
+        if self.moe_layer().is_some_and(|e| e.clamped) {
+            for n in ["gate_clamped", "up_plus1", "glu"] {
+                clamped.push(row(self, n, pt, fe)?);
+            }
+        }
         let act = row(self, "act", pt, fe)?;
         let prod_ = row(self, "prod", pt, fe)?;
         let elems = s_rows.saturating_mul(fe);
         self.gated_kernels(gu, act, prod_, elems);
         sm.extend([xg, gu, act, prod_]);
+        sm.extend(clamped.iter().copied());
         // The gate's halves and act go with `_apply_gate`; the product after the down
         // projection, which the weighting replaces; the gathered tokens when the experts'
         // function returns.
-        self.consumed(gu, sm);
-        self.consumed(act, sm);
+        for x in [gu, act].into_iter().chain(clamped) {
+            self.consumed(x, sm);
+        }
         let down = row(self, "down", pt, h)?;
         self.matmul_rows(pm, prod_, down, s_rows, h, fe);
         sm.push(down);
@@ -249,42 +293,121 @@ impl T<'_> {
         let out = self.hidden_t(&format!("{p}.mlp.out"), Role::Activations, self.dtype(n2))?;
         self.b.free(weighted);
         self.consumed(xg, sm);
-        if m.shared_ffn > 0 {
-            // The shared expert (a SwiGLU over every token) and, where it has one (Qwen2-MoE,
-            // Qwen3-Next), its sigmoid gate [T, 1], whose product saves the expert's output;
-            // without (DeepSeek, GLM-4.5, Llama 4) the output is only added.
-            let gate = self.layer.is_none_or(|l| match l.mlp {
-                MlpSpec::Moe(e) => e.shared_gate,
-                _ => true,
-            });
-            let fs = m.shared_ffn;
-            let mut shared = Vec::new();
-            for n in ["shared.gate", "shared.up", "shared.act", "shared.prod"] {
-                shared.push(self.rows_t(&format!("{p}.moe.{n}"), Role::Activations, c, fs)?);
-            }
-            self.matmul(pm, n2, shared[0], fs, h);
-            self.matmul(pm, n2, shared[1], fs, h);
-            let so = self.hidden_t(&format!("{p}.moe.shared.out"), Role::Activations, c)?;
-            self.matmul(pm, shared[3], so, h, fs);
-            sm.extend(shared.iter().copied());
-            if gate {
-                let sg =
-                    self.rows_t(&format!("{p}.moe.shared.gate_sig"), Role::Activations, c, 1)?;
-                sm.extend([so, sg]);
-                shared.extend([so, sg]);
-            } else {
-                self.b.free(so);
-            }
-            if !self.saving {
-                for x in shared {
-                    self.consumed(x, sm);
-                }
+        Ok((out, vec![probs, index, weights]))
+    }
+
+    /// Llama 4's experts (`Llama4TextMoe`): every token goes through every expert. The router's
+    /// sigmoid scores [T, E] (zero outside the top k) and top-k indices; the input repeated E
+    /// times [E·T, h] and scaled by the scores (both saved); one batched matmul per projection
+    /// over [E, T, ·]: gate-up [E·T, 2f], act and product [E·T, f]; the down output summed over
+    /// the experts into [T, h] after the shared expert ran, so returned to be freed then
+    /// (measured: layer 1 of the llama4_text family rows).
+    #[allow(clippy::type_complexity)]
+    fn experts_all_tokens(
+        &mut self,
+        p: &str,
+        pm: &str,
+        n2: TensorIx,
+        sm: &mut Vec<TensorIx>,
+    ) -> Result<(TensorIx, Vec<TensorIx>, Option<TensorIx>), PlanError> {
+        let (h, c) = (self.h, self.c);
+        let t = self.rows();
+        let m = self
+            .moe
+            .ok_or_else(|| PlanError::Invalid("a mixture of experts needs experts".into()))?;
+        let (e, fe) = (m.experts, m.expert_ffn);
+        let r = prod(&[t, e], "the tokens times the experts")?;
+        let logits = self.b.push(
+            &format!("{p}.moe.router_logits"),
+            Role::Activations,
+            c,
+            &[t, e],
+            e,
+        )?;
+        self.matmul_rows(pm, n2, logits, t, e, h);
+        let index = self.b.push(
+            &format!("{p}.moe.index"),
+            Role::Activations,
+            DType::I64,
+            &[t, m.top_k],
+            m.top_k.max(1),
+        )?;
+        let scores = self.b.push(
+            &format!("{p}.moe.router_probs"),
+            Role::Activations,
+            c,
+            &[t, e],
+            e,
+        )?;
+        self.b.free(logits);
+        let pt = self.dtype(n2);
+        let row = |s: &mut Self, n: &str, w: u64| {
+            s.b.push(&format!("{p}.moe.{n}"), Role::Activations, pt, &[r, w], w)
+        };
+        let weights = self.b.push(
+            &format!("{p}.moe.weights"),
+            Role::Activations,
+            c,
+            &[r, 1],
+            1,
+        )?;
+        let repeated = row(self, "repeated", h)?;
+        let xg = row(self, "scaled", h)?;
+        sm.extend([index, scores, weights, repeated, xg]);
+        self.consumed(repeated, sm);
+        let gu = row(self, "gate_up", 2 * fe)?;
+        self.matmul_rows(pm, xg, gu, r, 2 * fe, h);
+        let act = row(self, "act", fe)?;
+        let prod_ = row(self, "prod", fe)?;
+        self.gated_kernels(gu, act, prod_, r.saturating_mul(fe));
+        sm.extend([gu, act, prod_]);
+        self.consumed(gu, sm);
+        self.consumed(act, sm);
+        self.consumed(xg, sm);
+        let down = row(self, "down", h)?;
+        self.matmul_rows(pm, prod_, down, r, h, fe);
+        self.consumed(prod_, sm);
+        let out = self.hidden_t(&format!("{p}.mlp.out"), Role::Activations, self.dtype(n2))?;
+        Ok((out, vec![index, scores, weights], Some(down)))
+    }
+
+    /// The shared expert (a SwiGLU over every token) and, where it has one (Qwen2-MoE,
+    /// Qwen3-Next), its sigmoid gate [T, 1], whose product saves the expert's output; without
+    /// (DeepSeek, GLM-4.5, Llama 4) the output is only added.
+    fn shared_expert(
+        &mut self,
+        p: &str,
+        pm: &str,
+        n2: TensorIx,
+        fs: u64,
+        sm: &mut Vec<TensorIx>,
+    ) -> Result<(), PlanError> {
+        let (h, c) = (self.h, self.c);
+        let gate = self.layer.is_none_or(|l| match l.mlp {
+            MlpSpec::Moe(e) => e.shared_gate,
+            _ => true,
+        });
+        let mut shared = Vec::new();
+        for n in ["shared.gate", "shared.up", "shared.act", "shared.prod"] {
+            shared.push(self.rows_t(&format!("{p}.moe.{n}"), Role::Activations, c, fs)?);
+        }
+        self.matmul(pm, n2, shared[0], fs, h);
+        self.matmul(pm, n2, shared[1], fs, h);
+        let so = self.hidden_t(&format!("{p}.moe.shared.out"), Role::Activations, c)?;
+        self.matmul(pm, shared[3], so, h, fs);
+        sm.extend(shared.iter().copied());
+        if gate {
+            let sg = self.rows_t(&format!("{p}.moe.shared.gate_sig"), Role::Activations, c, 1)?;
+            sm.extend([so, sg]);
+            shared.extend([so, sg]);
+        } else {
+            self.b.free(so);
+        }
+        if !self.saving {
+            for x in shared {
+                self.consumed(x, sm);
             }
         }
-        for x in [probs, index, weights] {
-            self.consumed(x, sm);
-        }
-        self.consumed(n2, sm);
-        Ok(out)
+        Ok(())
     }
 }

@@ -184,6 +184,10 @@ pub struct MoeRule {
     pub router_bias: bool,
     pub expert_bias: bool,
     pub gated: bool,
+    /// gpt-oss's clamped SwiGLU (`swiglu_limit`, `alpha`).
+    pub clamped: bool,
+    /// Every token through every expert (Llama 4).
+    pub all_tokens: bool,
 }
 
 pub(super) const DENSE: MlpRule = MlpRule {
@@ -388,12 +392,26 @@ impl Cfg<'_> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
     Attn(Window),
+    /// Attention without rotary positions (Llama 4's NoPE layers: full, no q/k norm).
+    NoPe,
     DeltaNet,
     Mamba,
     /// A block with no mixer (Nemotron-H's `-` and `E`).
     Mlp {
         moe: bool,
     },
+}
+
+/// Llama 4's RoPE flag per layer (`no_rope_layers`: 1 rotates, 0 is a NoPE layer), by default
+/// every `no_rope_layer_interval`-th layer (4) without.
+fn llama4_rope(c: &Cfg, n: u64) -> Result<Vec<u64>, ConfigError> {
+    Ok(match c.indices("no_rope_layers")? {
+        Some(v) if !v.is_empty() => v,
+        _ => {
+            let every = c.u("no_rope_layer_interval")?.unwrap_or(4);
+            (0..n).map(|i| u64::from((i + 1) % every != 0)).collect()
+        }
+    })
 }
 
 /// The kinds of the `n` layers.
@@ -435,11 +453,20 @@ fn kinds(c: &Cfg, n: u64) -> Result<Vec<Kind>, ConfigError> {
             ));
         }
         if !matches!(c.fam.pattern, Pattern::NemotronH) {
-            return types
+            let mut kinds = types
                 .iter()
                 .enumerate()
                 .map(|(i, t)| window_of(t, i))
-                .collect();
+                .collect::<Result<Vec<_>, _>>()?;
+            if matches!(c.fam.pattern, Pattern::Attention(Windows::Llama4Chunked)) {
+                // Llama 4 takes RoPE from `no_rope_layers`, whatever the layer's type.
+                for (k, flag) in kinds.iter_mut().zip(llama4_rope(c, n)?) {
+                    if flag == 0 {
+                        *k = Kind::NoPe;
+                    }
+                }
+            }
+            return Ok(kinds);
         }
     }
     let n_us = n as usize;
@@ -463,17 +490,12 @@ fn kinds(c: &Cfg, n: u64) -> Result<Vec<Kind>, ConfigError> {
                     (0..n).map(|i| slide((i + 1) % p != 0)).collect()
                 }
                 Windows::Llama4Chunked => {
-                    let flags = match c.indices("no_rope_layers")? {
-                        Some(v) if !v.is_empty() => v,
-                        _ => {
-                            let every = c.u("no_rope_layer_interval")?.unwrap_or(4);
-                            (0..n).map(|i| u64::from((i + 1) % every != 0)).collect()
-                        }
-                    };
+                    let flags = llama4_rope(c, n)?;
                     (0..n_us)
                         .map(|i| match (flags.get(i).copied().unwrap_or(1), chunk) {
                             (1, Some(w)) => Kind::Attn(Window::Chunked(w)),
-                            _ => Kind::Attn(Window::Full),
+                            (1, None) => Kind::Attn(Window::Full),
+                            _ => Kind::NoPe,
                         })
                         .collect()
                 }
@@ -635,6 +657,8 @@ fn moe_of(c: &Cfg, rule: &MoeRule) -> Result<MoeSpec, ConfigError> {
         expert_bias: rule.expert_bias,
         gating: rule.gating,
         gated: rule.gated,
+        clamped: rule.clamped,
+        all_tokens: rule.all_tokens,
     })
 }
 
@@ -744,6 +768,14 @@ pub fn layers(c: &Cfg, h: u64, n: u64) -> Result<Vec<LayerSpec>, ConfigError> {
         let i = i as u64;
         let mixer = match k {
             Kind::Attn(w) => attention_of(c, w, h)?,
+            Kind::NoPe => match attention_of(c, Window::Full, h)? {
+                Mixer::Attention(a) => Mixer::Attention(Attn {
+                    rotary_fraction: 0.0,
+                    qk_norm: QkNorm::None,
+                    ..a
+                }),
+                m => m,
+            },
             Kind::DeltaNet => Mixer::GatedDeltaNet(DeltaNet {
                 k_heads: c.req("linear_num_key_heads")?,
                 v_heads: c.req("linear_num_value_heads")?,

@@ -54,6 +54,8 @@ const DEEPSEEK_V3: Family = Family {
                 router_bias: false,
                 expert_bias: false,
                 gated: true,
+                clamped: false,
+                all_tokens: false,
             }),
             ..DENSE
         },
@@ -295,6 +297,8 @@ pub const FAMILIES: &[Family] = &[
                 router_bias: false,
                 expert_bias: false,
                 gated: true,
+                clamped: false,
+                all_tokens: false,
             }),
             ..DENSE
         },
@@ -323,6 +327,8 @@ pub const FAMILIES: &[Family] = &[
                 router_bias: false,
                 expert_bias: false,
                 gated: true,
+                clamped: false,
+                all_tokens: false,
             }),
             ..DENSE
         },
@@ -354,6 +360,8 @@ pub const FAMILIES: &[Family] = &[
                 router_bias: false,
                 expert_bias: false,
                 gated: true,
+                clamped: false,
+                all_tokens: false,
             }),
             ..DENSE
         },
@@ -391,6 +399,8 @@ pub const FAMILIES: &[Family] = &[
                 router_bias: false,
                 expert_bias: false,
                 gated: true,
+                clamped: false,
+                all_tokens: false,
             }),
             ..DENSE
         },
@@ -432,6 +442,8 @@ pub const FAMILIES: &[Family] = &[
                 router_bias: false,
                 expert_bias: false,
                 gated: true,
+                clamped: false,
+                all_tokens: false,
             }),
             ..DENSE
         },
@@ -466,6 +478,8 @@ pub const FAMILIES: &[Family] = &[
                 router_bias: true,
                 expert_bias: true,
                 gated: true,
+                clamped: true,
+                all_tokens: false,
             }),
             ..DENSE
         },
@@ -502,6 +516,8 @@ pub const FAMILIES: &[Family] = &[
                 router_bias: false,
                 expert_bias: false,
                 gated: true,
+                clamped: false,
+                all_tokens: true,
             }),
             ..DENSE
         },
@@ -541,6 +557,8 @@ pub const FAMILIES: &[Family] = &[
                 router_bias: false,
                 expert_bias: false,
                 gated: true,
+                clamped: false,
+                all_tokens: false,
             }),
             ..DENSE
         },
@@ -569,6 +587,8 @@ pub const FAMILIES: &[Family] = &[
                 router_bias: false,
                 expert_bias: false,
                 gated: true,
+                clamped: false,
+                all_tokens: false,
             }),
             ..DENSE
         },
@@ -599,6 +619,8 @@ pub const FAMILIES: &[Family] = &[
                 router_bias: false,
                 expert_bias: false,
                 gated: true,
+                clamped: false,
+                all_tokens: false,
             }),
             ..DENSE
         },
@@ -659,6 +681,8 @@ pub const FAMILIES: &[Family] = &[
                 router_bias: false,
                 expert_bias: false,
                 gated: false,
+                clamped: false,
+                all_tokens: false,
             }),
             ..DENSE
         },
@@ -730,6 +754,8 @@ pub const FAMILIES: &[Family] = &[
                 router_bias: false,
                 expert_bias: false,
                 gated: true,
+                clamped: false,
+                all_tokens: false,
             }),
             ..DENSE
         },

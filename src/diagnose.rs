@@ -143,6 +143,7 @@ fn finetune_remedies(w: &Workload, memory: u64) -> Result<Vec<Remedy>, PlanError
         double_quant: true,
         prepare: true,
         compute: Some(Precision::Bf16),
+        scope: Default::default(),
     });
     q.checkpoint = Checkpoint::Full;
     let mut ck = base.clone();
@@ -328,7 +329,7 @@ pub fn diagnose_on(
     if states > memory {
         remedies.extend(finetune_remedies(w, memory)?);
     }
-    let finetune = w.lora.is_some() || w.quant.is_some();
+    let finetune = w.lora.is_some() || w.quant.is_some_and(|q| q.kind.is_bnb());
     for zero in (1..=3u8).filter(|_| !finetune) {
         let n = fewest_gpus(w, zero, memory)?;
         remedies.push(Remedy {

@@ -143,7 +143,6 @@ fn finetune_remedies(w: &Workload, memory: u64) -> Result<Vec<Remedy>, PlanError
         double_quant: true,
         prepare: true,
         compute: Some(Precision::Bf16),
-        scope: Default::default(),
     });
     q.checkpoint = Checkpoint::Full;
     let mut ck = base.clone();

@@ -166,7 +166,6 @@ fn adapters_and_quantized_bases_hold_their_closed_forms() {
         double_quant: true,
         prepare: true,
         compute: Some(Precision::Bf16),
-        scope: Default::default(),
     });
     let q = Plan::for_workload(&w).unwrap();
     let layer_linears: [(u64, u64); 7] = [

@@ -115,15 +115,26 @@ pub enum QuantKind {
     Int8,
     /// OCP MX FP4 (`quant_method: "mxfp4"`, gpt-oss): the experts' weights as 4-bit values in
     /// blocks of 32 along the input, one uint8 e8m0 scale per block.
-    Mxfp4,
+    Mxfp4 { scope: Scope },
     /// FP8 e4m3 weights (`quant_method: "fp8"`) with an fp32 `weight_scale_inv` per
     /// `[rows, cols]` block (`weight_block_size`), or one per tensor when `block` is None.
-    Fp8 { block: Option<[u64; 2]> },
+    Fp8 {
+        block: Option<[u64; 2]>,
+        scope: Scope,
+    },
     /// GPTQ (`quant_method: "gptq"`): packed int32 `qweight`, `qzeros`, fp16 `scales` per group
     /// of `group` inputs (None: one group, `group_size: -1`) and an int32 `g_idx`.
-    Gptq { bits: u64, group: Option<u64> },
+    Gptq {
+        bits: u64,
+        group: Option<u64>,
+        scope: Scope,
+    },
     /// AWQ GEMM (`quant_method: "awq"`): packed int32 `qweight`, `qzeros`, fp16 `scales`.
-    Awq { bits: u64, group: Option<u64> },
+    Awq {
+        bits: u64,
+        group: Option<u64>,
+        scope: Scope,
+    },
 }
 
 impl QuantKind {
@@ -132,7 +143,7 @@ impl QuantKind {
             QuantKind::Nf4 => "nf4",
             QuantKind::Fp4 => "fp4",
             QuantKind::Int8 => "int8",
-            QuantKind::Mxfp4 => "mxfp4",
+            QuantKind::Mxfp4 { .. } => "mxfp4",
             QuantKind::Fp8 { .. } => "fp8",
             QuantKind::Gptq { .. } => "gptq",
             QuantKind::Awq { .. } => "awq",
@@ -145,6 +156,16 @@ impl QuantKind {
     /// A bitsandbytes layout (a QLoRA-style frozen base), not a checkpoint's own format.
     pub fn is_bnb(self) -> bool {
         matches!(self, QuantKind::Nf4 | QuantKind::Fp4 | QuantKind::Int8)
+    }
+    /// The linears stored in this format (bitsandbytes: every linear of each layer).
+    pub fn scope(self) -> Scope {
+        match self {
+            QuantKind::Mxfp4 { scope }
+            | QuantKind::Fp8 { scope, .. }
+            | QuantKind::Gptq { scope, .. }
+            | QuantKind::Awq { scope, .. } => scope,
+            _ => Scope::LINEARS,
+        }
     }
 }
 
@@ -179,12 +200,6 @@ impl Scope {
     };
 }
 
-impl Scope {
-    fn is_linears(&self) -> bool {
-        *self == Scope::LINEARS
-    }
-}
-
 impl Default for Scope {
     fn default() -> Scope {
         Scope::LINEARS
@@ -209,20 +224,16 @@ pub struct Quant {
     /// stays in the precision's type).
     #[serde(default = "yes")]
     pub prepare: bool,
-    /// The linears a checkpoint's method quantized (bitsandbytes: all of each layer's).
-    #[serde(default, skip_serializing_if = "Scope::is_linears")]
-    pub scope: Scope,
 }
 
 impl Quant {
-    /// A checkpoint stored in `kind` (not bitsandbytes) over the linears of `scope`.
-    pub fn stored(kind: QuantKind, scope: Scope) -> Quant {
+    /// A checkpoint stored in `kind` (not bitsandbytes).
+    pub fn stored(kind: QuantKind) -> Quant {
         Quant {
             kind,
             double_quant: false,
             compute: None,
             prepare: false,
-            scope,
         }
     }
 }

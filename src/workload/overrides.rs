@@ -626,7 +626,6 @@ fn apply_finetune(
             double_quant: kind.is_4bit(),
             compute: None,
             prepare: true,
-            scope: Default::default(),
         });
     }
     if let Some(v) = &args.kbit_prep {

@@ -27,26 +27,27 @@ use super::layers::{LayerSpec, Mixer, MlpSpec, NormKind};
 pub fn weight_bytes(kind: QuantKind, out: u64, inp: u64) -> u64 {
     let n = out.saturating_mul(inp);
     match kind {
-        QuantKind::Mxfp4 => {
+        QuantKind::Mxfp4 { .. } => {
             let blocks = out.saturating_mul(inp.div_ceil(32));
             blocks.saturating_mul(17)
         }
         QuantKind::Fp8 {
             block: Some([bn, bk]),
+            ..
         } => {
             let scales = out
                 .div_ceil(bn.max(1))
                 .saturating_mul(inp.div_ceil(bk.max(1)));
             n.saturating_add(scales.saturating_mul(4))
         }
-        QuantKind::Fp8 { block: None } => n.saturating_add(4),
-        QuantKind::Gptq { bits, group } => {
+        QuantKind::Fp8 { block: None, .. } => n.saturating_add(4),
+        QuantKind::Gptq { bits, group, .. } => {
             let g = groups(inp, group);
             packed(inp, bits, out)
                 .saturating_add(zeros_scales(g, out, bits))
                 .saturating_add(inp.saturating_mul(4))
         }
-        QuantKind::Awq { bits, group } => {
+        QuantKind::Awq { bits, group, .. } => {
             packed(out, bits, inp).saturating_add(zeros_scales(groups(inp, group), out, bits))
         }
         // bitsandbytes: counted by finetune::quantized_bytes.
@@ -177,12 +178,12 @@ fn selected(s: Scope, p: Part) -> bool {
     }
 }
 
-/// Bytes of `elems` parameters of which `lins` (those `q.scope` selects) are stored quantized,
+/// Bytes of `elems` parameters of which `lins` (those `q.kind`'s scope selects) are stored quantized,
 /// the rest at `rest` bytes each.
 fn block_bytes(q: &Quant, elems: u64, lins: &[Lin], rest: u64) -> u64 {
     let mut bytes = 0u64;
     let mut weights = 0u64;
-    for l in lins.iter().filter(|l| selected(q.scope, l.part)) {
+    for l in lins.iter().filter(|l| selected(q.kind.scope(), l.part)) {
         let one = weight_bytes(q.kind, l.out, l.inp);
         bytes = bytes.saturating_add(one.saturating_mul(l.count));
         weights = weights.saturating_add(l.out.saturating_mul(l.inp).saturating_mul(l.count));
@@ -210,13 +211,20 @@ mod tests {
         // DeepSeek-V3 q_a_proj: (1536, 7168) F8_E4M3 + (12, 56) F32.
         let fp8 = QuantKind::Fp8 {
             block: Some([128, 128]),
+            scope: Scope::LINEARS,
         };
         assert_eq!(weight_bytes(fp8, 1536, 7168), 11_010_048 + 2_688);
         // kv_a_proj_with_mqa: 576 rows round up to 5 scale rows.
         assert_eq!(weight_bytes(fp8, 576, 7168), 4_128_768 + 1_120);
         // gpt-oss down_proj of one expert: blocks [2880, 90, 16] + scales [2880, 90].
         assert_eq!(
-            weight_bytes(QuantKind::Mxfp4, 2880, 2880),
+            weight_bytes(
+                QuantKind::Mxfp4 {
+                    scope: Scope::EXPERTS
+                },
+                2880,
+                2880
+            ),
             2880 * 90 * 16 + 2880 * 90
         );
         // GPTQ 4-bit g128 [3584 → 18944]: qweight [448, 18944] + qzeros [28, 2368] + scales
@@ -224,6 +232,7 @@ mod tests {
         let gptq = QuantKind::Gptq {
             bits: 4,
             group: Some(128),
+            scope: Scope::LINEARS,
         };
         let want = 448 * 18944 * 4 + 28 * 2368 * 4 + 28 * 18944 * 2 + 3584 * 4;
         assert_eq!(weight_bytes(gptq, 18944, 3584), want);
@@ -231,12 +240,14 @@ mod tests {
         let awq = QuantKind::Awq {
             bits: 4,
             group: Some(128),
+            scope: Scope::LINEARS,
         };
         assert_eq!(weight_bytes(awq, 18944, 3584), want - 3584 * 4);
         // group_size -1: one group.
         let pc = QuantKind::Gptq {
             bits: 8,
             group: None,
+            scope: Scope::LINEARS,
         };
         assert_eq!(
             weight_bytes(pc, 64, 256),
@@ -278,7 +289,9 @@ mod tests {
     fn mxfp4_quantizes_only_the_experts() {
         // A gpt-oss-20b layer: attention and router bf16, experts MXFP4 with bf16 biases.
         let l = moe_layer();
-        let q = Quant::stored(QuantKind::Mxfp4, Scope::EXPERTS);
+        let q = Quant::stored(QuantKind::Mxfp4 {
+            scope: Scope::EXPERTS,
+        });
         let p = l.params(2880, NormKind::Rms);
         let (mixer, mlp) = layer_bytes(&q, &l, 2880, NormKind::Rms, 2);
         assert_eq!(mixer, 2 * p.mixer);

@@ -22,16 +22,25 @@ pub(super) fn read(path: &str, root: &Obj) -> Result<Option<Quant>, ConfigError>
         return Ok(None);
     };
     let skip = skipped(path, q)?;
-    let stored = |kind: QuantKind, scope: Scope| -> Result<Option<Quant>, ConfigError> {
-        Ok(Some(Quant::stored(kind, scope)))
-    };
+    let stored =
+        |kind: QuantKind| -> Result<Option<Quant>, ConfigError> { Ok(Some(Quant::stored(kind))) };
     match method {
         "bitsandbytes" => bnb(path, q),
         // transformers swaps only the experts (`Mxfp4GptOssExperts`); attention stays 16-bit.
-        "mxfp4" => stored(QuantKind::Mxfp4, and(Scope::EXPERTS, skip)),
-        "fp8" => stored(fp8(path, q)?, skip),
-        "gptq" => stored(gptq(path, q)?, skip),
-        "awq" => stored(awq(path, q)?, skip),
+        "mxfp4" => stored(QuantKind::Mxfp4 {
+            scope: and(Scope::EXPERTS, skip),
+        }),
+        "fp8" => stored(fp8(path, q, skip)?),
+        "gptq" => stored(QuantKind::Gptq {
+            bits: bits(path, q)?,
+            group: group(path, q)?,
+            scope: skip,
+        }),
+        "awq" => stored(QuantKind::Awq {
+            bits: bits(path, q)?,
+            group: group(path, q)?,
+            scope: skip,
+        }),
         "compressed-tensors" => Err(field_err(
             path,
             field,
@@ -102,7 +111,7 @@ fn uint(path: &str, q: &Obj, key: &str) -> Result<Option<u64>, ConfigError> {
 
 /// Block-wise FP8 (transformers' `FineGrainedFP8Config`, DeepSeek-V3's `weight_block_size`
 /// `[128, 128]`); none: one scale per tensor.
-fn fp8(path: &str, q: &Obj) -> Result<QuantKind, ConfigError> {
+fn fp8(path: &str, q: &Obj, scope: Scope) -> Result<QuantKind, ConfigError> {
     let key = "quantization_config.weight_block_size";
     let block = match q.get("weight_block_size") {
         None | Some(Json::Null) => None,
@@ -125,7 +134,7 @@ fn fp8(path: &str, q: &Obj) -> Result<QuantKind, ConfigError> {
             ))
         }
     };
-    Ok(QuantKind::Fp8 { block })
+    Ok(QuantKind::Fp8 { block, scope })
 }
 
 /// Weight bits (2, 3, 4 or 8) from `bits` (or AutoAWQ's `w_bit`).
@@ -159,20 +168,6 @@ fn group(path: &str, q: &Obj) -> Result<Option<u64>, ConfigError> {
         return Ok(None);
     }
     uint(path, q, key)
-}
-
-fn gptq(path: &str, q: &Obj) -> Result<QuantKind, ConfigError> {
-    Ok(QuantKind::Gptq {
-        bits: bits(path, q)?,
-        group: group(path, q)?,
-    })
-}
-
-fn awq(path: &str, q: &Obj) -> Result<QuantKind, ConfigError> {
-    Ok(QuantKind::Awq {
-        bits: bits(path, q)?,
-        group: group(path, q)?,
-    })
 }
 
 /// A bitsandbytes `quantization_config` (as transformers writes it for `load_in_4bit` /
@@ -219,6 +214,5 @@ fn bnb(path: &str, q: &Obj) -> Result<Option<Quant>, ConfigError> {
         double_quant: kind.is_4bit() && flag("bnb_4bit_use_double_quant"),
         compute: compute.filter(|_| kind.is_4bit()),
         prepare: true,
-        scope: Scope::LINEARS,
     }))
 }

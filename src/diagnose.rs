@@ -328,7 +328,7 @@ pub fn diagnose_on(
     if states > memory {
         remedies.extend(finetune_remedies(w, memory)?);
     }
-    let finetune = w.lora.is_some() || w.quant.is_some();
+    let finetune = w.lora.is_some() || w.quant.is_some_and(|q| q.kind.is_bnb());
     for zero in (1..=3u8).filter(|_| !finetune) {
         let n = fewest_gpus(w, zero, memory)?;
         remedies.push(Remedy {

@@ -292,8 +292,13 @@ pub fn describe(w: &Workload) -> String {
     }
     if let Some(q) = &w.quant {
         s.push_str(&format!(
-            ", {} base{}",
+            ", {} {}{}",
             q.kind.name(),
+            if q.kind.is_bnb() {
+                "base"
+            } else {
+                "weights as stored"
+            },
             if q.double_quant {
                 " (double quant)"
             } else {

@@ -1,5 +1,7 @@
-//! Fine-tuning settings: PEFT LoRA adapters (`--lora`) over a frozen base, and bitsandbytes'
-//! quantized bases (`--quant`), as transformers and PEFT load and run them.
+//! Fine-tuning settings: PEFT LoRA adapters (`--lora`) over a frozen base, bitsandbytes'
+//! quantized bases (`--quant`), as transformers and PEFT load and run them, and the formats
+//! checkpoints ship quantized (a config's `quantization_config`: MXFP4, block-wise FP8, GPTQ,
+//! AWQ; their bytes in `workload::stored`).
 
 use serde::{Deserialize, Serialize};
 
@@ -100,7 +102,8 @@ impl Lora {
     }
 }
 
-/// How bitsandbytes stores the frozen base's linear weights.
+/// How the frozen base's linear weights are stored: bitsandbytes' layouts (loaded from a 16-bit
+/// model, `--quant`), or a checkpoint's own quantized tensors (`quantization_config`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum QuantKind {
@@ -110,6 +113,28 @@ pub enum QuantKind {
     Fp4,
     /// `load_in_8bit`: LLM.int8() with int8 weights and fp32 row scales.
     Int8,
+    /// OCP MX FP4 (`quant_method: "mxfp4"`, gpt-oss): the experts' weights as 4-bit values in
+    /// blocks of 32 along the input, one uint8 e8m0 scale per block.
+    Mxfp4 { scope: Scope },
+    /// FP8 e4m3 weights (`quant_method: "fp8"`) with an fp32 `weight_scale_inv` per
+    /// `[rows, cols]` block (`weight_block_size`), or one per tensor when `block` is None.
+    Fp8 {
+        block: Option<[u64; 2]>,
+        scope: Scope,
+    },
+    /// GPTQ (`quant_method: "gptq"`): packed int32 `qweight`, `qzeros`, fp16 `scales` per group
+    /// of `group` inputs (None: one group, `group_size: -1`) and an int32 `g_idx`.
+    Gptq {
+        bits: u64,
+        group: Option<u64>,
+        scope: Scope,
+    },
+    /// AWQ GEMM (`quant_method: "awq"`): packed int32 `qweight`, `qzeros`, fp16 `scales`.
+    Awq {
+        bits: u64,
+        group: Option<u64>,
+        scope: Scope,
+    },
 }
 
 impl QuantKind {
@@ -118,10 +143,66 @@ impl QuantKind {
             QuantKind::Nf4 => "nf4",
             QuantKind::Fp4 => "fp4",
             QuantKind::Int8 => "int8",
+            QuantKind::Mxfp4 { .. } => "mxfp4",
+            QuantKind::Fp8 { .. } => "fp8",
+            QuantKind::Gptq { .. } => "gptq",
+            QuantKind::Awq { .. } => "awq",
         }
     }
+    /// bitsandbytes' 4-bit types (nf4, fp4).
     pub fn is_4bit(self) -> bool {
-        self != QuantKind::Int8
+        matches!(self, QuantKind::Nf4 | QuantKind::Fp4)
+    }
+    /// A bitsandbytes layout (a QLoRA-style frozen base), not a checkpoint's own format.
+    pub fn is_bnb(self) -> bool {
+        matches!(self, QuantKind::Nf4 | QuantKind::Fp4 | QuantKind::Int8)
+    }
+    /// The linears stored in this format (bitsandbytes: every linear of each layer).
+    pub fn scope(self) -> Scope {
+        match self {
+            QuantKind::Mxfp4 { scope }
+            | QuantKind::Fp8 { scope, .. }
+            | QuantKind::Gptq { scope, .. }
+            | QuantKind::Awq { scope, .. } => scope,
+            _ => Scope::LINEARS,
+        }
+    }
+}
+
+/// Which linears of a decoder layer a checkpoint's method stores quantized (the rest, with
+/// norms, biases, routers, embeddings and head, stays in the config's dtype).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scope {
+    /// The mixer's projections (attention q/k/v/o, MLA's, the recurrent mixers' in/out).
+    pub mixer: bool,
+    /// A dense MLP's projections.
+    pub dense: bool,
+    /// The routed experts' projections.
+    pub experts: bool,
+    /// The shared experts' projections.
+    pub shared: bool,
+}
+
+impl Scope {
+    /// Every linear of a layer but the router (bitsandbytes, FP8, GPTQ, AWQ).
+    pub const LINEARS: Scope = Scope {
+        mixer: true,
+        dense: true,
+        experts: true,
+        shared: true,
+    };
+    /// The routed experts only (MXFP4: transformers swaps only `GptOssExperts`).
+    pub const EXPERTS: Scope = Scope {
+        mixer: false,
+        dense: false,
+        experts: true,
+        shared: false,
+    };
+}
+
+impl Default for Scope {
+    fn default() -> Scope {
+        Scope::LINEARS
     }
 }
 
@@ -145,6 +226,18 @@ pub struct Quant {
     pub prepare: bool,
 }
 
+impl Quant {
+    /// A checkpoint stored in `kind` (not bitsandbytes).
+    pub fn stored(kind: QuantKind) -> Quant {
+        Quant {
+            kind,
+            double_quant: false,
+            compute: None,
+            prepare: false,
+        }
+    }
+}
+
 fn yes() -> bool {
     true
 }
@@ -157,11 +250,13 @@ fn yes() -> bool {
 /// code table copied per weight, `functional.py:677, 939-940`), and the 16-entry fp32 code of
 /// the 4-bit type (`get_4bit_type`, `:854`). 8-bit (`Int8Params._quantize`,
 /// `nn/modules.py:737-747`): int8 `[out, in]` plus an fp32 scale per output row.
+///
+/// A checkpoint's own formats: `super::stored::weight_bytes`.
 pub fn quantized_bytes(kind: QuantKind, double_quant: bool, out: u64, inp: u64) -> u64 {
     let n = out.saturating_mul(inp);
     match kind {
         QuantKind::Int8 => n.saturating_add(out.saturating_mul(4)),
-        _ => {
+        QuantKind::Nf4 | QuantKind::Fp4 => {
             let blocks = n.div_ceil(64);
             let packed = n.div_ceil(2);
             let code = 16 * 4;
@@ -173,6 +268,7 @@ pub fn quantized_bytes(kind: QuantKind, double_quant: bool, out: u64, inp: u64) 
             };
             packed.saturating_add(stats).saturating_add(code)
         }
+        _ => super::stored::weight_bytes(kind, out, inp),
     }
 }
 

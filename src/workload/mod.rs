@@ -10,10 +10,11 @@ pub mod overrides;
 pub mod parallel;
 pub mod presets;
 pub mod serve;
+pub mod stored;
 
 use serde::{Deserialize, Serialize};
 
-pub use finetune::{Lora, Quant, QuantKind, Target};
+pub use finetune::{Lora, Quant, QuantKind, Scope, Target};
 
 /// Model family: decides the layer structure a plan builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -389,7 +390,8 @@ pub struct Workload {
     /// LoRA adapters over a frozen base (`--lora`): only the adapters train.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<Lora>,
-    /// A bitsandbytes-quantized frozen base (`--quant`, a config's `quantization_config`).
+    /// A quantized frozen base: bitsandbytes' (`--quant`, a config's `quantization_config`) or
+    /// a checkpoint's own format (MXFP4, FP8, GPTQ, AWQ; inference and serving only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quant: Option<Quant>,
     /// The serving engine's settings (`--mode serve`).

@@ -632,8 +632,8 @@ fn apply_finetune(
         let on = parse_dropout(v)
             .map_err(|_| usage("kbit-prep", format!("expected on or off, not '{v}'")))?;
         match w.quant.as_mut() {
-            Some(q) => q.prepare = on,
-            None => return Err(usage("kbit-prep", "needs --quant nf4|fp4|int8")),
+            Some(q) if q.kind.is_bnb() => q.prepare = on,
+            _ => return Err(usage("kbit-prep", "needs --quant nf4|fp4|int8")),
         }
     }
     if let Some(v) = &args.double_quant {
@@ -660,6 +660,9 @@ fn apply_finetune(
             Some(_) => return Err(usage("quant-compute", "applies to 4-bit bases (nf4, fp4)")),
             None => return Err(usage("quant-compute", "needs --quant nf4|fp4")),
         }
+    }
+    if let Some(q) = w.quant.filter(|q| !q.kind.is_bnb()) {
+        return stored_base(w, q.kind);
     }
     if w.lora.is_none() && w.quant.is_none() {
         return Ok(());
@@ -710,6 +713,20 @@ fn apply_finetune(
         warnings.push("--quant: gradient checkpointing on, as prepare_model_for_kbit_training sets it (--checkpoint none to turn it off)".into());
     }
     Ok(())
+}
+
+/// A checkpoint stored in its own quantized format (a config's mxfp4, fp8, gptq or awq
+/// `quantization_config`): its weights are sized for inference and serving; training it (PEFT
+/// over GPTQ/AWQ layers, FP8 or MXFP4 training kernels) is not modelled, so it is refused.
+fn stored_base(w: &Workload, kind: crate::workload::QuantKind) -> Result<(), CliError> {
+    let m = kind.name();
+    if w.lora.is_none() && w.inference() {
+        return Ok(());
+    }
+    Err(usage(
+        if w.lora.is_some() { "lora" } else { "mode" },
+        format!("training a checkpoint stored as {m} is not modelled: use --mode inference or serve, or the unquantized model's config (with --lora, or --quant nf4 for QLoRA)"),
+    ))
 }
 
 /// Resolve the workload and print its warnings to stderr (`log::warn`).

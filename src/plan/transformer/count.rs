@@ -179,6 +179,9 @@ fn adapter_pieces(w: &Workload, i: u64) -> Result<Vec<Piece>, PlanError> {
 /// adapters, fp32 (`autocast_adapter_dtype`), follow each layer's blocks.
 pub fn pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
     let base = base_pieces(w)?;
+    if let Some(q) = w.quant.filter(|q| !q.kind.is_bnb()) {
+        return Ok(stored_pieces(w, &q, base));
+    }
     if w.lora.is_none() && w.quant.is_none() {
         return Ok(base);
     }
@@ -238,9 +241,38 @@ pub fn pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
     Ok(out)
 }
 
+/// The parameter groups of a checkpoint stored quantized (`workload::stored`), as inference and
+/// serving hold them: each layer's mixer and MLP as the bytes of its quantized linears plus its
+/// other parameters in the precision's type (a `U8` piece), the embedding, head and vision
+/// tower unchanged. Training such a checkpoint is refused at the command line; a plan built for
+/// training keeps the 16-bit pieces.
+fn stored_pieces(w: &Workload, q: &crate::workload::Quant, base: Vec<Piece>) -> Vec<Piece> {
+    let Some(m) = w.model.as_ref().filter(|_| w.inference()) else {
+        return base;
+    };
+    let rest = crate::plan::params::param_dtype(w.precision).bytes();
+    let layer = |name: &str| -> Option<(usize, bool)> {
+        let (i, block) = name.strip_prefix('L')?.split_once('.')?;
+        Some((i.parse().ok()?, block == "attn"))
+    };
+    let mut out = base;
+    for p in &mut out {
+        p.frozen = true;
+        let Some((i, attn)) = layer(&p.name) else {
+            continue;
+        };
+        let Some(l) = m.layers.get(i) else { continue };
+        let (mixer, mlp) = crate::workload::stored::layer_bytes(q, l, m.hidden, m.norm, rest);
+        p.elems = if attn { mixer } else { mlp };
+        p.largest = p.elems;
+        p.dtype = Some(DType::U8);
+    }
+    out
+}
+
 /// Parameters that train: the adapters' under LoRA (none under a bare quantized base), else all.
 pub fn trainable_count(w: &Workload) -> Result<u64, PlanError> {
-    if w.lora.is_none() && w.quant.is_none() {
+    if w.lora.is_none() && !w.quant.is_some_and(|q| q.kind.is_bnb()) {
         return param_count(w);
     }
     adapter_params(w)

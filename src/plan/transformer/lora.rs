@@ -68,7 +68,7 @@ impl T<'_> {
     /// The base is frozen (adapters or a quantized base): its linears save no input for a
     /// weight gradient and its norms no x̂.
     pub(super) fn frozen(&self) -> bool {
-        self.w.lora.is_some() || self.w.quant.is_some()
+        self.w.lora.is_some() || self.w.quant.is_some_and(|q| q.kind.is_bnb())
     }
 
     /// Whether LoRA adapts one of `targets`.
@@ -103,7 +103,9 @@ impl T<'_> {
         out: u64,
         inp: u64,
     ) -> Result<(), PlanError> {
-        let Some(q) = self.w.quant else {
+        // A checkpoint's own format (FP8, MXFP4, GPTQ, AWQ) runs in fused kernels that read
+        // the stored weight in place: no dequantized copy is modelled.
+        let Some(q) = self.w.quant.filter(|q| q.kind.is_bnb()) else {
             self.matmul(piece, x, y, out, inp);
             return Ok(());
         };
@@ -194,6 +196,8 @@ impl T<'_> {
                 tmp.extend([ca, sca, acc]);
                 self.matmul(piece, x, y, out, inp);
             }
+            // Filtered out above.
+            _ => self.matmul(piece, x, y, out, inp),
         }
         self.b.free_all(tmp);
         Ok(())
@@ -315,7 +319,7 @@ impl T<'_> {
                 }
             }
             // (Backward runs only in training, where 4-bit and 8-bit layers both dequantize.)
-            if self.w.quant.is_some() {
+            if self.w.quant.is_some_and(|q| q.kind.is_bnb()) {
                 let dt = crate::plan::params::compute_dtype(self.w.precision);
                 tmp.push(self.b.push(
                     &format!("{piece}.dequant_bwd"),

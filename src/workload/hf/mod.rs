@@ -15,6 +15,7 @@
 //! Python's `json` writes `Infinity`, `-Infinity` and `NaN` for non-finite floats: they are read.
 
 pub mod families;
+mod quant;
 mod table;
 pub mod vision;
 
@@ -348,63 +349,6 @@ impl Fields<'_> {
 }
 
 /// Read a decoder LLM's config.json (see the module doc).
-/// A bitsandbytes `quantization_config` (as transformers writes it for `load_in_4bit` /
-/// `load_in_8bit` checkpoints): the quantized base it loads. transformers' defaults
-/// (`BitsAndBytesConfig`, 5.24 `utils/quantization_config.py:444-478`): quant type fp4, no double
-/// quantization, compute fp32. Other methods (GPTQ, AWQ, FP8) are not read: their weights are
-/// counted in the config's dtype.
-fn bnb_quant(
-    path: &str,
-    root: &serde_json::Map<String, Json>,
-) -> Result<Option<super::Quant>, ConfigError> {
-    let Some(Json::Object(q)) = root.get("quantization_config") else {
-        return Ok(None);
-    };
-    if q.get("quant_method").and_then(Json::as_str) != Some("bitsandbytes") {
-        return Ok(None);
-    }
-    let flag = |k: &str| q.get(k).and_then(Json::as_bool).unwrap_or(false);
-    let kind = if flag("load_in_4bit") {
-        match q
-            .get("bnb_4bit_quant_type")
-            .and_then(Json::as_str)
-            .unwrap_or("fp4")
-        {
-            "nf4" => super::QuantKind::Nf4,
-            "fp4" => super::QuantKind::Fp4,
-            other => {
-                return Err(field_err(
-                    path,
-                    "quantization_config.bnb_4bit_quant_type",
-                    format!("unknown 4-bit type '{other}' (nf4, fp4)"),
-                ))
-            }
-        }
-    } else if flag("load_in_8bit") {
-        super::QuantKind::Int8
-    } else {
-        return Ok(None);
-    };
-    let compute = match q.get("bnb_4bit_compute_dtype").and_then(Json::as_str) {
-        Some("bfloat16") => Some(super::Precision::Bf16),
-        Some("float16") => Some(super::Precision::Fp16),
-        Some("float32") | None => Some(super::Precision::Fp32),
-        Some(other) => {
-            return Err(field_err(
-                path,
-                "quantization_config.bnb_4bit_compute_dtype",
-                format!("unsupported dtype '{other}' (float32, float16, bfloat16)"),
-            ))
-        }
-    };
-    Ok(Some(super::Quant {
-        kind,
-        double_quant: kind.is_4bit() && flag("bnb_4bit_use_double_quant"),
-        compute: compute.filter(|_| kind.is_4bit()),
-        prepare: true,
-    }))
-}
-
 fn load_llm(
     path: &str,
     root: &serde_json::Map<String, Json>,
@@ -486,7 +430,7 @@ fn load_llm(
             ))
         }
     };
-    w.quant = bnb_quant(path, root)?;
+    w.quant = quant::read(path, root)?;
     if arch == Arch::Gemma2 {
         w.attention = super::Attention::Naive;
         w.logit_softcap = c.f("final_logit_softcapping")?.is_some();

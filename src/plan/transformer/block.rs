@@ -1,0 +1,470 @@
+//! One layer of a transformer step: its forward (the attention block, then the MLP block, each
+//! a backward frame of what it saved) and its backward, block by block.
+
+use super::{decoder, fsdp_layer, lora, Block, Frame, Mlp, T};
+use crate::plan::build::PlanError;
+use crate::plan::{Phase, Role, TensorIx};
+use crate::workload::layers::{BlockForm, MlpSpec};
+use crate::workload::Target;
+
+impl T<'_> {
+    /// One layer's forward reading `x`: its two frames and its output (a new tensor). `owned`:
+    /// nothing outside the layer keeps `x` (it goes after the residual add unless saved). Not
+    /// `saving` (no_grad), each intermediate goes once its last reader ran.
+    fn layer(
+        &mut self,
+        i: u64,
+        p: &str,
+        x: TensorIx,
+        out_name: &str,
+        saving: bool,
+        owned: bool,
+    ) -> Result<(Frame, Frame, TensorIx), PlanError> {
+        self.saving = saving;
+        self.live_in = self.live;
+        self.enter_layer(i);
+        self.unshard_layer(i)?;
+        let (pa, pm) = (format!("L{i}.attn"), format!("L{i}.mlp"));
+        let mut sa = Vec::new();
+        let (n1, x2) = self.attn_block(p, &pa, x, &mut sa)?;
+        // The residual add was the input's last reader, but the model's loop variable keeps it
+        // until the layer returns: an owned input goes then, unless a norm saved it (not
+        // saving, nothing is kept).
+        if !saving {
+            let done: Vec<TensorIx> = sa.drain(..).filter(|&t| t != x).collect();
+            self.b.free_all(done);
+        }
+        if owned && !sa.contains(&x) {
+            if self.w.is_decoder_llm() {
+                self.layer_tail.push(x);
+            } else {
+                self.b.free(x);
+            }
+        }
+        let mut sm = Vec::new();
+        let out = self.mlp_block(p, &pm, x2, n1, out_name, &mut sm)?;
+        if !sm.contains(&x2) {
+            self.b.free(x2);
+        }
+        if self.parallel_block() && !saving {
+            self.b.free(n1);
+        }
+        if !saving {
+            let done = std::mem::take(&mut sm);
+            self.b.free_all(done);
+        }
+        let tail = std::mem::take(&mut self.layer_tail);
+        self.b.free_all(tail);
+        // FSDP2 reshards after the forward (not after a recomputation in backward).
+        if self.b.current_phase() != Phase::Backward && !self.w.parallel.keeps_unsharded() {
+            self.reshard(&format!("L{i}"));
+        }
+        Ok((
+            Frame {
+                block: Block::Attn,
+                piece: pa,
+                saved: sa,
+            },
+            Frame {
+                block: Block::Mlp,
+                piece: pm,
+                saved: sm,
+            },
+            out,
+        ))
+    }
+
+    /// The attention block over `x`, saving into `sa`: its norm's output (which a parallel
+    /// block's MLP reads too) and the residual after it.
+    fn attn_block(
+        &mut self,
+        p: &str,
+        pa: &str,
+        x: TensorIx,
+        sa: &mut Vec<TensorIx>,
+    ) -> Result<(TensorIx, TensorIx), PlanError> {
+        let saving = self.saving;
+        self.use_piece(pa)?;
+        let n1 = self.norm(&format!("{p}.ln1"), x, sa)?;
+        let readers = if self.spec.fused_qkv { 1 } else { 3 };
+        let n1 = self.sp_gather(n1, readers, false, sa)?;
+        // A parallel block (Cohere: `x + attn(ln(x)) + mlp(ln(x))`): the MLP reads the same
+        // normalised input, which stays until both branches ran.
+        let parallel = self.parallel_block();
+        let n1 = self.matmul_input(n1, readers, parallel, sa)?;
+        // Over a frozen base before any adapter, an attention block without q, k or v
+        // adapters needs no gradient: it saves nothing.
+        let dead = saving && !self.live && !self.adapts(&[Target::Q, Target::K, Target::V]);
+        if dead {
+            self.saving = false;
+        }
+        let ctx = if self.w.is_decoder_llm() {
+            self.attention_llm(p, pa, n1, sa)?
+        } else {
+            self.attention_gpt(p, pa, n1, sa)?
+        };
+        if self.frozen() && !sa.contains(&n1) && !parallel {
+            // Nothing saved the projections' input (adapters copied theirs).
+            self.b.free(n1);
+        }
+        let ctx = self.matmul_input(ctx, 1, false, sa)?;
+        self.mask(&format!("{p}.proj.drop_mask"), sa)?;
+        let x2 = self.attn_output(p, pa, ctx, n1, sa)?;
+        if dead {
+            self.saving = saving;
+        }
+        Ok((n1, x2))
+    }
+
+    /// The output projection of the context `ctx`, plus the residual: the residual stream's
+    /// type. Gemma 2/3 normalize the projection's output first (its norm saves it); a
+    /// parallel block's attention output waits for the MLP's.
+    fn attn_output(
+        &mut self,
+        p: &str,
+        pa: &str,
+        ctx: TensorIx,
+        n1: TensorIx,
+        sa: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let (h, qw, c) = (self.h, self.qw, self.c);
+        let ln2_in = format!("{p}.ln2.in");
+        if self.parallel_block() {
+            // The attention branch's output waits for the MLP's; nothing saves it.
+            let o = self.hidden_t(&format!("{p}.attn.out"), Role::Activations, c)?;
+            self.matmul(pa, ctx, o, h, qw);
+            self.consumed(ctx, sa);
+            if self.saving && !sa.contains(&n1) {
+                sa.push(n1);
+            }
+            Ok(o)
+        } else if self.spec.sandwich_norms {
+            let o = self.hidden_t(&format!("{p}.attn.out"), Role::Activations, c)?;
+            self.matmul(pa, ctx, o, h, qw);
+            self.consumed(ctx, sa);
+            let y = self.norm(&format!("{p}.post_attn_norm"), o, sa)?;
+            let x2 = self.resid(&ln2_in)?;
+            self.b.free(y);
+            if !sa.contains(&o) {
+                self.b.free(o);
+            }
+            Ok(x2)
+        } else if self.frozen() {
+            // The output projection as the base stores it, its adapter, then the residual add.
+            let proj = lora::Proj::named(format!("{p}.o_proj"), &[Target::O], h);
+            let o = self.projections(pa, ctx, qw, &[proj], sa)?[0];
+            if !sa.contains(&ctx) {
+                self.b.free(ctx);
+            }
+            let x2 = self.resid(&ln2_in)?;
+            self.b.free(o);
+            Ok(x2)
+        } else if self.sp {
+            // Sequence parallelism: the row-parallel projection's partial sums, full length,
+            // reduce-scattered over the sequence into the residual.
+            let o = self.hidden_t(&format!("{p}.attn.partial"), Role::Workspace, c)?;
+            self.matmul(pa, ctx, o, h, qw);
+            self.consumed(ctx, sa);
+            let x2 = self.resid(&ln2_in)?;
+            self.b.free(o);
+            Ok(x2)
+        } else {
+            let x2 = self.resid(&ln2_in)?;
+            self.matmul(pa, ctx, x2, h, qw);
+            self.consumed(ctx, sa);
+            Ok(x2)
+        }
+    }
+
+    /// The MLP block over `x2` (a parallel block: over the attention's normed input `n1`),
+    /// saving into `sm`: the layer's output.
+    fn mlp_block(
+        &mut self,
+        p: &str,
+        pm: &str,
+        x2: TensorIx,
+        n1: TensorIx,
+        out_name: &str,
+        sm: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let (h, f, saving) = (self.h, self.f, self.saving);
+        self.use_piece(pm)?;
+        let n2 = if self.parallel_block() {
+            n1
+        } else {
+            let n2 = self.norm(&format!("{p}.ln2"), x2, sm)?;
+            let readers = match (self.spec.mlp, self.spec.fused_gate_up) {
+                (Mlp::Gated, false) => 2,
+                _ => 1,
+            };
+            let n2 = self.sp_gather(n2, readers, false, sm)?;
+            self.matmul_input(n2, readers, false, sm)?
+        };
+        let dead = saving && !self.live && !self.adapts(&[Target::Gate, Target::Up]);
+        if dead {
+            self.saving = false;
+        }
+        let mlp_out = match self.spec.mlp {
+            Mlp::Gated => Some(self.mlp_gated(p, pm, n2, sm)?),
+            Mlp::Moe => Some(self.mlp_moe(p, pm, n2, sm)?),
+            Mlp::Gelu => None,
+        };
+        let out = match mlp_out {
+            Some(o) => {
+                let y = if self.spec.sandwich_norms {
+                    let y = self.norm(&format!("{p}.post_ffn_norm"), o, sm)?;
+                    if !sm.contains(&o) {
+                        self.b.free(o);
+                    }
+                    y
+                } else {
+                    o
+                };
+                let out = self.resid(out_name)?;
+                self.b.free(y);
+                out
+            }
+            None => {
+                let fc1 = self.wide(&format!("{p}.fc1.out"))?;
+                self.matmul(pm, n2, fc1, f, h);
+                let last = self.activation(p, fc1, sm)?;
+                self.mask(&format!("{p}.mlp.drop_mask"), sm)?;
+                let out = self.resid(out_name)?;
+                self.matmul(pm, last, out, h, f);
+                out
+            }
+        };
+        if dead {
+            self.saving = saving;
+        }
+        Ok(out)
+    }
+
+    /// Layers `from..to` in forward from `x`. Saving (a training forward without
+    /// checkpointing, or a recomputation) keeps every frame; otherwise (inference, a checkpointed
+    /// segment under no_grad) each layer's tensors are freed as they are used, except `x`.
+    /// `x_owned`: the first layer owns `x` (the embedding's output in a plain forward), rather
+    /// than a checkpoint or the caller keeping it.
+    pub(super) fn layers(
+        &mut self,
+        from: u64,
+        to: u64,
+        x: TensorIx,
+        saving: bool,
+        x_owned: bool,
+        out_name: &dyn Fn(u64) -> String,
+    ) -> Result<(Vec<Frame>, TensorIx), PlanError> {
+        let mut frames = Vec::new();
+        let mut cur = x;
+        for i in from..to {
+            let owned = i > from || x_owned;
+            let (fa, fm, out) =
+                self.layer(i, &format!("L{i}"), cur, &out_name(i), saving, owned)?;
+            if saving {
+                frames.push(fa);
+                frames.push(fm);
+            } else {
+                for t in fa.saved.into_iter().chain(fm.saved) {
+                    if t != x {
+                        self.b.free(t);
+                    }
+                }
+            }
+            cur = out;
+        }
+        Ok((frames, cur))
+    }
+
+    /// Layer `i`'s own MLP, where the model is described layer by layer (dense layers among
+    /// sparse ones, each with its width): the spec's MLP kind, the width and the experts.
+    pub(super) fn enter_layer(&mut self, i: u64) {
+        let Some(l) = self.w.model.as_ref().and_then(|m| m.layers.get(i as usize)) else {
+            return;
+        };
+        self.layer = Some(*l);
+        self.spec.mlp = decoder::mlp_kind(&l.mlp);
+        match l.mlp {
+            MlpSpec::Dense { ffn, .. } => self.f = ffn,
+            MlpSpec::Moe(e) => {
+                self.moe = Some(crate::workload::Moe {
+                    experts: e.experts,
+                    top_k: e.top_k,
+                    expert_ffn: e.expert_ffn,
+                    shared_ffn: e.shared_ffn,
+                })
+            }
+            MlpSpec::None => {}
+        }
+    }
+
+    /// The layer being built is a parallel block (attention and MLP over one norm's output).
+    pub(super) fn parallel_block(&self) -> bool {
+        self.layer.is_some_and(|l| l.block == BlockForm::Parallel)
+    }
+
+    /// Free the saved tensors of a backward frame whose names `pred` picks (their node ran).
+    fn release_saved(&mut self, saved: &mut Vec<TensorIx>, pred: impl Fn(&str) -> bool) {
+        let (gone, kept): (Vec<TensorIx>, Vec<TensorIx>) =
+            saved.iter().partition(|&&t| pred(&self.b.tensor(t).name));
+        *saved = kept;
+        self.b.free_all(gone);
+    }
+
+    pub(super) fn backward(
+        &mut self,
+        fr: Frame,
+        incoming: TensorIx,
+    ) -> Result<TensorIx, PlanError> {
+        let layer = fsdp_layer(&fr.piece);
+        if let Some(i) = layer {
+            self.enter_layer(i);
+        }
+        let block = fr.block;
+        if let (Some(i), Block::Mlp) = (layer, block) {
+            // FSDP2's pre-backward: the layer gathered, the next one in backward prefetched.
+            self.unshard_layer(i)?;
+            if i > self.lo {
+                self.unshard_layer(i - 1)?;
+            }
+        }
+        let g = self.block_backward(fr, incoming)?;
+        if let (Some(i), Block::Attn) = (layer, block) {
+            if self.w.parallel.fsdp.is_some() {
+                // The layer's post-backward: reduce-scatter its gradients, reshard.
+                let names = [format!("L{i}.attn"), format!("L{i}.mlp")];
+                self.states.fsdp_reduce(self.b, &names)?;
+                self.reshard(&format!("L{i}"));
+            }
+        }
+        Ok(g)
+    }
+
+    fn block_backward(&mut self, mut fr: Frame, incoming: TensorIx) -> Result<TensorIx, PlanError> {
+        let w = self.w;
+        self.states.gradient(self.b, &fr.piece, w)?;
+        if self.frozen() {
+            self.adapter_backward(&fr.piece, fr.block == Block::Attn)?;
+            self.states
+                .gradient(self.b, &format!("{}.lora", fr.piece), w)?;
+        }
+        let p = &fr.piece;
+        let c = self.c;
+        // The gradient the block's inner ops end with ([b,s,f] for the MLP, [b,s,3h] for q/k/v).
+        let inner = match fr.block {
+            Block::Mlp if self.spec.mlp == Mlp::Moe => {
+                // Per routed token-expert pair: the down projection's input gradient [T·k, f],
+                // then the gate-up output's [T·k, 2f]; the gather's backward scatters into the
+                // norm output's gradient.
+                let (s_rows, fe) = self.routed()?;
+                let g1 = self.b.push(
+                    &format!("{p}.grad_experts_out"),
+                    Role::Workspace,
+                    c,
+                    &[s_rows, fe],
+                    fe,
+                )?;
+                let g2 = self.b.push(
+                    &format!("{p}.grad_experts_in"),
+                    Role::Workspace,
+                    c,
+                    &[s_rows, 2 * fe],
+                    2 * fe,
+                )?;
+                self.b.free(g1);
+                g2
+            }
+            Block::Mlp if self.spec.mlp == Mlp::Gated && !self.spec.fused_gate_up => {
+                // Node by node, as autograd runs them (measured: `MulBackward0` holds three
+                // [b,s,f] gradients): the down projection's input gradient, after which its
+                // saved input (the product, or an adapter's copy of it) goes; act·up's backward
+                // the gradients of both factors, then its saved factors go; the activation's
+                // backward the gate's, then its saved input goes.
+                let lname = fr.piece.trim_end_matches(".mlp").to_string();
+                let g1 = self.wide_as(&format!("{p}.grad_prod"), Role::Workspace)?;
+                self.release_saved(&mut fr.saved, |n| {
+                    n.ends_with(".mlp.prod") || n.starts_with(&format!("{lname}.down_proj.lora_"))
+                });
+                let g2 = self.wide_as(&format!("{p}.grad_act"), Role::Workspace)?;
+                let g3 = self.wide_as(&format!("{p}.grad_up"), Role::Workspace)?;
+                self.b.free(g1);
+                self.release_saved(&mut fr.saved, |n| {
+                    n.ends_with(".mlp.act") || n.ends_with(".mlp.up")
+                });
+                let g4 = self.wide_as(&format!("{p}.grad_gate"), Role::Workspace)?;
+                self.b.free(g2);
+                self.release_saved(&mut fr.saved, |n| n.ends_with(".mlp.gate"));
+                self.b.free(g3);
+                g4
+            }
+            Block::Mlp => {
+                // fc2 backward makes the gradient of its input [b,s,f]; the activation's backward
+                // another [b,s,f] (both alive for a moment); fc1's the gradient of LN2's output.
+                let g1 = self.wide_as(&format!("{p}.grad_wide_out"), Role::Workspace)?;
+                let g2 = self.wide_as(&format!("{p}.grad_wide_in"), Role::Workspace)?;
+                self.b.free(g1);
+                g2
+            }
+            Block::Attn => {
+                let gctx = self.hidden(&format!("{p}.grad_ctx"), Role::Workspace)?;
+                let mut last = gctx;
+                let scores_saved = fr
+                    .saved
+                    .iter()
+                    .any(|&t| self.b.tensor(t).name.ends_with(".attn.probs"));
+                let mut grad_v = None;
+                if scores_saved {
+                    // probs·V backward (BmmBackward0, measured op by op): the gradient of V at
+                    // the query heads, then of the probabilities; then the node's saved copy of
+                    // V (repeated for grouped heads, or copied out of a fused projection) and
+                    // its incoming gradient go. Softmax backward: the scores' gradient (in the
+                    // probabilities' type); the scale/mask ops pass on one more of that size.
+                    let pt = fr
+                        .saved
+                        .iter()
+                        .map(|&t| self.b.tensor(t))
+                        .find(|t| t.name.ends_with(".attn.probs"))
+                        .map_or(c, |t| t.dtype);
+                    // The output projection's backward made `gctx`: what it saved (the
+                    // context, and its adapter's copies) goes (measured: before the core's).
+                    let lname = fr.piece.trim_end_matches(".attn");
+                    let ctx = format!("{lname}.ctx");
+                    let ctx_copy = format!("{ctx}.");
+                    let o = format!("{lname}.o_proj.");
+                    self.release_saved(&mut fr.saved, |n| {
+                        n == ctx || n.starts_with(&ctx_copy) || n.starts_with(&o)
+                    });
+                    let a = self.a;
+                    grad_v = Some(self.heads_t(&format!("{p}.grad_v"), a, c, Role::Workspace)?);
+                    let g1 = self.scores(&format!("{p}.grad_probs"), Role::Workspace, c)?;
+                    self.release_saved(&mut fr.saved, |n| {
+                        n.ends_with(".v_rep") || n.ends_with(".v_copy")
+                    });
+                    self.b.free(last);
+                    let g2 = self.scores(&format!("{p}.grad_scores"), Role::Workspace, pt)?;
+                    self.b.free(g1);
+                    last = g2;
+                }
+                let width = self.qw + 2 * self.kvw;
+                let gqkv = self.rows_t(&format!("{p}.grad_qkv"), Role::Workspace, c, width)?;
+                self.b.free(last);
+                self.b.free_all(grad_v);
+                gqkv
+            }
+        };
+        // The block's input projection makes the gradient of its norm's output (16-bit under
+        // autocast, then cast back), the norm's backward (with the residual) that of the
+        // block's input.
+        let mut gn = self.hidden(&format!("{p}.grad_norm_out"), Role::Workspace)?;
+        self.b.free(inner);
+        if self.r != c {
+            let g = self.hidden_t(&format!("{p}.grad_norm_out32"), Role::Workspace, self.r)?;
+            self.b.free(gn);
+            gn = g;
+        }
+        let gx = self.hidden_t(&format!("{p}.grad_in"), Role::Workspace, self.r)?;
+        self.b.free(gn);
+        self.b.free_all(fr.saved);
+        self.b.free(incoming);
+        Ok(gx)
+    }
+}

@@ -255,3 +255,32 @@ fn layout_counts_are_bounded_before_any_work() {
         .success();
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }
+
+/// Issue 48: a newline in `--alloc-conf` made the one-line error three lines, and an escape
+/// sequence in a `PYTORCH_CUDA_ALLOC_CONF` key reached the terminal; every error line is now
+/// escaped where it is printed.
+#[test]
+fn user_input_in_an_error_line_is_escaped() {
+    refused(
+        oomprobe().args(["estimate", "--model", "gpt2", "--alloc-conf", "foo\nbar:1"]),
+        "unknown key 'foo\\nbar'",
+    );
+    let out = oomprobe()
+        .args(["estimate", "--model", "gpt2"])
+        .env("PYTORCH_CUDA_ALLOC_CONF", "\u{1b}]0;pwned\u{7}x\ry:1")
+        .env_remove("PYTORCH_ALLOC_CONF")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        !err.trim_end().contains(|c: char| c.is_control()),
+        "{err:?}"
+    );
+    assert!(err.contains("\\u{1b}"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    refused(
+        oomprobe().args(["estimate", "--batch", "1\n2"]),
+        "invalid count '1\\n2'",
+    );
+}

@@ -31,3 +31,31 @@ impl CliError {
 }
 
 pub type CliResult<T> = Result<T, CliError>;
+
+/// `msg` as one line a terminal shows as it is: control characters (a newline, a carriage
+/// return, the ESC that starts a colour or cursor sequence, C1 controls) are written as Rust
+/// escapes (`\n`, `\u{1b}`), so user input echoed in an error can neither break the one-line
+/// contract nor reach the terminal as a command. `main` prints every error through it.
+pub fn one_line(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    for c in msg.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn controls_are_escaped_and_the_rest_kept() {
+        assert_eq!(
+            super::one_line("key 'a\nb\r\u{1b}[31mc\u{9b}' — ü"),
+            "key 'a\\nb\\r\\u{1b}[31mc\\u{9b}' — ü"
+        );
+        assert_eq!(super::one_line("plain"), "plain");
+    }
+}

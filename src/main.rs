@@ -20,14 +20,17 @@ fn main() {
                     std::process::exit(0);
                 }
                 _ => {
-                    eprintln!("oomprobe: {}", oomprobe::cli::one_line_error(&e));
+                    eprintln!(
+                        "oomprobe: {}",
+                        oomprobe::error::one_line(&oomprobe::cli::one_line_error(&e))
+                    );
                     std::process::exit(2);
                 }
             }
         }
     };
     if let Err(e) = oomprobe::commands::run(cli.command) {
-        eprintln!("oomprobe: {e}");
+        eprintln!("oomprobe: {}", oomprobe::error::one_line(&e.to_string()));
         std::process::exit(e.exit_code());
     }
 }

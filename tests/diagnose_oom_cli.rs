@@ -181,6 +181,27 @@ fn memory_does_not_go_with_oom_nor_a_snapshot_without_an_oom() {
     }
 }
 
+/// Issue 48: `--gpu nonexistent` with `--oom` exited 0, the card ignored; an unknown card exits
+/// 2 as it does without `--oom`, and a known one is refused like `--memory`.
+#[test]
+fn a_card_is_checked_with_oom_too() {
+    for (gpu, needle) in [
+        ("nonexistent", "--gpu: no card 'nonexistent'"),
+        ("h100-sxm", "--gpu does not go with --oom"),
+    ] {
+        let out = oomprobe()
+            .args(["diagnose", "--oom", "-", "--gpu", gpu])
+            .write_stdin(GPT2_ON_8G)
+            .assert()
+            .code(2)
+            .get_output()
+            .clone();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(err.contains(needle), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
+
 /// The message PyTorch would print for the OOM recorded in the committed expandable-segments
 /// snapshot (device 1: 90.01 MiB asked, 9.50 MiB free, 60.01 MiB allocated, 21.99 MiB cached).
 #[test]

@@ -195,3 +195,92 @@ fn gemma2_with_sdpa_is_refused_and_inference_names_no_optimizer() {
     let err = String::from_utf8(out).unwrap();
     assert!(err.contains("--optimizer adam does not apply"), "{err}");
 }
+
+/// Issue 48: every layout count has a bound checked before any work. A micro-batch count of
+/// 2⁶³ panicked with `capacity overflow`; 100,000 micro-batches on 4 stages grew past 19 GB;
+/// a DDP bucket of 2⁶³ MiB wrapped to a tiny bucket and made buckets without end.
+#[test]
+fn layout_counts_are_bounded_before_any_work() {
+    let huge = "9223372036854775808";
+    let gpt2 = ["estimate", "--model", "gpt2"];
+    refused(
+        oomprobe()
+            .args(gpt2)
+            .args(["--pp", "2", "--schedule", "gpipe", "--microbatches", huge]),
+        "--microbatches: 9223372036854775808 is absurd for microbatches (at most 4096)",
+    );
+    refused(
+        oomprobe()
+            .args(["estimate", "--model", "llama3-8b", "--pp", "4"])
+            .args(["--microbatches", "100000"]),
+        "(at most 4096)",
+    );
+    // Within the flag's bound but past what the plans hold together.
+    refused(
+        oomprobe()
+            .args(["estimate", "--model", "llama-13b", "--pp", "4"])
+            .args(["--microbatches", "4096"]),
+        "--microbatches: 4096 micro-batches through 40 layers",
+    );
+    refused(
+        oomprobe().args(gpt2).args(["--gpus", "2", "--ddp", huge]),
+        "--ddp: 9223372036854775808 is absurd for ddp (at most 1048576)",
+    );
+    for (flag, max) in [
+        ("--pp", "2048"),
+        ("--chunks", "2048"),
+        ("--tp", "65536"),
+        ("--cp", "65536"),
+        ("--dp", "16777216"),
+        ("--gpus", "16777216"),
+    ] {
+        refused(
+            oomprobe().args(gpt2).args([flag, huge]),
+            &format!(
+                "{flag}: {huge} is absurd for {} (at most {max})",
+                &flag[2..]
+            ),
+        );
+    }
+    // The largest bucket answers at once: the buckets never outnumber the trainable tensors.
+    let t = std::time::Instant::now();
+    oomprobe()
+        .args(gpt2)
+        .args(["--gpus", "2", "--ddp", "1048576"])
+        .assert()
+        .success();
+    oomprobe()
+        .args(["estimate", "--params", "1T", "--gpus", "2", "--ddp", "1"])
+        .assert()
+        .success();
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+/// Issue 48: a newline in `--alloc-conf` made the one-line error three lines, and an escape
+/// sequence in a `PYTORCH_CUDA_ALLOC_CONF` key reached the terminal; every error line is now
+/// escaped where it is printed.
+#[test]
+fn user_input_in_an_error_line_is_escaped() {
+    refused(
+        oomprobe().args(["estimate", "--model", "gpt2", "--alloc-conf", "foo\nbar:1"]),
+        "unknown key 'foo\\nbar'",
+    );
+    let out = oomprobe()
+        .args(["estimate", "--model", "gpt2"])
+        .env("PYTORCH_CUDA_ALLOC_CONF", "\u{1b}]0;pwned\u{7}x\ry:1")
+        .env_remove("PYTORCH_ALLOC_CONF")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        !err.trim_end().contains(|c: char| c.is_control()),
+        "{err:?}"
+    );
+    assert!(err.contains("\\u{1b}"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    refused(
+        oomprobe().args(["estimate", "--batch", "1\n2"]),
+        "invalid count '1\\n2'",
+    );
+}

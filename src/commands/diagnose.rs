@@ -6,7 +6,22 @@ use crate::diagnose::{diagnose, render};
 use crate::error::{CliError, CliResult};
 use crate::workload::overrides::resolve;
 
+/// The card `--gpu` names (an unknown one exits 2, with `--oom` too).
+fn card_arg(args: &DiagnoseArgs) -> CliResult<Option<&'static crate::alloc::cards::Card>> {
+    match args.gpu.as_deref() {
+        None => Ok(None),
+        Some(id) => Ok(Some(crate::alloc::cards::get(id).ok_or_else(|| {
+            CliError::usage(format!(
+                "--gpu: no card '{id}' (one of: {})",
+                crate::alloc::cards::ids()
+            ))
+        })?)),
+    }
+}
+
 pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
+    // Every flag is checked before any work, whichever path runs.
+    let card = card_arg(args)?;
     if let Some(file) = &args.oom {
         return oom(file, args);
     }
@@ -16,15 +31,6 @@ pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
         return crate::commands::snapshot::diagnose(&args.snapshot, memory, args.json);
     }
     let r = resolve(&args.workload, "gpt2")?;
-    let card = match args.gpu.as_deref() {
-        None => None,
-        Some(id) => Some(crate::alloc::cards::get(id).ok_or_else(|| {
-            CliError::usage(format!(
-                "--gpu: no card '{id}' (one of: {})",
-                crate::alloc::cards::ids()
-            ))
-        })?),
-    };
     if card.is_some() && args.memory.is_some() {
         return Err(CliError::usage(
             "--gpu and --memory both say what the card has: give one",
@@ -90,6 +96,11 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
     if args.memory.is_some() {
         return Err(CliError::usage(
             "--memory does not go with --oom: the message says what the card had",
+        ));
+    }
+    if args.gpu.is_some() {
+        return Err(CliError::usage(
+            "--gpu does not go with --oom: the message says what the card had",
         ));
     }
     let recorded = if crate::commands::snapshot::wanted(&args.snapshot) {

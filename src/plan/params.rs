@@ -354,15 +354,18 @@ impl States {
         let Some(kind) = self.grad_kind() else {
             return Ok(());
         };
+        let trainable = (0..self.defs.len()).filter(|&i| !self.frozen(i)).count() as u64;
         let elems: u64 = (0..self.defs.len())
             .filter(|&i| !self.frozen(i))
             .map(|i| self.defs[i].elems)
             .fold(0u64, |a, e| a.saturating_add(e));
-        let bucket = (mb << 20) / kind.dtype.bytes().max(1);
-        let n = elems.div_ceil(bucket.max(1)).max(1);
+        let bucket = mb.saturating_mul(1 << 20) / kind.dtype.bytes().max(1);
+        // A bucket holds whole parameters (one larger than the cap gets its own): never more
+        // buckets than trainable tensors, whatever the cap.
+        let n = elems.div_ceil(bucket.max(1)).min(trainable.max(1)).max(1);
         let mut left = elems;
         for k in 0..n {
-            let e = left.min(bucket).max(1);
+            let e = if k + 1 == n { left } else { left.min(bucket) }.max(1);
             left = left.saturating_sub(e);
             b.push(
                 &format!("ddp.bucket{k}"),

@@ -35,6 +35,9 @@ pub fn count(flag: &str, v: &str) -> Result<u64, CliError> {
     check_limit(flag, n).map_err(|e| usage(flag, e))
 }
 
+/// The most micro-batches a pipeline step may have (`--microbatches`).
+pub const MAX_MICROBATCHES: u64 = 4096;
+
 /// The largest value a size may take, by its flag name (a config field maps to the same
 /// size): anything above is a typo (the deepest published models have ~130 layers). They also
 /// bound the cost of a plan, which holds a few tensors and events per layer: `estimate
@@ -49,6 +52,16 @@ pub fn limit(size: &str) -> Option<u64> {
         "ffn" => 1 << 24,
         "vocab" | "seq" | "batch" | "gpus" => 1 << 24,
         "params" => 1 << 50,
+        // Layout degrees: a stage holds at least one layer, heads split over --tp, the
+        // sequence over 2·--cp; the data-parallel degree within --gpus.
+        "pp" | "chunks" => 2048,
+        "tp" | "cp" => 1 << 16,
+        "dp" => 1 << 24,
+        // A pipeline's plan holds a copy of the stage's micro-batch per micro-batch
+        // (Megatron's largest published runs use a few thousand).
+        "microbatches" => MAX_MICROBATCHES,
+        // DDP's bucket_cap_mb, in MiB: 1 TiB is past any card.
+        "ddp" => 1 << 20,
         _ => return None,
     })
 }

@@ -180,6 +180,11 @@ pub struct Coords {
     pub tp: u64,
 }
 
+/// The most micro-batch passes of a layer a pipeline's plans may hold (micro-batches × layers):
+/// each stage's plan copies its layers' tensors per micro-batch, ~8 KB of plan per layer pass
+/// (131,072 passes: ~1 GB and ~3 s; llama3-8b's 32 layers take 4,096 micro-batches).
+pub const MAX_PIPELINE_LAYER_PASSES: u64 = 1 << 17;
+
 /// Why a layout does not fit: the dimension it names and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("--{flag}: {msg}")]
@@ -402,6 +407,17 @@ pub fn check(w: &Workload) -> Result<(), LayoutError> {
         if p.schedule == Schedule::Interleaved && p.chunks < 2 {
             return Err(err("schedule", "interleaved needs --chunks 2 or more"));
         }
+    }
+    if p.pp > 1 && p.microbatches().saturating_mul(w.layers) > MAX_PIPELINE_LAYER_PASSES {
+        return Err(err(
+            "microbatches",
+            format!(
+                "{} micro-batches through {} layers is past what a plan holds (micro-batches × layers at most {MAX_PIPELINE_LAYER_PASSES}: at most {} micro-batches here)",
+                p.microbatches(),
+                w.layers,
+                MAX_PIPELINE_LAYER_PASSES / w.layers.max(1)
+            ),
+        ));
     }
     if p.microbatches > 0 && p.pp == 1 {
         return Err(err(

@@ -302,3 +302,123 @@ fn sglang_and_trtllm_size_their_pools_their_own_way() {
         "below 1",
     );
 }
+
+/// A request's cache on a real config, as the JSON reports it: (kind, layers, bytes per
+/// layer) of each part and the total.
+fn cache_parts(config: &str, len: u64) -> (Vec<(String, u64, u64)>, u64) {
+    let path = format!(
+        "{}/tests/fixtures/configs/{config}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let len = len.to_string();
+    let args = [
+        "estimate",
+        "--config",
+        &path,
+        "--mode",
+        "serve",
+        "--memory",
+        "4000GiB",
+        "--max-model-len",
+        &len,
+        "--json",
+    ];
+    let out = oomprobe()
+        .args(args)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    let c = &v["serving"]["cache"];
+    let parts = c["parts"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{config}: no cache parts in {c}"))
+        .iter()
+        .map(|p| {
+            let n = |k: &str| p[k].as_u64().unwrap();
+            (
+                p["kind"].as_str().unwrap().to_string(),
+                n("layers"),
+                n("bytes_per_layer"),
+            )
+        })
+        .collect();
+    (parts, c["bytes_per_request"].as_u64().unwrap())
+}
+
+/// Bytes per request against vLLM's KV-cache specs written out by hand from each config's
+/// fields (`vllm/v1/kv_cache_interface.py` at e675dda; block 16, bf16, `vllm serve`'s 8192
+/// batched tokens on a card of 70 GiB or more), one real config per cache kind: full, sliding, chunked, MLA and the two
+/// hybrids (Gated DeltaNet, Mamba-2).
+#[test]
+fn cache_per_request_is_vllms_closed_form_on_real_configs() {
+    let (block, bt, len) = (16_u64, 8192_u64, 32768_u64);
+    // FullAttentionSpec page: 2 (K and V) × block × kv_heads × head_dim × 2 bytes.
+    let page = |kv_heads: u64, head_dim: u64| 2 * block * kv_heads * head_dim * 2;
+    let check = |config: &str, len: u64, want: &[(&str, u64, u64)]| {
+        let (parts, total) = cache_parts(config, len);
+        let want: Vec<(String, u64, u64)> = want
+            .iter()
+            .map(|&(k, l, b)| (k.to_string(), l, b))
+            .collect();
+        let mut got = parts.clone();
+        got.sort();
+        let mut w = want.clone();
+        w.sort();
+        assert_eq!(got, w, "{config}");
+        assert_eq!(
+            total,
+            want.iter().map(|(_, l, b)| l * b).sum::<u64>(),
+            "{config}"
+        );
+    };
+    // Gemma 3 1B: 26 layers, every 6th full (sliding_window_pattern 6), window 512, one KV
+    // head of 256: sliding layers keep min(512 − 1 + 8192, len) tokens in ⌈·/16⌉ + 1 pages.
+    let p = page(1, 256);
+    check(
+        "gemma3-1b",
+        len,
+        &[
+            ("sliding_window", 22, ((511 + bt).div_ceil(block) + 1) * p),
+            ("full", 4, len / block * p),
+        ],
+    );
+    // Llama 4 Scout: 48 layers, every 4th global (NoPE), the rest chunked at 8192: they keep
+    // min(8192 + 8192, len) tokens; 8 KV heads of 128.
+    let p = page(8, 128);
+    check(
+        "llama4-scout",
+        len,
+        &[
+            ("chunked", 36, (8192 + bt).div_ceil(block) * p),
+            ("full", 12, len / block * p),
+        ],
+    );
+    // DeepSeek-V3: 61 MLA layers, one latent of kv_lora_rank 512 + qk_rope_head_dim 64.
+    check("deepseek-v3", len, &[("mla", 61, len * (512 + 64) * 2)]);
+    // Qwen3-Next 80B-A3B: every 4th layer full attention (2 KV heads of 256); the other 36
+    // Gated DeltaNet, one state per request: conv (kernel 4 − 1) × (2·16·128 + 32·128) plus
+    // the delta-rule state 32 value heads × 128 × 128.
+    let gdn = (3 * (2 * 16 * 128 + 32 * 128) + 32 * 128 * 128) * 2;
+    check(
+        "qwen3-next-80b-a3b",
+        len,
+        &[
+            ("gated_deltanet", 36, gdn),
+            ("full", 12, len / block * page(2, 256)),
+        ],
+    );
+    // Nemotron-H 8B: 4 attention layers ('*', 8 KV heads of head_dim 128) among 24 Mamba-2
+    // ('M'); the state: conv (4 − 1) × (128·64 + 2·8·128) plus SSM 128 heads × 64 × 128.
+    let mamba = (3 * (128 * 64 + 2 * 8 * 128) + 128 * 64 * 128) * 2;
+    check(
+        "nemotron-h-8b",
+        8192,
+        &[
+            ("mamba", 24, mamba),
+            ("full", 4, 8192 / block * page(8, 128)),
+        ],
+    );
+}

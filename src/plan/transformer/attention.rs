@@ -378,6 +378,54 @@ impl T<'_> {
         Ok(ctx)
     }
 
+    /// K and V as probs·V reads them: `repeat_kv`'s copies at the query heads when grouped
+    /// (expand + reshape), or a copy of a value that is a slice of a fused projection.
+    fn repeated_kv(
+        &mut self,
+        p: &str,
+        k: TensorIx,
+        v: TensorIx,
+        cached: bool,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<(TensorIx, TensorIx), PlanError> {
+        let a = self.a;
+        if self.g != a {
+            let kr = self.heads_t(&format!("{p}.k_rep"), a, self.dtype(k), Role::Activations)?;
+            let vr = self.heads_t(&format!("{p}.v_rep"), a, self.dtype(v), Role::Activations)?;
+            if !cached {
+                if self.saving {
+                    self.b.free(k);
+                } else {
+                    // The attention's locals keep it until it returns.
+                    saved.push(k);
+                }
+            }
+            return Ok((kr, vr));
+        }
+        let whole = prod(&[self.bsz, self.s, self.kvw], "the value")?;
+        let vr = if self.b.tensor(v).elems() != whole {
+            self.heads_t(&format!("{p}.v_copy"), a, self.dtype(v), Role::Activations)?
+        } else {
+            v
+        };
+        Ok((k, vr))
+    }
+
+    /// The scores with the sinks' column (`torch.cat`), less the row max (whose backward saves
+    /// its int64 indices): the softmax's input [b, a, s, s + 1].
+    fn sink_columns(&mut self, p: &str, saved: &mut Vec<TensorIx>) -> Result<TensorIx, PlanError> {
+        let (c, row) = (self.c, [self.bsz, self.a, self.s, 1]);
+        let cat = self.sink_scores(&format!("{p}.attn.sinks_cat"), Role::Workspace, c)?;
+        let max = format!("{p}.attn.sinks_max");
+        let mx = self.b.push(&max, Role::Workspace, c, &row, 1)?;
+        let argmax = format!("{p}.attn.sinks_argmax");
+        let idx = self.b.push(&argmax, Role::Attention, DType::I64, &row, 1)?;
+        saved.push(idx);
+        let sub = self.sink_scores(&format!("{p}.attn.sinks_sub"), Role::Workspace, c)?;
+        self.b.free_all([cat, mx]);
+        Ok(sub)
+    }
+
     /// Attention that materializes the scores (eager, or SDPA's math fallback): K and V
     /// repeated to the query heads when grouped (saved copies), the scores, the softmax (fp32
     /// in eager for the LLaMA families, cast back), probs·V; returns the context copy
@@ -392,34 +440,11 @@ impl T<'_> {
         let Qkv {
             q, k, v, cached, ..
         } = qkv;
-        let (a, g, c) = (self.a, self.g, self.c);
+        let (a, c) = (self.a, self.c);
         let (bsz, s, d) = (self.bsz, self.s, self.d);
         let qt = self.dtype(q);
         let q = self.cast_for("matmul", q, false)?;
-        let (kr, vr) = if g != a {
-            // repeat_kv: expand + reshape, copies at a heads.
-            let kr = self.heads_t(&format!("{p}.k_rep"), a, self.dtype(k), Role::Activations)?;
-            let vr = self.heads_t(&format!("{p}.v_rep"), a, self.dtype(v), Role::Activations)?;
-            if !cached {
-                if self.saving {
-                    self.b.free(k);
-                } else {
-                    // The attention's locals keep it until it returns.
-                    saved.push(k);
-                }
-            }
-            (kr, vr)
-        } else {
-            // probs·V copies a value that is a slice of a fused projection.
-            let kvw = self.kvw;
-            let whole = prod(&[bsz, s, kvw], "the value")?;
-            let vr = if self.b.tensor(v).elems() != whole {
-                self.heads_t(&format!("{p}.v_copy"), a, self.dtype(v), Role::Activations)?
-            } else {
-                v
-            };
-            (k, vr)
-        };
+        let (kr, vr) = self.repeated_kv(p, k, v, cached, saved)?;
         let kr = self.cast_for("matmul", kr, cached && kr == k)?;
         let vr = self.cast_for("matmul", vr, vr == v)?;
         // q·kᵀ saves q for the key's gradient only: over a frozen base before any adapter,
@@ -450,25 +475,11 @@ impl T<'_> {
         // indices) and the softmax runs over s + 1 columns in the scores' type; the
         // probabilities are its slice (a view) without the sink.
         let sinks = eager && self.attn_layer().is_some_and(|l| l.sinks);
-        let mut sink_in = None;
-        if sinks {
-            let row = [bsz, a, s, 1];
-            let cat = self.sink_scores(&format!("{p}.attn.sinks_cat"), Role::Workspace, c)?;
-            let mx = self
-                .b
-                .push(&format!("{p}.attn.sinks_max"), Role::Workspace, c, &row, 1)?;
-            let idx = self.b.push(
-                &format!("{p}.attn.sinks_argmax"),
-                Role::Attention,
-                DType::I64,
-                &row,
-                1,
-            )?;
-            saved.push(idx);
-            let sub = self.sink_scores(&format!("{p}.attn.sinks_sub"), Role::Workspace, c)?;
-            self.b.free_all([cat, mx]);
-            sink_in = Some(sub);
-        }
+        let sink_in = if sinks {
+            Some(self.sink_columns(p, saved)?)
+        } else {
+            None
+        };
         let pt = if sinks {
             c
         } else if sm.fp32 && eager {

@@ -224,3 +224,69 @@ fn a_snapshot_says_whether_it_recorded_this_oom() {
     let other = run("50.00 MiB");
     assert_eq!(other["messages"][0]["snapshot_check"]["same_oom"], false);
 }
+
+/// The JSON of `diagnose --oom -` over `log`, less what names the text.
+fn judged(log: Vec<u8>) -> Value {
+    let out = stdout(
+        oomprobe()
+            .args(["diagnose", "--oom", "-", "--json"])
+            .write_stdin(log),
+    );
+    let mut v: Value = serde_json::from_str(&out).unwrap();
+    for m in v["messages"].as_array_mut().unwrap() {
+        m.as_object_mut().unwrap().retain(|k, _| k != "text");
+    }
+    v
+}
+
+#[test]
+fn colour_and_utf16_logs_read_as_the_plain_text() {
+    // Rich tracebacks colour the numbers; Windows consoles save logs as UTF-16 (with a BOM, or
+    // big-endian without one). Each reads to the figures of the plain message.
+    let plain = std::fs::read_to_string(fixture("008")).unwrap();
+    let want = judged(plain.clone().into_bytes());
+    assert_eq!(want["messages"].as_array().unwrap().len(), 1, "{want}");
+    let colour = plain
+        .replace("GiB", "GiB\x1b[0m")
+        .replace("Tried to allocate ", "Tried to allocate \x1b[1;31m");
+    assert!(colour.contains('\x1b'));
+    assert_eq!(judged(colour.into_bytes()), want);
+    let mut le = vec![0xFF, 0xFE];
+    le.extend(plain.encode_utf16().flat_map(u16::to_le_bytes));
+    assert_eq!(judged(le), want);
+    let be: Vec<u8> = plain.encode_utf16().flat_map(u16::to_be_bytes).collect();
+    assert_eq!(judged(be), want);
+}
+
+#[test]
+fn memory_fraction_legacy_runtime_and_host_ram_messages_are_read() {
+    // The memory-fraction / cudaMallocAsync wording, as a FramePack user pasted it (public
+    // notes of a ComfyUI session, 2026-05): its figures are read.
+    let fraction = "torch.OutOfMemoryError: Allocation on device 0 would exceed allowed memory.\n\
+        Currently allocated     : 22.43 GiB\nRequested               : 4.07 GiB\n\
+        Device limit            : 16.00 GiB\nFree (according to CUDA): 0 bytes\n";
+    let v = judged(fraction.into());
+    let m = &v["messages"][0];
+    assert_eq!(m["cause"], "shortage", "{v}");
+    assert_eq!(m["gpu"], 0, "{v}");
+    for (k, gib) in [
+        ("requested_bytes", 4.07),
+        ("total_bytes", 16.0),
+        ("allocated_bytes", 22.43),
+    ] {
+        let b = m[k].as_f64().unwrap_or_else(|| panic!("{k} in {m}"));
+        assert!((b / f64::from(1 << 30) - gib).abs() < 0.006, "{k} {b}");
+    }
+    // PyTorch 0.4's wording (THC), from pytorch/pytorch issues of 2018.
+    let thc = "RuntimeError: cuda runtime error (2) : out of memory at /pytorch/aten/src/THC/generic/THCStorage.cu:66\n";
+    let v = judged(thc.into());
+    assert_eq!(v["messages"][0]["format"], "driver_legacy", "{v}");
+    // Host RAM has its own cause, with the request.
+    let cpu = "RuntimeError: [enforce fail at alloc_cpu.cpp:75] . DefaultCPUAllocator: can't allocate memory: you tried to allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)\n";
+    let v = judged(cpu.into());
+    assert_eq!(v["messages"][0]["cause"], "host_memory", "{v}");
+    assert_eq!(
+        v["messages"][0]["requested_bytes"], 8_589_934_592_u64,
+        "{v}"
+    );
+}

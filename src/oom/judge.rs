@@ -42,6 +42,8 @@ pub enum Cause {
     OtherProcess,
     NonPytorch,
     Shortage,
+    /// Host RAM, not the GPU: the CPU allocator was refused.
+    HostMemory,
     Unknown,
 }
 
@@ -52,6 +54,7 @@ impl Cause {
             Cause::OtherProcess => "other_process",
             Cause::NonPytorch => "non_pytorch",
             Cause::Shortage => "shortage",
+            Cause::HostMemory => "host_memory",
             Cause::Unknown => "unknown",
         }
     }
@@ -146,6 +149,17 @@ pub fn judge(m: &Message) -> Judgement {
         );
     };
 
+    if m.format == Format::Cpu {
+        let reason = no_figures_reason(m);
+        decided(
+            &mut j,
+            Cause::HostMemory,
+            m.requested.as_ref().map(|r| r.bytes),
+            reason,
+        );
+        remedies(m, &mut j);
+        return j;
+    }
     if !m.has_figures() && m.format != Format::Mps {
         let reason = no_figures_reason(m);
         decided(&mut j, Cause::Unknown, None, reason);
@@ -580,6 +594,14 @@ fn remedies(m: &Message, j: &mut Judgement) {
                 effect: format!(
                     "must free {}",
                     fmt_bytes(j.causes.iter().find(|f| f.cause == c).and_then(|f| f.bytes).unwrap_or(0))
+                ),
+            },
+            Cause::HostMemory => Remedy {
+                cause: c,
+                action: "give the process more host RAM (or swap), or hold less on the host: fewer DataLoader workers, pin_memory=False, no CPU offload of optimizer state or parameters, load checkpoints with mmap=True".into(),
+                effect: format!(
+                    "the {} the CPU allocator was refused",
+                    fmt_bytes(m.requested.as_ref().map_or(0, |r| r.bytes))
                 ),
             },
             Cause::Unknown => continue,

@@ -80,7 +80,8 @@ pub static HEAD: LazyLock<Regex> = LazyLock::new(|| {
         r"|(?P<memalign>posix_memalign\(&data, gAlignment, nbytes\) == 0\. 12 vs 0)",
         r"|(?P<cublas>CUBLAS_STATUS_ALLOC_FAILED(?: when calling `[^`]*`)?)",
         r"|(?P<cudnn>CUDNN_STATUS_ALLOC_FAILED|CUDNN_STATUS_NOT_ENOUGH_WORKSPACE|Unable to find a valid cuDNN algorithm to run \w+)",
-        r"|(?P<thc>THCudaCheck FAIL file=\S+ line=\d+ error=2 : out of memory)",
+        r"|(?P<thc>THCudaCheck FAIL file=\S+ line=\d+ error=2 : out of memory|cuda runtime error \(2\) : out of memory at \S+)",
+        r"|(?P<fraction>Allocation on device (?:(?P<fdev>\d+) )?would exceed allowed memory\.?(?: \(out of memory\))?)",
         r"|(?P<caffe2>error == cudaSuccess\. 2 vs 0\. Error at: \S+: out of memory)",
         r"|(?P<accelerate>No executable batch size found, reached zero\.?)",
     ))
@@ -273,6 +274,17 @@ pub fn message(flat: &str, start: usize, line: usize) -> Option<(Message, usize)
         end = driver_tail(flat, end);
         m.text = flat[head.start()..end].trim().to_string();
         return Some((m, end));
+    } else if named("fraction") {
+        let mut m = empty(
+            line,
+            Format::Cuda2,
+            "cuda",
+            "PyTorch ≥ 2.1 (memory fraction or cudaMallocAsync)",
+        );
+        m.gpu = c.name("fdev").and_then(|d| d.as_str().parse().ok());
+        end = fraction_figures(flat, end, &mut m);
+        m.text = flat[head.start()..end].trim().to_string();
+        return Some((m, end));
     } else if named("cpu") || named("memalign") {
         let mut m = empty(
             line,
@@ -416,6 +428,30 @@ pub fn message(flat: &str, start: usize, line: usize) -> Option<(Message, usize)
 }
 
 /// The runtime's text after `CUDA error: out of memory`, as far as it goes.
+/// The figures after "Allocation on device N would exceed allowed memory": the message of
+/// `set_per_process_memory_fraction` and of cudaMallocAsync, one "name : size" per line
+/// ("Currently allocated : …", "Requested : …", "Device limit : …", "Free (according to CUDA):
+/// …", "PyTorch limit (set by user-supplied memory fraction) : …"). Where its text ends.
+fn fraction_figures(flat: &str, mut end: usize, m: &mut Message) -> usize {
+    static FIELD: LazyLock<Regex> = LazyLock::new(|| {
+        re(
+            r"^ ?(Currently allocated|Requested|Device limit|Free \(according to CUDA\)|PyTorch limit \(set by user-supplied memory fraction\)) *: *{SIZE}",
+        )
+    });
+    while let Some(c) = FIELD.captures(&flat[end..]) {
+        let v = sz(&c, 2);
+        match &c[1] {
+            "Currently allocated" => m.allocated = v,
+            "Requested" => m.requested = v,
+            "Device limit" => m.total = v,
+            "Free (according to CUDA)" => m.free = v,
+            _ => m.allowed = v,
+        }
+        end += c.get(0).map_or(0, |g| g.end());
+    }
+    end
+}
+
 fn driver_tail(flat: &str, mut end: usize) -> usize {
     static TAIL: LazyLock<Vec<Regex>> = LazyLock::new(|| {
         vec![

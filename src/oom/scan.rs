@@ -2,7 +2,7 @@
 //! are kept, their per-line prefixes (`[rank0]: `, `> `, `SUBPROCESS: `, quotes) dropped and the
 //! lines joined, so a message hard-wrapped over eight lines reads as one.
 
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 use std::sync::LazyLock;
 
 use regex::Regex;
@@ -20,7 +20,7 @@ const MAX_REGION: usize = 2000;
 /// A line holds one of the heads' words (cheaper than the head pattern itself).
 static HINT: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     regex::bytes::Regex::new(
-        r"out of memory|Tried to allocate|total capacity|allocate memory|not enough memory|ALLOC_FAILED|NOT_ENOUGH_WORKSPACE|valid cuDNN algorithm|12 vs 0|executable batch size",
+        r"out of memory|exceed allowed memory|Tried to allocate|total capacity|allocate memory|not enough memory|ALLOC_FAILED|NOT_ENOUGH_WORKSPACE|valid cuDNN algorithm|12 vs 0|executable batch size",
     )
     .expect("hint pattern")
 });
@@ -32,8 +32,13 @@ static PREFIX: LazyLock<Regex> = LazyLock::new(|| {
         .expect("prefix pattern")
 });
 
+/// Terminal colour and cursor sequences (rich tracebacks put them around the numbers).
+static ANSI: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\x1b\[[0-9;?]*[A-Za-z]").expect("ansi pattern"));
+
 fn clean(line: &str) -> String {
-    let mut s = line.trim_end_matches(['\r', '\n']);
+    let plain = ANSI.replace_all(line, "");
+    let mut s = plain.trim_end_matches(['\r', '\n']);
     while let Some(m) = PREFIX.find(s) {
         if m.end() == 0 {
             break;
@@ -95,8 +100,88 @@ fn add(out: &mut Vec<Message>, m: Message) {
     }
 }
 
-/// Every distinct message in `input`, in order.
+/// UTF-16 text (Windows consoles save logs so), told by its byte-order mark or by NULs in
+/// every other byte of its start: Some(little-endian).
+fn utf16_order(head: &[u8]) -> Option<bool> {
+    match head {
+        [0xFF, 0xFE, ..] => Some(true),
+        [0xFE, 0xFF, ..] => Some(false),
+        [a, 0, b, 0, ..] if *a != 0 && *b != 0 => Some(true),
+        [0, a, 0, b, ..] if *a != 0 && *b != 0 => Some(false),
+        _ => None,
+    }
+}
+
+/// UTF-16 in, UTF-8 out, as it streams (an odd byte or a high surrogate waits for the next
+/// read; unpaired surrogates become U+FFFD).
+struct Utf16<R> {
+    inner: R,
+    le: bool,
+    pending: Vec<u8>,
+    out: Vec<u8>,
+    pos: usize,
+}
+
+impl<R: Read> Read for Utf16<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.pos == self.out.len() {
+            let mut chunk = [0u8; 8192];
+            let n = self.inner.read(&mut chunk)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            self.pending.extend_from_slice(&chunk[..n]);
+            let even = self.pending.len() & !1;
+            let le = self.le;
+            let mut units: Vec<u16> = self.pending[..even]
+                .chunks_exact(2)
+                .map(|b| {
+                    if le {
+                        u16::from_le_bytes([b[0], b[1]])
+                    } else {
+                        u16::from_be_bytes([b[0], b[1]])
+                    }
+                })
+                .collect();
+            let mut used = even;
+            if units.last().is_some_and(|u| (0xD800..0xDC00).contains(u)) {
+                units.pop();
+                used -= 2;
+            }
+            self.pending.drain(..used);
+            self.out.clear();
+            self.pos = 0;
+            for ch in char::decode_utf16(units) {
+                let ch = ch.unwrap_or(char::REPLACEMENT_CHARACTER);
+                if ch != '\u{FEFF}' {
+                    let mut b = [0u8; 4];
+                    self.out
+                        .extend_from_slice(ch.encode_utf8(&mut b).as_bytes());
+                }
+            }
+        }
+        let n = buf.len().min(self.out.len() - self.pos);
+        buf[..n].copy_from_slice(&self.out[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// Every distinct message in `input` (UTF-8, or UTF-16 told by its start), in order.
 pub fn scan<R: BufRead>(mut input: R) -> std::io::Result<Vec<Message>> {
+    match utf16_order(input.fill_buf()?) {
+        Some(le) => scan_utf8(std::io::BufReader::new(Utf16 {
+            inner: input,
+            le,
+            pending: Vec::new(),
+            out: Vec::new(),
+            pos: 0,
+        })),
+        None => scan_utf8(input),
+    }
+}
+
+fn scan_utf8<R: BufRead>(mut input: R) -> std::io::Result<Vec<Message>> {
     let mut out = Vec::new();
     let mut region = Region::default();
     let mut left = 0usize;

@@ -190,6 +190,22 @@ pub struct MoeRule {
     pub all_tokens: bool,
 }
 
+/// The MoE fields most families spell so (Mixtral's names, softmax top-k over every layer,
+/// gated experts, no biases); a family states what differs.
+pub(super) const MOE: MoeRule = MoeRule {
+    experts: "num_local_experts",
+    top_k: "num_experts_per_tok",
+    expert_ffn: "moe_intermediate_size",
+    shared: Shared::None,
+    placement: Placement::Every,
+    gating: Gating::Softmax,
+    router_bias: false,
+    expert_bias: false,
+    gated: true,
+    clamped: false,
+    all_tokens: false,
+};
+
 pub(super) const DENSE: MlpRule = MlpRule {
     ffn: "intermediate_size",
     gated: true,

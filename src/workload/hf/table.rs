@@ -4,7 +4,7 @@
 
 use super::families::{
     AttnKind, AttnRule, Bias, Def, Family, MambaKeys, MlpRule, MoeRule, Pattern, Placement, Shared,
-    Windows, ATTN, DENSE, MAMBA_KEYS,
+    Windows, ATTN, DENSE, MAMBA_KEYS, MOE,
 };
 use crate::workload::layers::{BlockForm, Gating, NormKind, QkNorm};
 use crate::workload::Arch;
@@ -46,16 +46,10 @@ const DEEPSEEK_V3: Family = Family {
         mlp: MlpRule {
             moe: Some(MoeRule {
                 experts: "n_routed_experts",
-                top_k: "num_experts_per_tok",
-                expert_ffn: "moe_intermediate_size",
                 shared: Shared::Count("n_shared_experts"),
                 placement: Placement::FirstKDense,
                 gating: Gating::Sigmoid,
-                router_bias: false,
-                expert_bias: false,
-                gated: true,
-                clamped: false,
-                all_tokens: false,
+                ..MOE
             }),
             ..DENSE
         },
@@ -288,17 +282,8 @@ pub const FAMILIES: &[Family] = &[
     Family {
         mlp: MlpRule {
             moe: Some(MoeRule {
-                experts: "num_local_experts",
-                top_k: "num_experts_per_tok",
                 expert_ffn: "intermediate_size",
-                shared: Shared::None,
-                placement: Placement::Every,
-                gating: Gating::Softmax,
-                router_bias: false,
-                expert_bias: false,
-                gated: true,
-                clamped: false,
-                all_tokens: false,
+                ..MOE
             }),
             ..DENSE
         },
@@ -319,16 +304,9 @@ pub const FAMILIES: &[Family] = &[
         mlp: MlpRule {
             moe: Some(MoeRule {
                 experts: "num_experts",
-                top_k: "num_experts_per_tok",
-                expert_ffn: "moe_intermediate_size",
                 shared: Shared::GatedWidth("shared_expert_intermediate_size"),
                 placement: Placement::SparseStep,
-                gating: Gating::Softmax,
-                router_bias: false,
-                expert_bias: false,
-                gated: true,
-                clamped: false,
-                all_tokens: false,
+                ..MOE
             }),
             ..DENSE
         },
@@ -352,16 +330,8 @@ pub const FAMILIES: &[Family] = &[
         mlp: MlpRule {
             moe: Some(MoeRule {
                 experts: "num_experts",
-                top_k: "num_experts_per_tok",
-                expert_ffn: "moe_intermediate_size",
-                shared: Shared::None,
                 placement: Placement::SparseStep,
-                gating: Gating::Softmax,
-                router_bias: false,
-                expert_bias: false,
-                gated: true,
-                clamped: false,
-                all_tokens: false,
+                ..MOE
             }),
             ..DENSE
         },
@@ -391,16 +361,9 @@ pub const FAMILIES: &[Family] = &[
         mlp: MlpRule {
             moe: Some(MoeRule {
                 experts: "n_routed_experts",
-                top_k: "num_experts_per_tok",
-                expert_ffn: "moe_intermediate_size",
                 shared: Shared::Count("n_shared_experts"),
                 placement: Placement::FirstKDense,
-                gating: Gating::Softmax,
-                router_bias: false,
-                expert_bias: false,
-                gated: true,
-                clamped: false,
-                all_tokens: false,
+                ..MOE
             }),
             ..DENSE
         },
@@ -434,16 +397,10 @@ pub const FAMILIES: &[Family] = &[
         mlp: MlpRule {
             moe: Some(MoeRule {
                 experts: "n_routed_experts",
-                top_k: "num_experts_per_tok",
-                expert_ffn: "moe_intermediate_size",
                 shared: Shared::Count("n_shared_experts"),
                 placement: Placement::FirstKDense,
                 gating: Gating::Sigmoid,
-                router_bias: false,
-                expert_bias: false,
-                gated: true,
-                clamped: false,
-                all_tokens: false,
+                ..MOE
             }),
             ..DENSE
         },
@@ -469,17 +426,11 @@ pub const FAMILIES: &[Family] = &[
         },
         mlp: MlpRule {
             moe: Some(MoeRule {
-                experts: "num_local_experts",
-                top_k: "num_experts_per_tok",
                 expert_ffn: "intermediate_size",
-                shared: Shared::None,
-                placement: Placement::Every,
-                gating: Gating::Softmax,
                 router_bias: true,
                 expert_bias: true,
-                gated: true,
                 clamped: true,
-                all_tokens: false,
+                ..MOE
             }),
             ..DENSE
         },
@@ -507,17 +458,12 @@ pub const FAMILIES: &[Family] = &[
         mlp: MlpRule {
             ffn: "intermediate_size_mlp",
             moe: Some(MoeRule {
-                experts: "num_local_experts",
-                top_k: "num_experts_per_tok",
                 expert_ffn: "intermediate_size",
                 shared: Shared::Width("intermediate_size"),
                 placement: Placement::Interleave,
                 gating: Gating::Sigmoid,
-                router_bias: false,
-                expert_bias: false,
-                gated: true,
-                clamped: false,
                 all_tokens: true,
+                ..MOE
             }),
             ..DENSE
         },
@@ -548,17 +494,9 @@ pub const FAMILIES: &[Family] = &[
         },
         mlp: MlpRule {
             moe: Some(MoeRule {
-                experts: "num_local_experts",
-                top_k: "num_experts_per_tok",
                 expert_ffn: "intermediate_size",
-                shared: Shared::None,
-                placement: Placement::Every,
                 gating: Gating::Sigmoid,
-                router_bias: false,
-                expert_bias: false,
-                gated: true,
-                clamped: false,
-                all_tokens: false,
+                ..MOE
             }),
             ..DENSE
         },
@@ -578,17 +516,9 @@ pub const FAMILIES: &[Family] = &[
         logit_scale: true,
         mlp: MlpRule {
             moe: Some(MoeRule {
-                experts: "num_local_experts",
-                top_k: "num_experts_per_tok",
                 expert_ffn: "intermediate_size",
                 shared: Shared::Width("shared_intermediate_size"),
-                placement: Placement::Every,
-                gating: Gating::Softmax,
-                router_bias: false,
-                expert_bias: false,
-                gated: true,
-                clamped: false,
-                all_tokens: false,
+                ..MOE
             }),
             ..DENSE
         },
@@ -611,16 +541,9 @@ pub const FAMILIES: &[Family] = &[
         mlp: MlpRule {
             moe: Some(MoeRule {
                 experts: "num_experts",
-                top_k: "num_experts_per_tok",
-                expert_ffn: "moe_intermediate_size",
                 shared: Shared::GatedWidth("shared_expert_intermediate_size"),
                 placement: Placement::SparseStep,
-                gating: Gating::Softmax,
-                router_bias: false,
-                expert_bias: false,
-                gated: true,
-                clamped: false,
-                all_tokens: false,
+                ..MOE
             }),
             ..DENSE
         },
@@ -673,16 +596,11 @@ pub const FAMILIES: &[Family] = &[
             gated: false,
             moe: Some(MoeRule {
                 experts: "n_routed_experts",
-                top_k: "num_experts_per_tok",
-                expert_ffn: "moe_intermediate_size",
                 shared: Shared::Width("moe_shared_expert_intermediate_size"),
                 placement: Placement::Pattern,
                 gating: Gating::Sigmoid,
-                router_bias: false,
-                expert_bias: false,
                 gated: false,
-                clamped: false,
-                all_tokens: false,
+                ..MOE
             }),
             ..DENSE
         },
@@ -745,17 +663,9 @@ pub const FAMILIES: &[Family] = &[
         mlp: MlpRule {
             ffn: "shared_intermediate_size",
             moe: Some(MoeRule {
-                experts: "num_local_experts",
-                top_k: "num_experts_per_tok",
                 expert_ffn: "intermediate_size",
                 shared: Shared::Width("shared_intermediate_size"),
-                placement: Placement::Every,
-                gating: Gating::Softmax,
-                router_bias: false,
-                expert_bias: false,
-                gated: true,
-                clamped: false,
-                all_tokens: false,
+                ..MOE
             }),
             ..DENSE
         },

@@ -11,6 +11,22 @@ use crate::workload::layers::{MlpSpec, MoeSpec};
 use crate::workload::{Gelu, Target};
 
 impl T<'_> {
+    /// The router's logits [T, E] in the compute type, from the block's normed input `n2`.
+    fn router_logits(
+        &mut self,
+        p: &str,
+        pm: &str,
+        n2: TensorIx,
+        t: u64,
+        e: u64,
+    ) -> Result<TensorIx, PlanError> {
+        let (h, c) = (self.h, self.c);
+        let name = format!("{p}.moe.router_logits");
+        let logits = self.b.push(&name, Role::Activations, c, &[t, e], e)?;
+        self.matmul_rows(pm, n2, logits, t, e, h);
+        Ok(logits)
+    }
+
     /// The MLP's activation over `fc1` ([b,s,f]): pushes what its backward saves and returns
     /// the tensor the second projection reads (and whether `fc1` itself is saved).
     pub(super) fn activation(
@@ -204,18 +220,11 @@ impl T<'_> {
         n2: TensorIx,
         sm: &mut Vec<TensorIx>,
     ) -> Result<(TensorIx, Vec<TensorIx>), PlanError> {
-        let (h, c) = (self.h, self.c);
+        let h = self.h;
         let t = self.rows();
         let (s_rows, fe) = self.routed()?;
         let e = self.moe.map_or(0, |m| m.experts);
-        let logits = self.b.push(
-            &format!("{p}.moe.router_logits"),
-            Role::Activations,
-            c,
-            &[t, e],
-            e,
-        )?;
-        self.matmul_rows(pm, n2, logits, t, e, h);
+        let logits = self.router_logits(p, pm, n2, t, e)?;
         let probs = self.b.push(
             &format!("{p}.moe.router_probs"),
             Role::Activations,
@@ -317,14 +326,7 @@ impl T<'_> {
             .ok_or_else(|| PlanError::Invalid("a mixture of experts needs experts".into()))?;
         let (e, fe) = (m.experts, m.expert_ffn);
         let r = prod(&[t, e], "the tokens times the experts")?;
-        let logits = self.b.push(
-            &format!("{p}.moe.router_logits"),
-            Role::Activations,
-            c,
-            &[t, e],
-            e,
-        )?;
-        self.matmul_rows(pm, n2, logits, t, e, h);
+        let logits = self.router_logits(p, pm, n2, t, e)?;
         let index = self.b.push(
             &format!("{p}.moe.index"),
             Role::Activations,

@@ -520,6 +520,100 @@ fn variants() -> Vec<Workload> {
             out.push(v);
         }
     }
+    out.extend(mla_variants());
+    out
+}
+
+/// Multi-head latent attention read from config files, with the query's low-rank path
+/// (DeepSeek-V3's tiny validation config) and without (DeepSeek-V2-Lite, two layers), through
+/// every core it can take: eager, SDPA's math path (CPU) and memory-efficient kernel (CUDA),
+/// flash_attention_2's padded value, with checkpointing and under autocast, and inference
+/// with the cache.
+fn mla_variants() -> Vec<Workload> {
+    use oomprobe::plan::autocast::Device;
+    use oomprobe::workload::Mode;
+    let mut out = Vec::new();
+    for file in [
+        "validation_families/deepseek_v3.json",
+        "configs/deepseek-v2-lite.json",
+    ] {
+        let path = format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut w = oomprobe::workload::config::load_hf(&path, &text).unwrap();
+        assert!(w.model.as_ref().unwrap().first_mla().is_some(), "{file}");
+        w.batch = 2;
+        w.seq = 256;
+        w.kv_cache = false;
+        for (p, att, ck, dev, inference) in [
+            (
+                Precision::Fp32,
+                Attention::Naive,
+                Checkpoint::None,
+                Device::Cpu,
+                false,
+            ),
+            (
+                Precision::Fp32,
+                Attention::Sdpa,
+                Checkpoint::Full,
+                Device::Cpu,
+                false,
+            ),
+            (
+                Precision::Bf16,
+                Attention::Sdpa,
+                Checkpoint::None,
+                Device::Cuda,
+                false,
+            ),
+            (
+                Precision::Bf16,
+                Attention::Flash,
+                Checkpoint::Sqrt,
+                Device::Cuda,
+                false,
+            ),
+            (
+                Precision::AmpBf16,
+                Attention::Naive,
+                Checkpoint::None,
+                Device::Cuda,
+                false,
+            ),
+            (
+                Precision::AmpBf16,
+                Attention::Flash,
+                Checkpoint::None,
+                Device::Cuda,
+                false,
+            ),
+            (
+                Precision::Bf16,
+                Attention::Sdpa,
+                Checkpoint::None,
+                Device::Cuda,
+                true,
+            ),
+            (
+                Precision::Bf16,
+                Attention::Naive,
+                Checkpoint::None,
+                Device::Cuda,
+                true,
+            ),
+        ] {
+            let mut v = w.clone();
+            v.precision = p;
+            v.attention = att;
+            v.checkpoint = ck;
+            v.autocast_device = dev;
+            if inference {
+                v.mode = Mode::Inference;
+                v.kv_cache = true;
+            }
+            out.push(v);
+        }
+    }
     out
 }
 

@@ -653,12 +653,14 @@ fn family_workload(r: &Value) -> Workload {
 }
 
 /// Today's families (`tests/fixtures/validation_families.json`: gpt-oss, OLMo 2, Llama 4,
-/// Cohere 1/2, GLM-4.5, MiniMax-M2, SmolLM3, Granite, Granite MoE, Qwen3-MoE, Gemma 3; eager
-/// and SDPA), read from the config files measured, every quantity within 1 %.
+/// Cohere 1/2, GLM-4.5, MiniMax-M2, SmolLM3, Granite, Granite MoE, Qwen3-MoE, Gemma 3,
+/// DeepSeek-V3's MLA; eager and SDPA), read from the config files measured, every quantity
+/// within 1 %. The hybrids' rows measure transformers' torch fallback of their mixers, which
+/// the plan does not follow (it plans the CUDA kernels).
 #[test]
 fn family_rows_are_reproduced() {
     let mut fx = load("validation_families.json");
-    let hybrid = ["deepseek_v3", "qwen3_next", "nemotron_h"];
+    let hybrid = ["qwen3_next", "nemotron_h"];
     let rows: Vec<Value> = fx["rows"]
         .as_array()
         .unwrap()

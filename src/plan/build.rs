@@ -307,6 +307,12 @@ pub fn validate(w: &Workload) -> Result<(), PlanError> {
                         }
                     )));
                 }
+                if m.first_mla().is_some() && w.lora.is_some() {
+                    return Err(PlanError::Invalid(format!(
+                        "{}: LoRA on multi-head latent attention layers is not planned yet (PEFT targets q_a_proj, q_b_proj, kv_a_proj_with_mqa and kv_b_proj there); full fine-tuning and inference are",
+                        w.name
+                    )));
+                }
             }
             need(w.layers, "layers")?;
             need(w.hidden, "hidden")?;

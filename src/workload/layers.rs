@@ -565,14 +565,22 @@ impl ModelSpec {
         v
     }
 
-    /// A layer whose mixer the step planner has no op sequence for yet (MLA, the linear and
+    /// A layer whose mixer the step planner has no op sequence for yet (the linear and
     /// state-space mixers), if any.
     pub fn unplanned_mixer(&self) -> Option<&'static str> {
         self.layers
             .iter()
             .map(|l| &l.mixer)
-            .find(|m| !matches!(m, Mixer::Attention(_) | Mixer::None))
+            .find(|m| !matches!(m, Mixer::Attention(_) | Mixer::Mla(_) | Mixer::None))
             .map(Mixer::name)
+    }
+
+    /// The first multi-head latent attention layer, if any.
+    pub fn first_mla(&self) -> Option<&Mla> {
+        self.layers.iter().find_map(|l| match &l.mixer {
+            Mixer::Mla(m) => Some(m),
+            _ => None,
+        })
     }
 
     /// Layer runs: (first index, count, the layer) for each stretch of identical layers.

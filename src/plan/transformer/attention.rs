@@ -8,7 +8,7 @@ use crate::plan::autocast;
 use crate::plan::build::{prod, PlanError};
 use crate::plan::params::residual_dtype;
 use crate::plan::{DType, Role, Step, TensorIx};
-use crate::workload::layers::{Attn, Mixer, QkNorm, Window};
+use crate::workload::layers::{Attn, Mixer, Mla, QkNorm, Window};
 use crate::workload::{Attention, Checkpoint, Target, Workload};
 
 /// The kernels PyTorch's `scaled_dot_product_attention` dispatches to (which decides what its
@@ -105,6 +105,14 @@ impl T<'_> {
     fn attn_layer(&self) -> Option<Attn> {
         match self.layer?.mixer {
             Mixer::Attention(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The layer's multi-head latent attention, where the model is described layer by layer.
+    pub(super) fn mla(&self) -> Option<Mla> {
+        match self.layer?.mixer {
+            Mixer::Mla(m) => Some(m),
             _ => None,
         }
     }
@@ -378,6 +386,208 @@ impl T<'_> {
         Ok(ctx)
     }
 
+    /// Multi-head latent attention (transformers 5.24 `DeepseekV3Attention.forward`, which
+    /// Kimi K2 and GLM-5 load too). Measured on the CPU (`deepseek_v3` rows of
+    /// `tests/fixtures/validation_families.json`), per layer:
+    /// - the query through `q_a_proj`, its RMSNorm and `q_b_proj` (or one `q_proj`); each saves
+    ///   its input, the norm its own tensors;
+    /// - `kv_a_proj_with_mqa`'s output is the latent and one rotary key shared by the heads
+    ///   (two slices of one storage: an fp32 norm that saves the latent keeps the rotary key's
+    ///   bytes too); the latent's RMSNorm, then `kv_b_proj` to each head's key part and value;
+    /// - the rotated parts (`apply_rotary_pos_emb_interleave`: saves only cos and sin) joined
+    ///   to the passed-through ones by `torch.cat`: q and k [b, a, s, qk], new tensors;
+    /// - the core reads q, k and the value (a slice of `kv_b_proj`'s output). With the query
+    ///   width ≠ the value width, SDPA's CPU flash kernel is not taken: the math path saves as
+    ///   eager does (measured). On CUDA flash is not taken either and the memory-efficient
+    ///   kernel is (PyTorch's `check_head_dim_size_flash`; modelled). flash_attention_2 pads
+    ///   the value to the query width and slices the output (modelled).
+    ///
+    /// Returns the context [b, s, a·v] the output projection reads.
+    pub(super) fn attention_mla(
+        &mut self,
+        p: &str,
+        piece: &str,
+        x: TensorIx,
+        m: Mla,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let (h, a, c, bsz, s) = (self.h, self.a, self.c, self.bsz, self.s);
+        let (nope, rot, dv) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
+        let qk = nope.saturating_add(rot);
+        let e = "the MLA width";
+        let q_width = prod(&[a, qk], e)?;
+        let named =
+            |n: &str, t: &'static [Target], width| Proj::named(format!("{p}.{n}"), t, width);
+        let first_q = match m.q_lora_rank {
+            Some(r) => named("q_a_proj", &[Target::Q], r),
+            None => named("q_proj", &[Target::Q], q_width),
+        };
+        let o = self.projections(
+            piece,
+            x,
+            h,
+            &[
+                first_q,
+                named(
+                    "kv_a_proj_with_mqa",
+                    &[Target::K, Target::V],
+                    m.kv_lora_rank,
+                ),
+                named("kv_a_proj_with_mqa.rope", &[Target::K], rot),
+            ],
+            saved,
+        )?;
+        let (q0, latent, k_rot_in) = (o[0], o[1], o[2]);
+        // The query's low-rank path.
+        let q_full = match m.q_lora_rank {
+            Some(r) => {
+                let qn = self.norm_over(&format!("{p}.q_a_layernorm"), q0, r, saved)?;
+                if !saved.contains(&q0) {
+                    self.b.free(q0);
+                }
+                let qn = self.matmul_input(qn, 1, false, saved)?;
+                let proj = named("q_b_proj", &[Target::Q], q_width);
+                let q = self.projections(piece, qn, r, &[proj], saved)?[0];
+                self.consumed(qn, saved);
+                q
+            }
+            None => q0,
+        };
+        // The latent's norm and its lift to each head's key part and value.
+        let kv_rank = m.kv_lora_rank;
+        let kn = self.norm_over(&format!("{p}.kv_a_layernorm"), latent, kv_rank, saved)?;
+        let latent_saved = saved.contains(&latent);
+        if !latent_saved {
+            self.b.free(latent);
+        }
+        let kn = self.matmul_input(kn, 1, false, saved)?;
+        let kv_width = prod(&[a, nope.saturating_add(dv)], e)?;
+        let proj = named("kv_b_proj", &[Target::K, Target::V], kv_width);
+        let kv = self.projections(piece, kn, kv_rank, &[proj], saved)?[0];
+        self.consumed(kn, saved);
+        // The rotation of the query's and the shared key's rotary parts, in the promoted type
+        // of the projection and the tables; `torch.cat` joins them to the passed-through parts
+        // (cat promotes: fp32 under autocast).
+        let rt = autocast::promote(c, self.r);
+        let q_rot = self.b.push(
+            &format!("{p}.q_rot"),
+            Role::Activations,
+            rt,
+            &[bsz, a, s, rot],
+            rot,
+        )?;
+        let k_rot = self.b.push(
+            &format!("{p}.k_rot"),
+            Role::Activations,
+            rt,
+            &[bsz, 1, s, rot],
+            rot,
+        )?;
+        if latent_saved && self.saving {
+            // One storage with the saved latent.
+            saved.push(k_rot_in);
+        } else {
+            self.b.free(k_rot_in);
+        }
+        let q = self.b.push(
+            &format!("{p}.q"),
+            Role::Activations,
+            rt,
+            &[bsz, a, s, qk],
+            qk,
+        )?;
+        self.b.free_all([q_rot, q_full]);
+        let k = self.b.push(
+            &format!("{p}.k"),
+            Role::Activations,
+            rt,
+            &[bsz, a, s, qk],
+            qk,
+        )?;
+        self.b.free(k_rot);
+        let ckpt = self.train && self.w.checkpoint != Checkpoint::None;
+        let cached = self.w.kv_cache && !ckpt;
+        let (k, v) = if cached {
+            // DynamicCache keeps the joined key and the value, at every head.
+            let kc = self.b.push(
+                &format!("{p}.kv_cache.k"),
+                Role::Activations,
+                rt,
+                &[bsz, a, s, qk],
+                qk,
+            )?;
+            let vc = self.heads_t(&format!("{p}.kv_cache.v"), a, c, Role::Activations)?;
+            self.b.free(k);
+            self.held.extend([kc, vc]);
+            (kc, vc)
+        } else {
+            (k, kv)
+        };
+        let dev = self.w.autocast_device;
+        let backend = match self.w.attention {
+            Attention::Naive => SdpaBackend::Math,
+            Attention::Flash => SdpaBackend::Flash,
+            Attention::Sdpa if qk != dv => match dev {
+                autocast::Device::Cpu => SdpaBackend::Math,
+                autocast::Device::Cuda => SdpaBackend::Efficient,
+            },
+            Attention::Sdpa => {
+                let qt = self.out("scaled_dot_product_attention", &[rt]);
+                sdpa_backend(dev, qt, qk, false, self.dropout)
+            }
+        };
+        let from = saved.len();
+        let qkv = Qkv {
+            q,
+            k,
+            v,
+            cached,
+            masked: false,
+            kv_heads: a,
+        };
+        let mut kv_gone = false;
+        let ctx = match backend {
+            SdpaBackend::Math => {
+                let eager = self.w.attention == Attention::Naive;
+                self.attention_scores(p, qkv, eager, saved)?
+            }
+            SdpaBackend::Flash if qk != dv && !cached => {
+                // flash_attention_2: the value padded to the query width, the kernel's output
+                // at that width (which it saves), sliced and copied for o_proj.
+                let vp = self.b.push(
+                    &format!("{p}.v_pad"),
+                    Role::Activations,
+                    c,
+                    &[bsz, a, s, qk],
+                    qk,
+                )?;
+                self.b.free(kv);
+                kv_gone = true;
+                let (d, qw) = (self.d, self.qw);
+                (self.d, self.qw) = (qk, q_width);
+                let out = self.attention_fused(p, Qkv { v: vp, ..qkv }, backend, saved);
+                (self.d, self.qw) = (d, qw);
+                let out = out?;
+                if self.saving && !saved.contains(&out) {
+                    saved.push(out);
+                }
+                let copy = self.rows_t(&format!("{p}.ctx_slice"), Role::Activations, c, qw)?;
+                if !self.saving {
+                    self.b.free(out);
+                }
+                copy
+            }
+            _ => self.attention_fused(p, qkv, backend, saved)?,
+        };
+        let kv_saved = saved.contains(&kv);
+        self.attention_done(saved, from);
+        if !kv_saved && !kv_gone {
+            self.b.free(kv);
+        }
+        self.consumed(x, saved);
+        Ok(ctx)
+    }
+
     /// K and V as probs·V reads them: `repeat_kv`'s copies at the query heads when grouped
     /// (expand + reshape), or a copy of a value that is a slice of a fused projection.
     fn repeated_kv(
@@ -403,7 +613,13 @@ impl T<'_> {
             return Ok((kr, vr));
         }
         let whole = prod(&[self.bsz, self.s, self.kvw], "the value")?;
-        let vr = if self.b.tensor(v).elems() != whole {
+        // MLA's value is a slice of kv_b_proj's output (each head's key part beside it), the
+        // cache's copy is whole.
+        let sliced = match self.mla() {
+            Some(_) => !cached,
+            None => self.b.tensor(v).elems() != whole,
+        };
+        let vr = if sliced {
             self.heads_t(&format!("{p}.v_copy"), a, self.dtype(v), Role::Activations)?
         } else {
             v

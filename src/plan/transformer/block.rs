@@ -4,7 +4,7 @@
 use super::{decoder, fsdp_layer, lora, Block, Frame, Mlp, T};
 use crate::plan::build::PlanError;
 use crate::plan::{Phase, Role, TensorIx};
-use crate::workload::layers::{BlockForm, MlpSpec};
+use crate::workload::layers::{BlockForm, Mixer, MlpSpec};
 use crate::workload::Target;
 
 impl T<'_> {
@@ -86,7 +86,14 @@ impl T<'_> {
         let saving = self.saving;
         self.use_piece(pa)?;
         let n1 = self.norm(&format!("{p}.ln1"), x, sa)?;
-        let readers = if self.spec.fused_qkv { 1 } else { 3 };
+        let readers = if self.mla().is_some() {
+            // q_a_proj (or q_proj) and kv_a_proj_with_mqa.
+            2
+        } else if self.spec.fused_qkv {
+            1
+        } else {
+            3
+        };
         let n1 = self.sp_gather(n1, readers, false, sa)?;
         // A parallel block (Cohere: `x + attn(ln(x)) + mlp(ln(x))`): the MLP reads the same
         // normalised input, which stays until both branches ran.
@@ -98,7 +105,9 @@ impl T<'_> {
         if dead {
             self.saving = false;
         }
-        let ctx = if self.w.is_decoder_llm() {
+        let ctx = if let Some(m) = self.mla() {
+            self.attention_mla(p, pa, n1, m, sa)?
+        } else if self.w.is_decoder_llm() {
             self.attention_llm(p, pa, n1, sa)?
         } else {
             self.attention_gpt(p, pa, n1, sa)?
@@ -282,6 +291,17 @@ impl T<'_> {
             return;
         };
         self.layer = Some(*l);
+        (self.d, self.qw, self.kvw) = match l.mixer {
+            // MLA: the core's output (and so the context and the output projection's input)
+            // is at the value width; q and k at the query/key width.
+            Mixer::Mla(m) => (
+                m.v_head_dim,
+                self.a.saturating_mul(m.v_head_dim),
+                self.a
+                    .saturating_mul(m.qk_nope_head_dim.saturating_add(m.qk_rope_head_dim)),
+            ),
+            _ => self.widths,
+        };
         self.spec.mlp = decoder::mlp_kind(&l.mlp);
         match l.mlp {
             MlpSpec::Dense { ffn, .. } => self.f = ffn,

@@ -142,6 +142,7 @@ impl<'a> T<'a> {
             d,
             qw,
             kvw,
+            widths: (d, qw, kvw),
             c,
             r: if ac.is_some() { DType::F32 } else { c },
             ac,
@@ -306,7 +307,10 @@ impl<'a> T<'a> {
         // RoPE cos and sin [1, s, d], in the embeddings' type: made once, read (and saved) by
         // every layer's rotation.
         if self.spec.rope {
-            let (r, s, d) = (self.r, self.s, self.d);
+            // MLA rotates only each head's rope part (`qk_rope_head_dim` wide).
+            let mla = self.w.model.as_ref().and_then(|m| m.first_mla());
+            let d = mla.map_or(self.d, |m| m.qk_rope_head_dim);
+            let (r, s) = (self.r, self.s);
             self.rope =
                 Some(
                     self.b

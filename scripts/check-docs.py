@@ -54,9 +54,8 @@ def strip_code_spans(line):
 def heading_text(raw):
     """The text a heading renders: links to their text, code and emphasis marks dropped."""
     t = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", raw)
-    t = t.replace("`", "")
-    t = re.sub(r"[*_]{1,3}(\S(?:.*?\S)?)[*_]{1,3}", r"\1", t)
-    return t
+    # Emphasis marks go; `_` stays (it is kept in ids, and `a_b` in code is no emphasis).
+    return t.replace("`", "").replace("*", "")
 
 
 def slug(text):

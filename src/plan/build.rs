@@ -294,22 +294,13 @@ pub fn validate(w: &Workload) -> Result<(), PlanError> {
         }
         _ => {
             if let Some(m) = w.model.as_ref().filter(|_| !w.inference()) {
-                if let Some(mixer) = m.unplanned_mixer() {
-                    let c = m.counts();
+                let adapted = m
+                    .first_mla()
+                    .map(|_| "multi-head latent attention")
+                    .or_else(|| m.recurrent_mixer().map(|r| r.name()));
+                if let (Some(mixer), Some(_)) = (adapted, &w.lora) {
                     return Err(PlanError::Invalid(format!(
-                        "{} ({} parameters{}): training a model with {mixer} layers is not planned yet (their op sequence is not modelled); --mode inference and --mode serve plan it",
-                        w.name,
-                        crate::units::fmt_count(c.total),
-                        if c.active < c.total {
-                            format!(", {} active", crate::units::fmt_count(c.active))
-                        } else {
-                            String::new()
-                        }
-                    )));
-                }
-                if m.first_mla().is_some() && w.lora.is_some() {
-                    return Err(PlanError::Invalid(format!(
-                        "{}: LoRA on multi-head latent attention layers is not planned yet (PEFT targets q_a_proj, q_b_proj, kv_a_proj_with_mqa and kv_b_proj there); full fine-tuning and inference are",
+                        "{}: LoRA on {mixer} layers is not planned yet (PEFT's targets there are the mixer's own projections); full fine-tuning and inference are",
                         w.name
                     )));
                 }

@@ -157,6 +157,17 @@ impl Mixer {
             Mixer::None => "no mixer",
         }
     }
+
+    /// The kernels the plan follows for a recurrent mixer (None for the others).
+    pub fn kernels(&self) -> Option<&'static str> {
+        match self {
+            Mixer::GatedDeltaNet(_) => Some(
+                "flash-linear-attention's chunk_gated_delta_rule, causal-conv1d and FusedRMSNormGated",
+            ),
+            Mixer::Mamba2(_) => Some("mamba_ssm's mamba_split_conv1d_scan_combined"),
+            _ => None,
+        }
+    }
 }
 
 /// Where a layer's norms sit.
@@ -565,14 +576,13 @@ impl ModelSpec {
         v
     }
 
-    /// A layer whose mixer the step planner has no op sequence for yet (the linear and
-    /// state-space mixers), if any.
-    pub fn unplanned_mixer(&self) -> Option<&'static str> {
+    /// The first recurrent mixer (Gated DeltaNet, Mamba-2), if any: the plan follows its CUDA
+    /// kernels, which the CPU harness cannot measure.
+    pub fn recurrent_mixer(&self) -> Option<Mixer> {
         self.layers
             .iter()
-            .map(|l| &l.mixer)
-            .find(|m| !matches!(m, Mixer::Attention(_) | Mixer::Mla(_) | Mixer::None))
-            .map(Mixer::name)
+            .map(|l| l.mixer)
+            .find(|m| matches!(m, Mixer::GatedDeltaNet(_) | Mixer::Mamba2(_)))
     }
 
     /// The first multi-head latent attention layer, if any.

@@ -240,6 +240,8 @@ impl T<'_> {
     ) -> Result<TensorIx, PlanError> {
         let (h, qw, kvw, a, g) = (self.h, self.qw, self.kvw, self.a, self.g);
         let c = self.c;
+        let gated = self.attn_layer().is_some_and(|l| l.output_gate) && !self.spec.fused_qkv;
+        let mut gate = None;
         // Projections: separate outputs, or slices (views) of one fused output.
         // (Over a frozen base each is the stored linear and its adapter, if any.)
         let (q0, k0, v0) = if self.spec.fused_qkv {
@@ -256,12 +258,18 @@ impl T<'_> {
             let named = |name: &str, t: &'static [Target], width| {
                 Proj::named(format!("{p}.{name}"), t, width)
             };
-            let projs = [
+            let mut projs = vec![
                 named("q_proj", &[Target::Q], qw),
                 named("k_proj", &[Target::K], kvw),
                 named("v_proj", &[Target::V], kvw),
             ];
+            if gated {
+                // Qwen3-Next: q_proj's output is each head's query and its output gate, as two
+                // slices of one storage.
+                projs.push(named("q_proj.gate", &[Target::Q], qw));
+            }
             let o = self.projections(piece, x, h, &projs, saved)?;
+            gate = o.get(3).copied();
             (o[0], o[1], o[2])
         };
         let (q1, k1) = if self.spec.qk_norm {
@@ -283,6 +291,11 @@ impl T<'_> {
         } else {
             (q1, k1)
         };
+        // The gate shares the query's storage: it stays while a norm saves the query.
+        let gate_kept = gate.filter(|_| saved.contains(&q0));
+        if let Some(t) = gate_kept {
+            saved.push(t);
+        }
         // What fed the rotation goes unless a norm saved it (the value keeps a fused output).
         let mut fed = vec![q1, k1];
         if !self.spec.fused_qkv {
@@ -383,7 +396,34 @@ impl T<'_> {
         }
         // The decoder layer's local keeps the norm's output until the attention returns.
         self.consumed(x, saved);
-        Ok(ctx)
+        match gate {
+            Some(gate) => self.output_gate(p, ctx, gate, gate_kept.is_some(), saved),
+            None => Ok(ctx),
+        }
+    }
+
+    /// Qwen3-Next's gated attention: `attn_output * sigmoid(gate)`, the sigmoid's output and
+    /// the context saved by the product (measured); returns the product, o_proj's input.
+    fn output_gate(
+        &mut self,
+        p: &str,
+        ctx: TensorIx,
+        gate: TensorIx,
+        gate_kept: bool,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let (c, qw) = (self.c, self.qw);
+        let sig = self.rows_t(&format!("{p}.gate_sigmoid"), Role::Activations, c, qw)?;
+        if !gate_kept {
+            self.b.free(gate);
+        }
+        let out = self.rows_t(&format!("{p}.gated"), Role::Activations, c, qw)?;
+        if self.saving {
+            saved.extend([sig, ctx]);
+        } else {
+            self.b.free_all([sig, ctx]);
+        }
+        Ok(out)
     }
 
     /// Multi-head latent attention (transformers 5.24 `DeepseekV3Attention.forward`, which

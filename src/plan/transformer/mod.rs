@@ -101,6 +101,7 @@ mod mlp;
 mod moe;
 mod phi3;
 mod qwen;
+mod recurrent;
 mod sample;
 pub mod spec;
 mod step;

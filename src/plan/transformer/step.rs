@@ -167,9 +167,11 @@ impl<'a> T<'a> {
     /// What the plan counts but does not plan layer by layer.
     fn notes(&mut self) {
         let model = self.w.model.as_ref();
-        if let Some(mixer) = model.and_then(|m| m.unplanned_mixer()) {
+        if let Some(mixer) = model.and_then(|m| m.recurrent_mixer()) {
             self.b.note(format!(
-                "the forward of its {mixer} layers is planned as softmax attention of the model's head widths (modelled, not measured); their weights and serving cache are their own"
+                "its {} layers are planned as {} save and hold them on CUDA (modelled, not measured); transformers' torch fallback (the CPU, or without those packages) holds more",
+                mixer.name(),
+                mixer.kernels().unwrap_or("their kernels")
             ));
         }
         if let Some(v) = model.and_then(|m| m.vision.as_ref()) {

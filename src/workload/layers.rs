@@ -132,7 +132,7 @@ impl Mamba2 {
 
 /// What mixes positions in a layer.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "mixer")]
+#[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Mixer {
     Attention(Attn),
     Mla(Mla),
@@ -221,7 +221,7 @@ pub struct MoeSpec {
 
 /// The feed-forward part of a layer.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "mlp")]
+#[serde(rename_all = "snake_case", tag = "kind")]
 pub enum MlpSpec {
     Dense {
         ffn: u64,
@@ -254,13 +254,12 @@ impl NormKind {
     }
 }
 
-/// One layer.
+/// One layer. The mixer and the MLP are objects of their own (`{"kind": "mla", ...}`): flattened,
+/// their fields collide (MLA's `bias` beside a dense MLP's).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LayerSpec {
-    #[serde(flatten)]
     pub mixer: Mixer,
     pub block: BlockForm,
-    #[serde(flatten)]
     pub mlp: MlpSpec,
 }
 

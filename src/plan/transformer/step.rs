@@ -169,7 +169,7 @@ impl<'a> T<'a> {
         let model = self.w.model.as_ref();
         if let Some(mixer) = model.and_then(|m| m.recurrent_mixer()) {
             self.b.note(format!(
-                "its {} layers are planned as {} save and hold them on CUDA (modelled, not measured); transformers' torch fallback (the CPU, or without those packages) holds more",
+                "its {} layers are planned with what {} save on CUDA (modelled, not measured); transformers' torch fallback (the CPU, or without those packages) saves more",
                 mixer.name(),
                 mixer.kernels().unwrap_or("their kernels")
             ));

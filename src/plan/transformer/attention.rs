@@ -336,6 +336,36 @@ impl T<'_> {
         } else {
             (k, v0)
         };
+        let from = saved.len();
+        let ctx = self.llm_core(p, q, k, v, cached, saved)?;
+        // The value's projection (or the fused output it is a slice of) goes unless saved; with
+        // the cache, attention read the cache's copy.
+        let v0_saved = saved.contains(&v0);
+        self.attention_done(saved, from);
+        if !v0_saved {
+            self.b.free(v0);
+        }
+        // The decoder layer's local keeps the norm's output until the attention returns.
+        self.consumed(x, saved);
+        match gate {
+            Some(gate) => self.output_gate(p, ctx, gate, gate_kept.is_some(), saved),
+            None => Ok(ctx),
+        }
+    }
+
+    /// The decoder LLMs' attention core over q, k and v (the cache's copies when `cached`):
+    /// the kernel PyTorch picks, K and V repeated where a mask keeps SDPA from grouped heads;
+    /// returns the context [b, s, a·d].
+    fn llm_core(
+        &mut self,
+        p: &str,
+        q: TensorIx,
+        k: TensorIx,
+        v: TensorIx,
+        cached: bool,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let (a, g) = (self.a, self.g);
         // A window the sequence reaches makes transformers pass SDPA a mask (below it the
         // causal mask is skipped: masking_utils' `_ignore_causal_mask_sdpa`); with a mask it
         // does not pass grouped heads (`use_gqa_in_sdpa`) and CUDA's flash kernel takes none.
@@ -356,7 +386,6 @@ impl T<'_> {
             }
         };
         let eager = self.w.attention == Attention::Naive;
-        let from = saved.len();
         let qkv = if masked && g != a && backend != SdpaBackend::Math {
             // repeat_kv: expand + reshape, copies at the query heads.
             let kr = self.heads_t(&format!("{p}.k_rep"), a, self.dtype(k), Role::Activations)?;
@@ -382,23 +411,10 @@ impl T<'_> {
                 kv_heads: g,
             }
         };
-        let ctx = if backend == SdpaBackend::Math {
-            self.attention_scores(p, qkv, eager, saved)?
+        if backend == SdpaBackend::Math {
+            self.attention_scores(p, qkv, eager, saved)
         } else {
-            self.attention_fused(p, qkv, backend, saved)?
-        };
-        // The value's projection (or the fused output it is a slice of) goes unless saved; with
-        // the cache, attention read the cache's copy.
-        let v0_saved = saved.contains(&v0);
-        self.attention_done(saved, from);
-        if !v0_saved {
-            self.b.free(v0);
-        }
-        // The decoder layer's local keeps the norm's output until the attention returns.
-        self.consumed(x, saved);
-        match gate {
-            Some(gate) => self.output_gate(p, ctx, gate, gate_kept.is_some(), saved),
-            None => Ok(ctx),
+            self.attention_fused(p, qkv, backend, saved)
         }
     }
 
@@ -451,100 +467,12 @@ impl T<'_> {
         m: Mla,
         saved: &mut Vec<TensorIx>,
     ) -> Result<TensorIx, PlanError> {
-        let (h, a, c, bsz, s) = (self.h, self.a, self.c, self.bsz, self.s);
-        let (nope, rot, dv) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
-        let qk = nope.saturating_add(rot);
-        let e = "the MLA width";
-        let q_width = prod(&[a, qk], e)?;
-        let named =
-            |n: &str, t: &'static [Target], width| Proj::named(format!("{p}.{n}"), t, width);
-        let first_q = match m.q_lora_rank {
-            Some(r) => named("q_a_proj", &[Target::Q], r),
-            None => named("q_proj", &[Target::Q], q_width),
-        };
-        let o = self.projections(
-            piece,
-            x,
-            h,
-            &[
-                first_q,
-                named(
-                    "kv_a_proj_with_mqa",
-                    &[Target::K, Target::V],
-                    m.kv_lora_rank,
-                ),
-                named("kv_a_proj_with_mqa.rope", &[Target::K], rot),
-            ],
-            saved,
-        )?;
-        let (q0, latent, k_rot_in) = (o[0], o[1], o[2]);
-        // The query's low-rank path.
-        let q_full = match m.q_lora_rank {
-            Some(r) => {
-                let qn = self.norm_over(&format!("{p}.q_a_layernorm"), q0, r, saved)?;
-                if !saved.contains(&q0) {
-                    self.b.free(q0);
-                }
-                let qn = self.matmul_input(qn, 1, false, saved)?;
-                let proj = named("q_b_proj", &[Target::Q], q_width);
-                let q = self.projections(piece, qn, r, &[proj], saved)?[0];
-                self.consumed(qn, saved);
-                q
-            }
-            None => q0,
-        };
-        // The latent's norm and its lift to each head's key part and value.
-        let kv_rank = m.kv_lora_rank;
-        let kn = self.norm_over(&format!("{p}.kv_a_layernorm"), latent, kv_rank, saved)?;
-        let latent_saved = saved.contains(&latent);
-        if !latent_saved {
-            self.b.free(latent);
-        }
-        let kn = self.matmul_input(kn, 1, false, saved)?;
-        let kv_width = prod(&[a, nope.saturating_add(dv)], e)?;
-        let proj = named("kv_b_proj", &[Target::K, Target::V], kv_width);
-        let kv = self.projections(piece, kn, kv_rank, &[proj], saved)?[0];
-        self.consumed(kn, saved);
-        // The rotation of the query's and the shared key's rotary parts, in the promoted type
-        // of the projection and the tables; `torch.cat` joins them to the passed-through parts
-        // (cat promotes: fp32 under autocast).
-        let rt = autocast::promote(c, self.r);
-        let q_rot = self.b.push(
-            &format!("{p}.q_rot"),
-            Role::Activations,
-            rt,
-            &[bsz, a, s, rot],
-            rot,
-        )?;
-        let k_rot = self.b.push(
-            &format!("{p}.k_rot"),
-            Role::Activations,
-            rt,
-            &[bsz, 1, s, rot],
-            rot,
-        )?;
-        if latent_saved && self.saving {
-            // One storage with the saved latent.
-            saved.push(k_rot_in);
-        } else {
-            self.b.free(k_rot_in);
-        }
-        let q = self.b.push(
-            &format!("{p}.q"),
-            Role::Activations,
-            rt,
-            &[bsz, a, s, qk],
-            qk,
-        )?;
-        self.b.free_all([q_rot, q_full]);
-        let k = self.b.push(
-            &format!("{p}.k"),
-            Role::Activations,
-            rt,
-            &[bsz, a, s, qk],
-            qk,
-        )?;
-        self.b.free(k_rot);
+        let (a, c, bsz, s) = (self.a, self.c, self.bsz, self.s);
+        let qk = m.qk_nope_head_dim.saturating_add(m.qk_rope_head_dim);
+        let dv = m.v_head_dim;
+        let (q_full, kv, k_rot_in, latent_saved) = self.mla_projections(p, piece, x, m, saved)?;
+        let (q, k) = self.mla_joined(p, m, q_full, k_rot_in, latent_saved, saved)?;
+        let rt = self.dtype(q);
         let ckpt = self.train && self.w.checkpoint != Checkpoint::None;
         let cached = self.w.kv_cache && !ckpt;
         let (k, v) = if cached {
@@ -585,47 +513,155 @@ impl T<'_> {
             masked: false,
             kv_heads: a,
         };
-        let mut kv_gone = false;
+        let padded = backend == SdpaBackend::Flash && qk != dv && !cached;
         let ctx = match backend {
             SdpaBackend::Math => {
                 let eager = self.w.attention == Attention::Naive;
                 self.attention_scores(p, qkv, eager, saved)?
             }
-            SdpaBackend::Flash if qk != dv && !cached => {
-                // flash_attention_2: the value padded to the query width, the kernel's output
-                // at that width (which it saves), sliced and copied for o_proj.
-                let vp = self.b.push(
-                    &format!("{p}.v_pad"),
-                    Role::Activations,
-                    c,
-                    &[bsz, a, s, qk],
-                    qk,
-                )?;
-                self.b.free(kv);
-                kv_gone = true;
-                let (d, qw) = (self.d, self.qw);
-                (self.d, self.qw) = (qk, q_width);
-                let out = self.attention_fused(p, Qkv { v: vp, ..qkv }, backend, saved);
-                (self.d, self.qw) = (d, qw);
-                let out = out?;
-                if self.saving && !saved.contains(&out) {
-                    saved.push(out);
-                }
-                let copy = self.rows_t(&format!("{p}.ctx_slice"), Role::Activations, c, qw)?;
-                if !self.saving {
-                    self.b.free(out);
-                }
-                copy
-            }
+            _ if padded => self.mla_flash_padded(p, qkv, kv, qk, saved)?,
             _ => self.attention_fused(p, qkv, backend, saved)?,
         };
         let kv_saved = saved.contains(&kv);
         self.attention_done(saved, from);
-        if !kv_saved && !kv_gone {
+        if !kv_saved && !padded {
             self.b.free(kv);
         }
         self.consumed(x, saved);
         Ok(ctx)
+    }
+
+    /// MLA's projections of `x`: the query (through its low-rank path, or one q_proj), the
+    /// latent's norm and kv_b_proj's output (each head's key part and value). Returns the
+    /// query, kv_b's output, the shared rotary key (kv_a's other slice) and whether the latent
+    /// is saved (then the rotary key's bytes, one storage with it, stay too).
+    fn mla_projections(
+        &mut self,
+        p: &str,
+        piece: &str,
+        x: TensorIx,
+        m: Mla,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<(TensorIx, TensorIx, TensorIx, bool), PlanError> {
+        let (h, a) = (self.h, self.a);
+        let (nope, rot, dv) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
+        let e = "the MLA width";
+        let q_width = prod(&[a, nope.saturating_add(rot)], e)?;
+        let named =
+            |n: &str, t: &'static [Target], width| Proj::named(format!("{p}.{n}"), t, width);
+        let first_q = match m.q_lora_rank {
+            Some(r) => named("q_a_proj", &[Target::Q], r),
+            None => named("q_proj", &[Target::Q], q_width),
+        };
+        let kv_a = named(
+            "kv_a_proj_with_mqa",
+            &[Target::K, Target::V],
+            m.kv_lora_rank,
+        );
+        let kv_a_rope = named("kv_a_proj_with_mqa.rope", &[Target::K], rot);
+        let o = self.projections(piece, x, h, &[first_q, kv_a, kv_a_rope], saved)?;
+        let (q0, latent, k_rot_in) = (o[0], o[1], o[2]);
+        let q_full = match m.q_lora_rank {
+            Some(r) => {
+                let qn = self.norm_over(&format!("{p}.q_a_layernorm"), q0, r, saved)?;
+                if !saved.contains(&q0) {
+                    self.b.free(q0);
+                }
+                let qn = self.matmul_input(qn, 1, false, saved)?;
+                let proj = named("q_b_proj", &[Target::Q], q_width);
+                let q = self.projections(piece, qn, r, &[proj], saved)?[0];
+                self.consumed(qn, saved);
+                q
+            }
+            None => q0,
+        };
+        let kv_rank = m.kv_lora_rank;
+        let kn = self.norm_over(&format!("{p}.kv_a_layernorm"), latent, kv_rank, saved)?;
+        let latent_saved = saved.contains(&latent);
+        if !latent_saved {
+            self.b.free(latent);
+        }
+        let kn = self.matmul_input(kn, 1, false, saved)?;
+        let kv_width = prod(&[a, nope.saturating_add(dv)], e)?;
+        let proj = named("kv_b_proj", &[Target::K, Target::V], kv_width);
+        let kv = self.projections(piece, kn, kv_rank, &[proj], saved)?[0];
+        self.consumed(kn, saved);
+        Ok((q_full, kv, k_rot_in, latent_saved))
+    }
+
+    /// The rotation of the query's and the shared key's rotary parts (in the promoted type of
+    /// the projection and the tables), joined to the passed-through parts by `torch.cat`
+    /// (which promotes: fp32 under autocast): q and k [b, a, s, qk].
+    fn mla_joined(
+        &mut self,
+        p: &str,
+        m: Mla,
+        q_full: TensorIx,
+        k_rot_in: TensorIx,
+        latent_saved: bool,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<(TensorIx, TensorIx), PlanError> {
+        let (a, bsz, s) = (self.a, self.bsz, self.s);
+        let rot = m.qk_rope_head_dim;
+        let qk = m.qk_nope_head_dim.saturating_add(rot);
+        let rt = autocast::promote(self.c, self.r);
+        let push = |t: &mut Self, n: &str, heads: u64, width: u64| {
+            t.b.push(
+                &format!("{p}.{n}"),
+                Role::Activations,
+                rt,
+                &[bsz, heads, s, width],
+                width,
+            )
+        };
+        let q_rot = push(self, "q_rot", a, rot)?;
+        let k_rot = push(self, "k_rot", 1, rot)?;
+        if latent_saved && self.saving {
+            // One storage with the saved latent.
+            saved.push(k_rot_in);
+        } else {
+            self.b.free(k_rot_in);
+        }
+        let q = push(self, "q", a, qk)?;
+        self.b.free_all([q_rot, q_full]);
+        let k = push(self, "k", a, qk)?;
+        self.b.free(k_rot);
+        Ok((q, k))
+    }
+
+    /// flash_attention_2 under MLA: the value padded to the query/key width (kv_b's output
+    /// goes), the kernel's output at that width (which it saves), sliced and copied for o_proj.
+    fn mla_flash_padded(
+        &mut self,
+        p: &str,
+        qkv: Qkv,
+        kv: TensorIx,
+        qk: u64,
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let (a, c, bsz, s) = (self.a, self.c, self.bsz, self.s);
+        let q_width = prod(&[a, qk], "the MLA width")?;
+        let vp = self.b.push(
+            &format!("{p}.v_pad"),
+            Role::Activations,
+            c,
+            &[bsz, a, s, qk],
+            qk,
+        )?;
+        self.b.free(kv);
+        let (d, qw) = (self.d, self.qw);
+        (self.d, self.qw) = (qk, q_width);
+        let out = self.attention_fused(p, Qkv { v: vp, ..qkv }, SdpaBackend::Flash, saved);
+        (self.d, self.qw) = (d, qw);
+        let out = out?;
+        if self.saving && !saved.contains(&out) {
+            saved.push(out);
+        }
+        let copy = self.rows_t(&format!("{p}.ctx_slice"), Role::Activations, c, qw)?;
+        if !self.saving {
+            self.b.free(out);
+        }
+        Ok(copy)
     }
 
     /// K and V as probs·V reads them: `repeat_kv`'s copies at the query heads when grouped

@@ -174,6 +174,14 @@ impl<'a> T<'a> {
                 mixer.kernels().unwrap_or("their kernels")
             ));
         }
+        if model
+            .and_then(|m| m.first_mla())
+            .is_some_and(|m| m.indexer.is_some())
+        {
+            self.b.note(
+                "DeepSeek sparse attention: its lightning indexer's weights are counted, its activations are not planned, and attention is planned dense over the whole sequence (modelled, not measured)",
+            );
+        }
         if let Some(v) = model.and_then(|m| m.vision.as_ref()) {
             self.b.note(format!(
                 "vision tower ({}): its {} weights are counted; its activations are not planned (the step is the text model's)",

@@ -509,6 +509,9 @@ pub fn all_cards(
     Ok(rows)
 }
 
+/// A plan shared between threads; None where its sizes overflow.
+type SharedPlan = Option<std::sync::Arc<Plan>>;
+
 /// A workload's plans by (scenario, value), built once and shared by the cards of
 /// `--gpu all` (and their threads); None where the plan's sizes overflow.
 struct Plans<'a> {
@@ -525,7 +528,7 @@ impl<'a> Plans<'a> {
         }
     }
 
-    fn get(&self, s: Scenario, x: u64) -> Result<Option<std::sync::Arc<Plan>>, PlanError> {
+    fn get(&self, s: Scenario, x: u64) -> Result<SharedPlan, PlanError> {
         let cached = |m: &Self| {
             m.built
                 .lock()

@@ -512,9 +512,6 @@ pub fn all_cards(
 /// A plan shared between threads; None where its sizes overflow.
 type SharedPlan = Option<std::sync::Arc<Plan>>;
 
-/// A plan shared between threads; None where its sizes overflow.
-type SharedPlan = Option<std::sync::Arc<Plan>>;
-
 /// A workload's plans by (scenario, value), built once and shared by the cards of
 /// `--gpu all` (and their threads); None where the plan's sizes overflow.
 struct Plans<'a> {

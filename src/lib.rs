@@ -20,6 +20,7 @@ pub mod ops;
 pub mod plan;
 pub mod probe;
 pub mod report;
+pub mod resolve;
 pub mod scenario;
 pub mod search;
 pub mod serve;

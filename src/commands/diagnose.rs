@@ -4,7 +4,7 @@ use crate::cli::DiagnoseArgs;
 use crate::commands::estimate::{case_memory, memory_arg, out, plan_error};
 use crate::diagnose::{diagnose, render};
 use crate::error::{CliError, CliResult};
-use crate::workload::overrides::resolve;
+use crate::resolve::resolve;
 
 /// The card `--gpu` names (an unknown one exits 2, with `--oom` too).
 fn card_arg(args: &DiagnoseArgs) -> CliResult<Option<&'static crate::alloc::cards::Card>> {

@@ -12,7 +12,7 @@ use crate::estimate::{
 use crate::plan::build::{param_count, PlanError};
 use crate::plan::Plan;
 use crate::units::{fmt_bytes, fmt_count, parse_size};
-use crate::workload::overrides::resolve;
+use crate::resolve::resolve;
 use crate::workload::Workload;
 
 /// `estimate --json` (contract: schema_version, workload, breakdown, boundaries).
@@ -80,16 +80,16 @@ pub fn out(s: &str) -> CliResult<()> {
 }
 
 /// The card memory a case file names, when `--config` is one (used when `--memory` is absent).
-pub fn case_memory(args: &crate::cli::WorkloadArgs) -> CliResult<Option<u64>> {
+pub fn case_memory(args: &crate::workload::args::WorkloadArgs) -> CliResult<Option<u64>> {
     let Some(path) = &args.config else {
         return Ok(None);
     };
     if !crate::commands::replay::is_case_file(path) {
         return Ok(None);
     }
-    match crate::workload::config::load_config(path).map_err(|e| CliError::usage(e.to_string()))? {
-        crate::workload::config::LoadedConfig::Case(c) => Ok(c.memory),
-        crate::workload::config::LoadedConfig::Hf(_) => Ok(None),
+    match crate::resolve::load_config(path).map_err(|e| CliError::usage(e.to_string()))? {
+        crate::resolve::LoadedConfig::Case(c) => Ok(c.memory),
+        crate::resolve::LoadedConfig::Hf(_) => Ok(None),
     }
 }
 

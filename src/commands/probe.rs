@@ -143,14 +143,14 @@ fn user_workload(args: &ProbeArgs) -> CliResult<Option<crate::workload::Workload
         }
         return Ok(None);
     }
-    let resolved = crate::workload::overrides::resolve(&args.workload, "gpt2")?;
+    let resolved = crate::resolve::resolve(&args.workload, "gpt2")?;
     for w in &resolved.warnings {
         eprintln!("oomprobe: warning: {w}");
     }
     Ok(Some(resolved.workload))
 }
 
-fn has_overrides(w: &crate::cli::WorkloadArgs) -> bool {
+fn has_overrides(w: &crate::workload::args::WorkloadArgs) -> bool {
     [
         &w.batch,
         &w.seq,

@@ -9,7 +9,7 @@ use crate::probe::case::{replay, CaseOptions};
 use crate::probe::child::ProbeTimeout;
 use crate::probe::session::NO_ISOLATE_WARNING;
 use crate::units::fmt_bytes;
-use crate::workload::config::{load_config, LoadedConfig};
+use crate::resolve::{load_config, LoadedConfig};
 
 /// True when `--config` names an oomprobe case file (TOML) rather than a config.json.
 pub fn is_case_file(path: &Path) -> bool {

@@ -7,7 +7,7 @@ use crate::plan::Plan;
 use crate::report::SCHEMA_VERSION;
 use crate::scenario::Scenario;
 use crate::units::fmt_bytes;
-use crate::workload::config::{CaseFile, Verdict};
+use crate::workload::case::{CaseFile, Verdict};
 use crate::workload::Arch;
 
 use super::capacity::{self, Capacity};

@@ -1,20 +1,19 @@
 //! Apply command-line overrides to a workload, with checked parsing (exit 2 on bad input).
 //!
-//! Order: `--config FILE` (a Hugging Face config.json or an oomprobe case file), else `--model`,
-//! else `--params` alone (a bare "dense" parameter count), else the caller's default preset; then
-//! every override, each parsed and checked; then the shape is validated as a whole. Every error is
-//! a `CliError::Usage` naming the flag. Things that are allowed but worth a word (a `--seq` longer
-//! than the preset's context, ZeRO on one GPU) come back as warnings for the caller to print.
+//! The flag parsers (`count`, `parse_precision`, ..., also used by the config readers and the
+//! layout and serving flags), and [`apply`]: every override over the base the caller loaded, each
+//! parsed and checked. Every error is a `CliError::Usage` naming the flag. Things that are allowed
+//! but worth a word (a `--seq` longer than the preset's context, ZeRO on one GPU) come back as
+//! warnings for the caller to print. Loading the base and checking the result as a whole is
+//! `crate::resolve`'s job.
 
-use crate::cli::WorkloadArgs;
 use crate::error::CliError;
-use crate::plan::build::validate;
 use crate::units::parse_count;
 
-use super::config::{load_config, LoadedConfig};
-use super::presets::{self, vit_tokens};
+use super::args::WorkloadArgs;
+use super::presets::vit_tokens;
 use super::{
-    Arch, Attention, Checkpoint, DropoutMask, Gelu, Grads, Mode, Optimizer, OptimizerImpl, Outputs,
+    Arch, Attention, AutocastDevice, Checkpoint, DropoutMask, Gelu, Grads, Mode, Optimizer, OptimizerImpl, Outputs,
     Precision, StepKind, Workload,
 };
 
@@ -25,7 +24,8 @@ pub struct Resolved {
     pub warnings: Vec<String>,
 }
 
-fn usage(flag: &str, msg: impl std::fmt::Display) -> CliError {
+/// A usage error naming `--flag`.
+pub(crate) fn usage(flag: &str, msg: impl std::fmt::Display) -> CliError {
     CliError::usage(format!("--{flag}: {msg}"))
 }
 
@@ -128,12 +128,11 @@ pub fn parse_attention(v: &str) -> Result<Attention, CliError> {
     }
 }
 
-pub fn parse_autocast_device(v: &str) -> Result<crate::plan::autocast::Device, CliError> {
-    use crate::plan::autocast::Device;
+pub fn parse_autocast_device(v: &str) -> Result<AutocastDevice, CliError> {
     choice(
         "autocast-device",
         v,
-        &[("cuda", Device::Cuda), ("cpu", Device::Cpu)],
+        &[("cuda", AutocastDevice::Cuda), ("cpu", AutocastDevice::Cpu)],
     )
 }
 
@@ -267,48 +266,10 @@ pub fn parse_gelu(v: &str) -> Result<Gelu, CliError> {
     )
 }
 
-/// Resolve the workload of `args` (see the module doc), with warnings.
-pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, CliError> {
+/// Apply `args`'s overrides to `w` (the preset or config the caller loaded), each parsed and
+/// checked, with warnings. The shape as a whole is checked by the caller (`resolve`).
+pub fn apply(args: &WorkloadArgs, mut w: Workload) -> Result<Resolved, CliError> {
     let mut warnings = Vec::new();
-    let mut w = if let Some(path) = &args.config {
-        if args.model.is_some() {
-            return Err(CliError::usage(
-                "--model and --config cannot be used together",
-            ));
-        }
-        match load_config(path).map_err(|e| CliError::usage(e.to_string()))? {
-            LoadedConfig::Hf(w) => *w,
-            LoadedConfig::Case(c) => c.workload.clone(),
-        }
-    } else if let Some(m) = args
-        .model
-        .as_deref()
-        .filter(|m| super::hub::is_id_or_path(m))
-    {
-        // A Hugging Face id (from the local cache, offline) or a folder with a config.json.
-        let path =
-            super::hub::config_path(m, args.revision.as_deref()).map_err(|e| usage("model", e))?;
-        match load_config(&path).map_err(|e| CliError::usage(e.to_string()))? {
-            LoadedConfig::Hf(w) => {
-                let mut w = *w;
-                w.name = m.trim_end_matches('/').to_string();
-                w
-            }
-            LoadedConfig::Case(c) => c.workload.clone(),
-        }
-    } else if let Some(m) = &args.model {
-        presets::get(m).map_err(|e| usage("model", e))?
-    } else if args.params.is_some() {
-        presets::get("dense").map_err(|e| usage("model", e))?
-    } else {
-        presets::get(default_preset).map_err(|e| usage("model", e))?
-    };
-    if args.revision.is_some() && !args.model.as_deref().is_some_and(super::hub::is_id_or_path) {
-        return Err(usage(
-            "revision",
-            "goes with --model ORG/NAME (a model in the local Hugging Face cache)",
-        ));
-    }
     let name = w.name.clone();
     let arch = w.arch;
     let text = w.is_text_transformer();
@@ -529,7 +490,6 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
     if let Some(note) = super::layers::resync(&mut w, shape_before) {
         warnings.push(note);
     }
-    validate(&w).map_err(|e| CliError::usage(format!("invalid workload {name}: {e}")))?;
     if text && w.max_positions > 0 && w.seq > w.max_positions {
         warnings.push(format!(
             "seq {} is longer than {name}'s context of {} tokens (allowed: a preset's context is a default, not a cap)",
@@ -740,75 +700,4 @@ fn stored_base(w: &Workload, kind: crate::workload::QuantKind) -> Result<(), Cli
         if w.lora.is_some() { "lora" } else { "mode" },
         format!("training a checkpoint stored as {m} is not modelled: use --mode inference or serve, or the unquantized model's config (with --lora, or --quant nf4 for QLoRA)"),
     ))
-}
-
-/// Resolve the workload and print its warnings to stderr (`log::warn`).
-pub fn resolve_workload(args: &WorkloadArgs, default_preset: &str) -> Result<Workload, CliError> {
-    let r = resolve(args, default_preset)?;
-    for w in &r.warnings {
-        log::warn!("{w}");
-    }
-    Ok(r.workload)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn args() -> WorkloadArgs {
-        WorkloadArgs::default()
-    }
-
-    #[test]
-    fn overrides_apply_and_check() {
-        let mut a = args();
-        a.model = Some("gpt2".into());
-        a.batch = Some("8".into());
-        a.seq = Some("2048".into());
-        a.checkpoint = Some("every:4".into());
-        let r = resolve(&a, "gpt2").unwrap();
-        assert_eq!(r.workload.batch, 8);
-        assert_eq!(r.workload.seq, 2048);
-        assert_eq!(r.workload.checkpoint, Checkpoint::Every(4));
-        assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
-
-        let mut a = args();
-        a.heads = Some("7".into());
-        let e = resolve(&a, "gpt2").unwrap_err().to_string();
-        assert!(e.contains("heads (7) must divide hidden (768)"), "{e}");
-
-        let mut a = args();
-        a.checkpoint = Some("every:0".into());
-        let e = resolve(&a, "gpt2").unwrap_err().to_string();
-        assert!(e.starts_with("--checkpoint"), "{e}");
-
-        let mut a = args();
-        a.batch = Some("0".into());
-        assert!(resolve(&a, "gpt2")
-            .unwrap_err()
-            .to_string()
-            .starts_with("--batch"));
-
-        let mut a = args();
-        a.model = Some("resnet50".into());
-        a.seq = Some("10".into());
-        assert!(resolve(&a, "gpt2")
-            .unwrap_err()
-            .to_string()
-            .starts_with("--seq"));
-
-        let mut a = args();
-        a.params = Some("7B".into());
-        let r = resolve(&a, "gpt2").unwrap();
-        assert_eq!(r.workload.arch, Arch::Dense);
-        assert_eq!(r.workload.params, Some(7_000_000_000));
-    }
-
-    #[test]
-    fn vit_image_sets_tokens() {
-        let mut a = args();
-        a.model = Some("vit-b16".into());
-        a.image = Some("384".into());
-        assert_eq!(resolve(&a, "gpt2").unwrap().workload.seq, 577);
-    }
 }

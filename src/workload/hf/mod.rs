@@ -23,9 +23,6 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use crate::plan::build::PlanError;
-use crate::plan::Plan;
-
 use super::config::{field_err, ConfigError};
 use super::overrides::check_limit;
 use super::presets::{self, vit_tokens};
@@ -62,8 +59,15 @@ fn gelu_of(
     }
 }
 
-/// Read a Hugging Face config.json.
+/// Read a Hugging Face config.json. Sizes each within their limit can still overflow the plan
+/// together: that check is the caller's (`resolve::load_config`), with [`read`]'s fields.
 pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
+    read(path, text).map(|(w, _)| w)
+}
+
+/// Read a Hugging Face config.json into its workload and the fields that size it
+/// (comma-separated), for the caller to name when the sizes overflow the plan together.
+pub fn read(path: &str, text: &str) -> Result<(Workload, String), ConfigError> {
     let text = python_json(text);
     let v: Json = serde_json::from_str(&text).map_err(|e| ConfigError::Syntax {
         path: path.to_string(),
@@ -222,20 +226,12 @@ pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
             ),
         ));
     }
-    // Sizes each within their limit can still overflow together: name the fields.
-    if let Err(e @ PlanError::Overflow { .. }) = Plan::for_workload(&w) {
-        let fields: Vec<&str> = HF_SIZES
-            .iter()
-            .map(|(k, _)| *k)
-            .filter(|k| obj.get(*k).is_some_and(|v| v.is_u64()))
-            .collect();
-        return Err(field_err(
-            path,
-            &fields.join(", "),
-            format!("together too large: {e}"),
-        ));
-    }
-    Ok(w)
+    let fields: Vec<&str> = HF_SIZES
+        .iter()
+        .map(|(k, _)| *k)
+        .filter(|k| obj.get(*k).is_some_and(|v| v.is_u64()))
+        .collect();
+    Ok((w, fields.join(", ")))
 }
 
 /// JSON as Python's `json` writes it: the bare tokens `Infinity`, `-Infinity` and `NaN` (which
@@ -354,7 +350,7 @@ fn load_llm(
     root: &serde_json::Map<String, Json>,
     model_type: &str,
     name: &str,
-) -> Result<Workload, ConfigError> {
+) -> Result<(Workload, String), ConfigError> {
     // A multimodal wrapper keeps its language model in `text_config` (its own `model_type`, or
     // the wrapper's text type when the file leaves it to transformers) and a vision tower in
     // `vision_config`.
@@ -442,15 +438,8 @@ fn load_llm(
         w.attention = a;
     }
     w.model = Some(Box::new(model));
-    // Sizes each within their limit can still overflow together: name the fields.
-    if let Err(e @ PlanError::Overflow { .. }) = Plan::for_workload(&w) {
-        return Err(field_err(
-            path,
-            "hidden_size, num_hidden_layers, intermediate_size, vocab_size",
-            format!("together too large: {e}"),
-        ));
-    }
-    Ok(w)
+    let fields = "hidden_size, num_hidden_layers, intermediate_size, vocab_size";
+    Ok((w, fields.to_string()))
 }
 
 /// The text model type a wrapper's `text_config` stands for when it names none (the wrapper

@@ -14,7 +14,8 @@ use crate::plan::Plan;
 use crate::workload::args::WorkloadArgs;
 use crate::workload::case::{read_case, CaseFile};
 use crate::workload::config::{field_err, is_case_path, read_text, ConfigError};
-use crate::workload::overrides::{self, usage, Resolved};
+use crate::workload::flags::usage;
+use crate::workload::overrides::{self, Resolved};
 use crate::workload::{hf, hub, presets, Workload};
 
 /// Resolve the workload of `args`, with warnings: the base (`--config FILE`, a Hugging Face

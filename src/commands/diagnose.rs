@@ -1,7 +1,8 @@
 //! `oomprobe diagnose`: which of the four causes of an OOM dominates, and what each remedy buys.
 
 use crate::cli::DiagnoseArgs;
-use crate::commands::estimate::{case_memory, memory_arg, out, plan_error};
+use crate::commands::estimate::{case_memory, memory_arg, plan_error};
+use crate::term::out;
 use crate::diagnose::{diagnose, render};
 use crate::error::{CliError, CliResult};
 use crate::resolve::resolve;

@@ -13,6 +13,7 @@ use crate::plan::build::{param_count, PlanError};
 use crate::plan::Plan;
 use crate::units::{fmt_bytes, fmt_count, parse_size};
 use crate::resolve::resolve;
+use crate::term::out;
 use crate::workload::Workload;
 
 /// `estimate --json` (contract: schema_version, workload, breakdown, boundaries).
@@ -65,18 +66,6 @@ pub struct EstimateReport {
 /// A plan error at the command boundary: always bad input (exit 2).
 pub fn plan_error(e: PlanError) -> CliError {
     CliError::usage(e.to_string())
-}
-
-/// Write to stdout; a closed pipe (`| head`) is not an error.
-pub fn out(s: &str) -> CliResult<()> {
-    use std::io::Write;
-    let mut o = std::io::stdout().lock();
-    match o.write_all(s.as_bytes()).and_then(|_| o.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(CliError::run(format!("cannot write output: {e}")))
-        }
-        _ => Ok(()),
-    }
 }
 
 /// The card memory a case file names, when `--config` is one (used when `--memory` is absent).

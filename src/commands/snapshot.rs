@@ -16,7 +16,7 @@ use crate::snapshot::verdict::{self, third};
 use crate::snapshot::{load_device, render, Granularity, SnapshotError, Source, Trace};
 use crate::units::fmt_bytes;
 
-use super::estimate::out;
+use crate::term::out;
 
 /// True when the command was given `--snapshot`.
 pub fn wanted(args: &SnapshotArgs) -> bool {

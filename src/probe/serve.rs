@@ -122,9 +122,9 @@ pub fn run(
     };
     if args.json {
         let s = serde_json::to_string_pretty(&report).map_err(|e| CliError::run(e.to_string()))?;
-        crate::commands::estimate::out(&format!("{s}\n"))?;
+        crate::term::out(&format!("{s}\n"))?;
     } else {
-        crate::commands::estimate::out(&text(&report))?;
+        crate::term::out(&text(&report))?;
     }
     let o = report.probe.outcome;
     if !report.measured.profile_fit || (!o.is_fit() && !is_refusal(o)) {

@@ -5,6 +5,7 @@ pub mod args;
 pub mod case;
 pub mod config;
 pub mod finetune;
+pub mod flags;
 pub mod hf;
 pub mod hub;
 pub mod layers;

@@ -6,7 +6,7 @@
 //!   (null → 4·n_embd), `resid_pdrop` (dropout when > 0).
 //! - BERT (`"bert"`): `hidden_size`, `num_hidden_layers`, `num_attention_heads`,
 //!   `intermediate_size`, `max_position_embeddings`, `vocab_size`, `hidden_dropout_prob`.
-//! - The decoder LLMs: each `model_type` is a row of `families::FAMILIES` (field names and the
+//! - The decoder LLMs: each `model_type` is a row of `table::FAMILIES` (field names and the
 //!   transformers config class's defaults); the layers come from the fields transformers reads.
 //! - ViT (`"vit"`): as BERT plus `image_size`, `patch_size`, `num_channels` (3), classes from
 //!   `id2label` (default 1000).
@@ -24,7 +24,7 @@ use std::path::Path;
 use serde_json::Value as Json;
 
 use super::config::{field_err, ConfigError};
-use super::overrides::check_limit;
+use super::flags::check_limit;
 use super::presets::{self, vit_tokens};
 use super::{Arch, Workload};
 
@@ -282,7 +282,7 @@ fn python_json(text: &str) -> std::borrow::Cow<'_, str> {
 pub fn model_types() -> Vec<&'static str> {
     let mut v = vec!["gpt2", "bert", "vit"];
     v.extend(
-        families::FAMILIES
+        table::FAMILIES
             .iter()
             .flat_map(|f| f.types.iter().copied()),
     );
@@ -293,12 +293,12 @@ pub fn model_types() -> Vec<&'static str> {
 /// modelled, or that it is unknown. Never another family's name: a look-alike plans the wrong
 /// model without a word.
 fn refusal(t: &str) -> String {
-    if let Some((_, why)) = families::NOT_MODELLED.iter().find(|(k, _)| *k == t) {
+    if let Some((_, why)) = table::NOT_MODELLED.iter().find(|(k, _)| *k == t) {
         return format!("model_type '{t}' is not modelled yet: it needs {why}");
     }
     format!(
         "unsupported model_type '{t}': oomprobe models the layers of {} families ({}); a family whose layers it cannot read is refused rather than planned as another",
-        families::FAMILIES.len() + 3,
+        table::FAMILIES.len() + 3,
         model_types().join(", ")
     )
 }
@@ -361,8 +361,8 @@ fn load_llm(
         }
         _ => (root, model_type),
     };
-    let fam = families::family(text_type)
-        .or_else(|| families::family(model_type))
+    let fam = table::family(text_type)
+        .or_else(|| table::family(model_type))
         .ok_or_else(|| field_err(path, "model_type", refusal(text_type)))?;
     let c = families::Cfg { path, obj, fam };
     if let Some(Json::Number(n)) = fam.mlp.moe.and_then(|m| obj.get(m.experts)) {

@@ -9,6 +9,11 @@ use super::families::{
 use crate::workload::layers::{BlockForm, Gating, NormKind, QkNorm};
 use crate::workload::Arch;
 
+/// The family of a `model_type`.
+pub fn family(t: &str) -> Option<&'static Family> {
+    FAMILIES.iter().find(|f| f.types.contains(&t))
+}
+
 const LLAMA_DEFAULTS: &[(&str, Def)] = &[
     ("tie_word_embeddings", Def::B(false)),
     ("attention_bias", Def::B(false)),

@@ -835,22 +835,3 @@ pub fn model(c: &Cfg, model_type: &str) -> Result<ModelSpec, ConfigError> {
         vision: None,
     })
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::workload::hf::table::{FAMILIES, NOT_MODELLED};
-
-    #[test]
-    fn every_type_is_one_row() {
-        let mut seen = std::collections::HashSet::new();
-        for f in FAMILIES {
-            for t in f.types {
-                assert!(seen.insert(*t), "{t} twice");
-            }
-        }
-        for (t, _) in NOT_MODELLED {
-            assert!(family(t).is_none(), "{t} is a row and refused");
-        }
-    }
-}

@@ -1,5 +1,6 @@
 //! The command line (contract in README.md): clap definitions only; parsing into checked,
-//! typed options happens in `workload::overrides` and the command modules.
+//! typed options happens in `resolve` (the workload flags, `workload::args`) and the command
+//! modules.
 
 use std::path::PathBuf;
 

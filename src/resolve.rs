@@ -33,14 +33,9 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
             LoadedConfig::Hf(w) => *w,
             LoadedConfig::Case(c) => c.workload.clone(),
         }
-    } else if let Some(m) = args
-        .model
-        .as_deref()
-        .filter(|m| hub::is_id_or_path(m))
-    {
+    } else if let Some(m) = args.model.as_deref().filter(|m| hub::is_id_or_path(m)) {
         // A Hugging Face id (from the local cache, offline) or a folder with a config.json.
-        let path =
-            hub::config_path(m, args.revision.as_deref()).map_err(|e| usage("model", e))?;
+        let path = hub::config_path(m, args.revision.as_deref()).map_err(|e| usage("model", e))?;
         match load_config(&path).map_err(|e| CliError::usage(e.to_string()))? {
             LoadedConfig::Hf(w) => {
                 let mut w = *w;
@@ -96,18 +91,16 @@ pub fn load_config(path: &Path) -> Result<LoadedConfig, ConfigError> {
     let (w, fields) = hf::read(&p, &text)?;
     // Sizes each within their limit can still overflow together: name the fields.
     if let Err(e @ PlanError::Overflow { .. }) = Plan::for_workload(&w) {
-        return Err(field_err(
-            &p,
-            &fields,
-            format!("together too large: {e}"),
-        ));
+        return Err(field_err(&p, &fields, format!("together too large: {e}")));
     }
     Ok(LoadedConfig::Hf(Box::new(w)))
 }
 
 /// Read an oomprobe case file, each table resolved as the command line would be.
 pub fn load_case(file: &Path, text: &str) -> Result<CaseFile, ConfigError> {
-    read_case(file, text, &|args| resolve(args, "gpt2").map(|r| r.workload))
+    read_case(file, text, &|args| {
+        resolve(args, "gpt2").map(|r| r.workload)
+    })
 }
 
 // The case file's type is `workload::case`'s; resolving one of its runs is this module's job.

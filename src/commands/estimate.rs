@@ -11,9 +11,9 @@ use crate::estimate::{
 };
 use crate::plan::build::{param_count, PlanError};
 use crate::plan::Plan;
-use crate::units::{fmt_bytes, fmt_count, parse_size};
 use crate::resolve::resolve;
 use crate::term::out;
+use crate::units::{fmt_bytes, fmt_count, parse_size};
 use crate::workload::Workload;
 
 /// `estimate --json` (contract: schema_version, workload, breakdown, boundaries).
@@ -73,7 +73,7 @@ pub fn case_memory(args: &crate::workload::args::WorkloadArgs) -> CliResult<Opti
     let Some(path) = &args.config else {
         return Ok(None);
     };
-    if !crate::commands::replay::is_case_file(path) {
+    if !crate::commands::case::is_case_file(path) {
         return Ok(None);
     }
     match crate::resolve::load_config(path).map_err(|e| CliError::usage(e.to_string()))? {
@@ -309,12 +309,9 @@ fn serve(w: Workload, memory: u64, detected: Option<String>, json: bool) -> CliR
         return out(&format!("{s}\n"));
     }
     let on = detected.map_or(String::new(), |n| format!(" (detected: {n})"));
-    let mut text = format!(
-        "{}{on}\n",
-        crate::serve::render::model_line(&report.workload)
-    );
+    let mut text = format!("{}{on}\n", crate::serve::text::model_line(&report.workload));
     if let Some(z) = &report.serving {
-        text.push_str(&crate::serve::render::text(z));
+        text.push_str(&crate::serve::text::text(z));
     }
     out(&text)
 }

@@ -48,8 +48,8 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         return crate::commands::fleet::run(args);
     }
     if let Some(path) = &args.workload.config {
-        if crate::commands::replay::is_case_file(path) {
-            return crate::commands::replay::run(args, budget, timeout);
+        if crate::commands::case::is_case_file(path) {
+            return crate::commands::case::run(args, budget, timeout);
         }
     }
     let workload = user_workload(args)?;

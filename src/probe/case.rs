@@ -17,7 +17,7 @@ use super::session::{isolation, select_device};
 use super::suite::RunSpec;
 use super::Compute;
 
-pub use crate::report::replay::{ReplayReport, ReplayRun};
+pub use crate::report::case_replay::{ReplayReport, ReplayRun};
 
 /// Where and how to replay a case.
 #[derive(Debug, Clone)]

@@ -7,9 +7,8 @@ use comfy_table::{
 
 use super::model::{ProbeReport, RunResult, IN_PROGRESS_NOTE};
 use super::throughput::best_throughput;
-use super::{
-    device_line, fmt_bytes, fmt_pct, fmt_seconds, fmt_signed_pct, prediction_error, ValueFormat,
-};
+use super::{device_line, fmt_pct, fmt_seconds, fmt_signed_pct, prediction_error, ValueFormat};
+use crate::units::fmt_bytes;
 
 /// Column titles of [`summary_row`] (shared by the table, Markdown and HTML).
 pub const SUMMARY_COLUMNS: [&str; 13] = [

@@ -410,4 +410,3 @@ pub fn read_case(
         expects,
     })
 }
-

@@ -6,8 +6,8 @@ use crate::error::CliError;
 use crate::units::parse_count;
 
 use super::{
-    Attention, AutocastDevice, Checkpoint, DropoutMask, Gelu, Grads, Mode, Optimizer, OptimizerImpl, Outputs,
-    Precision, StepKind,
+    Attention, AutocastDevice, Checkpoint, DropoutMask, Gelu, Grads, Mode, Optimizer,
+    OptimizerImpl, Outputs, Precision, StepKind,
 };
 
 /// A usage error naming `--flag`.

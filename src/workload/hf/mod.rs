@@ -281,11 +281,7 @@ fn python_json(text: &str) -> std::borrow::Cow<'_, str> {
 /// Every `model_type` a config.json may have: GPT-2, BERT, ViT and each family's types.
 pub fn model_types() -> Vec<&'static str> {
     let mut v = vec!["gpt2", "bert", "vit"];
-    v.extend(
-        table::FAMILIES
-            .iter()
-            .flat_map(|f| f.types.iter().copied()),
-    );
+    v.extend(table::FAMILIES.iter().flat_map(|f| f.types.iter().copied()));
     v
 }
 

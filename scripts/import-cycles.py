@@ -4,7 +4,10 @@
 Prints one line per strongly connected set of two or more files, with one cycle through it, and
 exits 1 when there is any (0 when there is none). Run from the repository root:
 
-    python3 scripts/import-cycles.py [--edges FILE]   # --edges: print FILE's resolved imports
+    python3 scripts/import-cycles.py [--strict] [--edges FILE]
+
+--edges FILE prints FILE's resolved imports (and why each) instead. --strict also counts a
+folder's mod.rs calling into its own children (see below).
 
 How an import becomes an edge between two files:
 - Every path is resolved to the file that defines what it names: `crate::a::b::Item`,
@@ -17,6 +20,10 @@ How an import becomes an edge between two files:
   name in its own code; a parent declaring `mod child;` is no edge.
 - A `use` of a module (`use crate::workload::parallel;`) makes no edge by itself: the paths that
   go through it (`parallel::local_shape`) do. A glob import (`use x::*`) is an edge to x's file.
+- A folder's mod.rs (or lib.rs) calling into its own child modules is no edge: the parent
+  declares its children, defines the types they share and dispatches to them, and the children
+  use those types; that pair is Rust's usual shape, not a circle. Everything else counts: two
+  siblings, a child and a module outside its folder, two modules. --strict counts it too.
 - Test code is left out: every item under `#[cfg(test)]` (a `mod tests { .. }`, or a `mod tests;`
   file). Comments and string literals are skipped. src/main.rs is another crate and left out.
 """
@@ -406,6 +413,7 @@ def main(argv):
         path = one_cycle(graph, comp)
         for a, b in zip(path, path[1:]):
             print(f'    {a} -> {b}  ({why[(a, b)]})')
+    sys.stdout.flush()
     if found:
         print(f'{len(found)} import cycle(s) between files', file=sys.stderr)
         return 1

@@ -4,10 +4,11 @@
 Prints one line per strongly connected set of two or more files, with one cycle through it, and
 exits 1 when there is any (0 when there is none). Run from the repository root:
 
-    python3 scripts/import-cycles.py [--strict] [--edges FILE]
+    python3 scripts/import-cycles.py [--strict] [--modules] [--edges FILE]
 
 --edges FILE prints FILE's resolved imports (and why each) instead. --strict also counts a
-folder's mod.rs calling into its own children (see below).
+folder's mod.rs calling into its own children (see below). --modules looks for cycles between
+the top-level modules (`src/a.rs`, `src/a/`) instead of files, from the same edges.
 
 How an import becomes an edge between two files:
 - Every path is resolved to the file that defines what it names: `crate::a::b::Item`,
@@ -392,8 +393,8 @@ def owns(f, files, path):
 
 
 def main(argv):
-    strict = '--strict' in argv
-    argv = [a for a in argv if a != '--strict']
+    strict, modules = '--strict' in argv, '--modules' in argv
+    argv = [a for a in argv if a not in ('--strict', '--modules')]
     files = load_crate()
     resolver = Resolver(files)
     graph, why = {}, {}
@@ -407,15 +408,27 @@ def main(argv):
         for g in sorted(graph[argv[2]]):
             print(f'{argv[2]} -> {g}  ({why[(argv[2], g)]})')
         return 0
+    if modules:
+        # The same edges between top-level modules (`src/a.rs`, `src/a/...` are module `a`).
+        top = lambda path: os.path.relpath(path, SRC).split(os.sep)[0].removesuffix('.rs')
+        mgraph, mwhy = collections.defaultdict(set), {}
+        for a, targets in graph.items():
+            mgraph[top(a)]
+            for b in targets:
+                if top(a) != top(b):
+                    mgraph[top(a)].add(top(b))
+                    mwhy.setdefault((top(a), top(b)), f'{a} -> {b}: {why[(a, b)]}')
+        graph, why = mgraph, mwhy
     found = cycles(graph)
     for comp in found:
-        print(f'{len(comp)} files: {" ".join(comp)}')
+        print(f'{len(comp)} {"modules" if modules else "files"}: {" ".join(comp)}')
         path = one_cycle(graph, comp)
         for a, b in zip(path, path[1:]):
             print(f'    {a} -> {b}  ({why[(a, b)]})')
     sys.stdout.flush()
     if found:
-        print(f'{len(found)} import cycle(s) between files', file=sys.stderr)
+        print(f'{len(found)} import cycle(s) between {"modules" if modules else "files"}',
+              file=sys.stderr)
         return 1
     return 0
 

@@ -546,7 +546,7 @@ fn layer_spec_variants() -> Vec<Workload> {
     ] {
         let path = format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).unwrap();
-        let mut w = oomprobe::workload::config::load_hf(&path, &text).unwrap();
+        let mut w = oomprobe::workload::hf::load_hf(&path, &text).unwrap();
         w.batch = 2;
         w.seq = 256;
         w.kv_cache = false;

@@ -640,7 +640,7 @@ fn family_workload(r: &Value) -> Workload {
         r["config"].as_str().unwrap()
     );
     let text = std::fs::read_to_string(&path).expect("family config");
-    let mut w = oomprobe::workload::config::load_hf(&path, &text).expect("family config reads");
+    let mut w = oomprobe::workload::hf::load_hf(&path, &text).expect("family config reads");
     w.batch = u(r, "batch");
     w.seq = u(r, "seq");
     w.autocast_device = Device::Cpu;

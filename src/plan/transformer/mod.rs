@@ -120,9 +120,22 @@ use count::{cast_elems, widths};
 pub use count::{layer_params, param_count, pieces, trainable_count};
 pub use step::build;
 
-/// The spec of a transformer workload (an error for ResNet and a bare parameter count).
+/// The spec of a transformer workload, by its family (an error for ResNet and a bare parameter
+/// count).
 fn spec_of(w: &Workload) -> Result<Spec, PlanError> {
-    Spec::of(w).ok_or_else(|| PlanError::Invalid("not a transformer".into()))
+    use crate::workload::Arch;
+    Ok(match w.arch {
+        Arch::Gpt2 => gpt2::spec(w),
+        Arch::Bert => bert::spec(w),
+        Arch::Vit => vit::spec(w),
+        Arch::Llama | Arch::Mistral => llama::spec(w),
+        Arch::Qwen2 | Arch::Qwen3 => qwen::spec(w),
+        Arch::Gemma | Arch::Gemma2 | Arch::Gemma3 => gemma::spec(w),
+        Arch::Phi3 => phi3::spec(w),
+        Arch::Mixtral | Arch::Qwen2Moe | Arch::Qwen3Moe => moe::spec(w),
+        Arch::Decoder => decoder::spec(w),
+        Arch::Resnet | Arch::Dense => return Err(PlanError::Invalid("not a transformer".into())),
+    })
 }
 
 /// What one backward frame is: a layer's attention or MLP block.

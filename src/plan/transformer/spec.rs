@@ -1,9 +1,10 @@
 //! What a transformer family's layers are made of: one `Spec` per family, each written in a
 //! small file of its own beside this one (`gpt2.rs`, `llama.rs`, ...). The shared layer
 //! builders in `plan::transformer` read only the spec, so a new family is one new file and one
-//! line in [`Spec::of`].
+//! line in `plan::transformer`'s `spec_of` (which calls each family's file, so this one calls
+//! none of them).
 
-use crate::workload::{Arch, Workload};
+use crate::workload::Workload;
 
 /// A normalization layer as the family's code writes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,22 +107,6 @@ pub struct Spec {
 }
 
 impl Spec {
-    /// The spec of a workload's family (None for ResNet and a bare parameter count).
-    pub fn of(w: &Workload) -> Option<Spec> {
-        Some(match w.arch {
-            Arch::Gpt2 => super::gpt2::spec(w),
-            Arch::Bert => super::bert::spec(w),
-            Arch::Vit => super::vit::spec(w),
-            Arch::Llama | Arch::Mistral => super::llama::spec(w),
-            Arch::Qwen2 | Arch::Qwen3 => super::qwen::spec(w),
-            Arch::Gemma | Arch::Gemma2 | Arch::Gemma3 => super::gemma::spec(w),
-            Arch::Phi3 => super::phi3::spec(w),
-            Arch::Mixtral | Arch::Qwen2Moe | Arch::Qwen3Moe => super::moe::spec(w),
-            Arch::Decoder => super::decoder::spec(w),
-            Arch::Resnet | Arch::Dense => return None,
-        })
-    }
-
     /// The layer GPT-2, BERT and ViT share: LayerNorm, separate q, k, v with biases, a GELU
     /// MLP with biases, no rotation, no learned positions; each family sets the rest.
     pub fn layer_norm_family(embed: Embed, head: Head, softmax: SoftmaxCode) -> Spec {

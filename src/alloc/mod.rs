@@ -7,7 +7,9 @@
 pub mod caching;
 pub mod cards;
 pub mod conf;
+pub mod device;
 pub mod render;
+pub mod sizes;
 pub mod timeline;
 
 pub use caching::{Action, Allocator, BlockId, Device, ModelDevice, Oom, Stats};

@@ -259,7 +259,6 @@ where
     C: FnMut(u64) -> Option<(u64, u64)>,
     F: FnMut(Ask) -> Answer,
 {
-    let g = space.granularity.max(1);
     let mut p = Prober::new(space, oracle);
     let mut plan = PlanBytes {
         bytes: cost,
@@ -268,6 +267,30 @@ where
     };
     let start = space.snap(start.max(space.min));
     let wide = wide_stride(space, start);
+    let (trust, misses) = guided(&mut p, &mut plan, start);
+    let (capacity, _, _) = plan.agreed(&p.answers, trust);
+    let (f, u) = p.bracket();
+    let agree = plan.pair_agrees(&p.answers, f, u);
+    let mut out = if p.settled() && agree && misses < MAX_MISSES {
+        let hi = p.bracket().1;
+        assemble(&p.seen, p.probes, hi)
+    } else {
+        fall_back(p, &mut plan, start, wide)
+    };
+    out.capacity = capacity;
+    out
+}
+
+/// The guided phase: up to [`MAX_GUIDED`] probes, each placed where the measurements so far put
+/// the boundary, until the bracket settles, a probe is inconclusive, or the measurements were
+/// wrong [`MAX_MISSES`] times. The measurements still trusted, and how often they missed.
+fn guided<C, F>(p: &mut Prober<F>, plan: &mut PlanBytes<C>, start: u64) -> (Trust, usize)
+where
+    C: FnMut(u64) -> Option<(u64, u64)>,
+    F: FnMut(Ask) -> Answer,
+{
+    let space = plan.space;
+    let g = space.granularity.max(1);
     let mut next = Some((start, None::<bool>));
     let mut misses = 0;
     // A lower bound set by a refusal (fewer and smaller buffers live than at a peak, whose
@@ -330,7 +353,7 @@ where
             _ => false,
         };
         let newest = p.answers.last().map(|(x, a)| plan.bounds_of(*x, a));
-        let pinned = pins(&mut plan, cap) && newest.is_some_and(|b| pins(&mut plan, b));
+        let pinned = pins(plan, cap) && newest.is_some_and(|b| pins(plan, b));
         let target = if by_fit >= Some(at_least) || pinned {
             at_least
         } else {
@@ -392,50 +415,57 @@ where
         }
         next = Some((c, (!guess).then_some(expect)));
     }
-    let (capacity, _, _) = plan.agreed(&p.answers, trust);
-    let (f, u) = p.bracket();
-    let agree = plan.pair_agrees(&p.answers, f, u);
-    let mut out = if p.settled() && agree && misses < MAX_MISSES {
-        let hi = p.bracket().1;
-        assemble(&p.seen, p.probes, hi)
-    } else {
-        // Strides from one granule, doubling, where a fit and the measurements put the
-        // boundary near; from a few percent of the start otherwise.
-        let near =
-            p.bracket().0.is_some() && p.answers.iter().any(|(_, a)| a.bounds != Bounds::default());
-        let wide = if near { 2 * g } else { wide };
-        let (lo, hi) = match p.bracket() {
-            (Some(f), Some(u)) => (Some(f), Some(u)),
-            (Some(f), None) => p.gallop_up(f, wide),
-            (None, Some(u)) => p.gallop_down(u, wide),
-            (None, None) => p.gallop_down(start, wide),
-        };
-        // Narrow the bracket where the charge changes, measuring the room at each probe: a
-        // pair whose own measurements agree needs no confirmation.
-        if let (Some(mut l), Some(mut h)) = (lo, hi) {
-            while h - l > g {
-                let x = plan.split(l, h);
-                if x <= l || x >= h {
-                    break;
-                }
-                let room = plan.room_ask(x);
-                if p.ask(Ask { value: x, room }) {
-                    l = x;
-                } else {
-                    h = x;
-                }
+    (trust, misses)
+}
+
+/// The fallback when the guided probes did not settle on a pair that agrees: gallop from the
+/// bracket, narrow it where the charge changes, and confirm the pair once more unless its own
+/// measurements agree.
+fn fall_back<C, F>(
+    mut p: Prober<F>,
+    plan: &mut PlanBytes<C>,
+    start: u64,
+    wide: u64,
+) -> SearchOutcome
+where
+    C: FnMut(u64) -> Option<(u64, u64)>,
+    F: FnMut(Ask) -> Answer,
+{
+    let g = plan.space.granularity.max(1);
+    // Strides from one granule, doubling, where a fit and the measurements put the
+    // boundary near; from a few percent of the start otherwise.
+    let near =
+        p.bracket().0.is_some() && p.answers.iter().any(|(_, a)| a.bounds != Bounds::default());
+    let wide = if near { 2 * g } else { wide };
+    let (lo, hi) = match p.bracket() {
+        (Some(f), Some(u)) => (Some(f), Some(u)),
+        (Some(f), None) => p.gallop_up(f, wide),
+        (None, Some(u)) => p.gallop_down(u, wide),
+        (None, None) => p.gallop_down(start, wide),
+    };
+    // Narrow the bracket where the charge changes, measuring the room at each probe: a
+    // pair whose own measurements agree needs no confirmation.
+    if let (Some(mut l), Some(mut h)) = (lo, hi) {
+        while h - l > g {
+            let x = plan.split(l, h);
+            if x <= l || x >= h {
+                break;
+            }
+            let room = plan.room_ask(x);
+            if p.ask(Ask { value: x, room }) {
+                l = x;
+            } else {
+                h = x;
             }
         }
-        let (f, u) = p.bracket();
-        let mut out = if p.settled() && f.is_some() && plan.pair_agrees(&p.answers, f, u) {
-            assemble(&p.seen, p.probes, u)
-        } else {
-            p.finish(f.or(lo), u.or(hi), wide)
-        };
-        out.fell_back = true;
-        out
+    }
+    let (f, u) = p.bracket();
+    let mut out = if p.settled() && f.is_some() && plan.pair_agrees(&p.answers, f, u) {
+        assemble(&p.seen, p.probes, u)
+    } else {
+        p.finish(f.or(lo), u.or(hi), wide)
     };
-    out.capacity = capacity;
+    out.fell_back = true;
     out
 }
 

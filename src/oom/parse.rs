@@ -399,26 +399,26 @@ fn read_clause(
 ) -> Option<()> {
     use Clause::*;
     match clause {
-        Requested => m.requested = sz(&caps, 1),
+        Requested => m.requested = sz(caps, 1),
         MpsRequested => {
-            m.requested = sz(&caps, 1);
+            m.requested = sz(caps, 1);
             m.pool = Some(caps[3].to_string());
         }
         Total2 => {
             m.gpu = caps[1].parse().ok();
             said.capacty = &caps[2] == "capacty";
-            m.total = sz(&caps, 3);
-            m.free = sz(&caps, 5);
+            m.total = sz(caps, 3);
+            m.free = sz(caps, 5);
         }
         Process => m.other_processes.push(ProcessUse {
             pid: caps[1].parse().unwrap_or(0),
-            bytes: sz(&caps, 2)?,
+            bytes: sz(caps, 2)?,
         }),
-        ThisProcess => m.process = sz(&caps, 1),
-        Allowed => m.allowed = sz(&caps, 1),
-        Allocated2 => m.allocated = sz(&caps, 1),
-        PrivatePools => m.private_pools = sz(&caps, 1),
-        Unallocated2 => m.reserved_unallocated = sz(&caps, 1),
+        ThisProcess => m.process = sz(caps, 1),
+        Allowed => m.allowed = sz(caps, 1),
+        Allocated2 => m.allocated = sz(caps, 1),
+        PrivatePools => m.private_pools = sz(caps, 1),
+        Unallocated2 => m.reserved_unallocated = sz(caps, 1),
         Hint2 | Hint1 => m.hint = Some(caps[1].to_string()),
         Docs | EmptyCache | MpsHint => {}
         Open1 => {
@@ -427,21 +427,21 @@ fn read_clause(
         }
         Total1 => {
             said.one_x = true;
-            m.total = sz(&caps, 1);
+            m.total = sz(caps, 1);
         }
-        Allocated1 => m.allocated = sz(&caps, 1),
-        Active => m.active = sz(&caps, 1),
-        Free1 => m.free = sz(&caps, 1),
-        Reserved1 => m.reserved = sz(&caps, 1),
+        Allocated1 => m.allocated = sz(caps, 1),
+        Active => m.active = sz(caps, 1),
+        Free1 => m.free = sz(caps, 1),
+        Reserved1 => m.reserved = sz(caps, 1),
         Cached => {
             said.cached_text = true;
-            m.reserved_unallocated = sz(&caps, 1);
+            m.reserved_unallocated = sz(caps, 1);
         }
-        Inactive => m.inactive = sz(&caps, 1),
+        Inactive => m.inactive = sz(caps, 1),
         Mps => {
-            m.allocated = sz(&caps, 1);
-            m.other_allocations = sz(&caps, 3);
-            m.allowed = sz(&caps, 5);
+            m.allocated = sz(caps, 1);
+            m.other_allocations = sz(caps, 3);
+            m.allowed = sz(caps, 5);
         }
     }
     Some(())

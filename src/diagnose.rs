@@ -192,20 +192,53 @@ pub fn diagnose_on(
     let b = breakdown(&plan);
     // All model states, gradients included (backward makes every one before the update).
     let states = plan.states_peak();
+    let full_ckpt = {
+        let mut c = w.clone();
+        c.checkpoint = Checkpoint::Full;
+        c
+    };
+    let (cause, reason) = cause_of(w, memory, &plan, &b, &full_ckpt)?;
+    let remedies = remedies_for(w, memory, states, &full_ckpt)?;
+    Ok(Diagnosis {
+        schema_version: crate::report::SCHEMA_VERSION,
+        parameters: crate::plan::build::parameters(w).ok(),
+        workload: w.clone(),
+        memory_bytes: memory,
+        breakdown: b,
+        cause,
+        reason,
+        remedies,
+        layouts: if crate::layouts::applies(w) {
+            Some(crate::layouts::search(
+                w,
+                card.map_or(memory, |c| c.total),
+                card,
+                6,
+            )?)
+        } else {
+            None
+        },
+    })
+}
+
+/// The cause the plan's figures point to, and why, in the order the checks run.
+fn cause_of(
+    w: &Workload,
+    memory: u64,
+    plan: &Plan,
+    b: &Breakdown,
+    full_ckpt: &Workload,
+) -> Result<(Cause, String), PlanError> {
+    let states = plan.states_peak();
     let rest = b.non_states();
-    let quad = quadratic_bytes(&plan);
+    let quad = quadratic_bytes(plan);
     let dense = w.arch == Arch::Dense;
     let batch1 = {
         let mut one = w.clone();
         one.batch = 1;
         one
     };
-    let full_ckpt = {
-        let mut c = w.clone();
-        c.checkpoint = Checkpoint::Full;
-        c
-    };
-    let (cause, reason) = if states > memory {
+    Ok(if states > memory {
         (
             Cause::ModelTooLarge,
             format!(
@@ -250,7 +283,7 @@ pub fn diagnose_on(
         && w.layers >= 24
         && b.activations.saturating_add(b.attention).saturating_mul(3) >= b.total.saturating_mul(2)
         && w.checkpoint == Checkpoint::None
-        && fits(&full_ckpt, memory)?
+        && fits(full_ckpt, memory)?
     {
         (
             Cause::ActivationsExplode,
@@ -272,8 +305,18 @@ pub fn diagnose_on(
                 fmt_bytes(memory)
             ),
         )
-    };
+    })
+}
 
+/// What would make it fit: a smaller batch, flash attention, checkpointing, fine-tuning
+/// remedies when the model states alone are too large, and the GPUs each ZeRO stage needs.
+fn remedies_for(
+    w: &Workload,
+    memory: u64,
+    states: u64,
+    full_ckpt: &Workload,
+) -> Result<Vec<Remedy>, PlanError> {
+    let dense = w.arch == Arch::Dense;
     let mut remedies = Vec::new();
     if !dense && states > memory {
         remedies.push(Remedy {
@@ -314,7 +357,7 @@ pub fn diagnose_on(
             });
         }
         if w.is_transformer() && w.checkpoint == Checkpoint::None {
-            let m = predicted_max(&full_ckpt, Scenario::Batch, memory)?;
+            let m = predicted_max(full_ckpt, Scenario::Batch, memory)?;
             remedies.push(Remedy {
                 name: "checkpointing (full)".into(),
                 effect: match m {
@@ -341,26 +384,7 @@ pub fn diagnose_on(
             value: n,
         });
     }
-    Ok(Diagnosis {
-        schema_version: crate::report::SCHEMA_VERSION,
-        parameters: crate::plan::build::parameters(w).ok(),
-        workload: w.clone(),
-        memory_bytes: memory,
-        breakdown: b,
-        cause,
-        reason,
-        remedies,
-        layouts: if crate::layouts::applies(w) {
-            Some(crate::layouts::search(
-                w,
-                card.map_or(memory, |c| c.total),
-                card,
-                6,
-            )?)
-        } else {
-            None
-        },
-    })
+    Ok(remedies)
 }
 
 /// The report a person reads in ten seconds.

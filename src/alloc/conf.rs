@@ -5,7 +5,7 @@
 use serde::Serialize;
 use thiserror::Error;
 
-use super::caching::LARGE_BUFFER;
+use super::sizes::LARGE_BUFFER;
 
 const MB: u64 = 1 << 20;
 /// `kRoundUpPowerOfTwoIntervals`: 16 intervals, from 1 MiB to 64 GiB.

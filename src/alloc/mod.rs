@@ -7,11 +7,14 @@
 pub mod caching;
 pub mod cards;
 pub mod conf;
+pub mod device;
 pub mod render;
+pub mod sizes;
 pub mod timeline;
 
-pub use caching::{Action, Allocator, BlockId, Device, ModelDevice, Oom, Stats};
+pub use caching::{Action, Allocator, BlockId, Oom, Stats};
 pub use conf::{AllocConf, ConfError};
+pub use device::{Device, ModelDevice};
 
 /// How the card is seen by the allocator's boundaries.
 #[derive(Debug, Clone)]

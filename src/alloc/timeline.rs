@@ -8,8 +8,9 @@
 
 use serde::Serialize;
 
-use super::caching::{Allocator, BlockId, ModelDevice, Oom};
+use super::caching::{Allocator, BlockId, Oom};
 use super::conf::AllocConf;
+use super::device::ModelDevice;
 use crate::plan::{EventKind, Phase, Plan};
 
 /// How many steps a plan is replayed for by default: the second already reuses the first's

@@ -18,7 +18,7 @@ use super::{
     AllocError, Backend, BackendError, BackendKind, BufferId, DeviceInfo, DynBackend, HeapUsage,
     MemoryInfo,
 };
-use crate::alloc::caching::ROUND_LARGE;
+use crate::alloc::sizes::ROUND_LARGE;
 use crate::alloc::{AllocConf, Allocator, BlockId, Device, Oom, Stats};
 use crate::kernels::KernelId;
 use crate::units::fmt_bytes;

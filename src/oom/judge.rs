@@ -137,17 +137,6 @@ pub fn judge(m: &Message) -> Judgement {
             });
         }
     }
-    let decided = |j: &mut Judgement, cause: Cause, bytes: Option<u64>, reason: String| {
-        j.cause = cause;
-        j.causes.insert(
-            0,
-            Finding {
-                cause,
-                bytes,
-                reason,
-            },
-        );
-    };
 
     if m.format == Format::Cpu {
         let reason = no_figures_reason(m);
@@ -167,35 +156,143 @@ pub fn judge(m: &Message) -> Judgement {
         return j;
     }
 
-    let req = range(&m.requested);
-    let total = range(&m.total);
-    let cap = if m.format == Format::Mps {
-        range(&m.allowed)
-    } else {
-        match (total, range(&m.allowed)) {
-            (Some(t), Some(a)) => Some(t.min(a)),
-            (t, a) => t.or(a),
+    let f = Figures::of(m);
+    let Figures {
+        req,
+        headroom,
+        unalloc,
+        ..
+    } = f;
+    evidence(
+        m,
+        &mut j,
+        headroom,
+        unalloc,
+        f.non_pt,
+        f.outside,
+        f.shortfall,
+    );
+    let mut also = supporting(m, j.card.as_ref(), &f);
+    let too_big = decide(m, &mut j, &mut also, &f);
+    // Within the rounding: a shortage whose cache might have been as large as the request
+    // (29.11 − 29.04 GiB against 70 MiB), or headroom that might have reached the margin.
+    j.borderline = match (j.cause, unalloc, req, headroom) {
+        (Cause::Shortage, Some(u), Some(t), _) if u.hi >= t.lo && u.lo < t.hi => true,
+        (Cause::Shortage | Cause::Unknown, _, Some(t), Some(h)) => {
+            let edge = t.mid() + UNEXPLAINED_MARGIN;
+            h.lo < edge && h.hi >= edge
         }
+        _ => false,
     };
-    let headroom = m.headroom();
-    let shortfall = match (req, headroom) {
-        (Some(t), Some(h)) => Some(t.sub(h)),
-        (Some(t), None) => Some(t),
-        (None, _) => Some(Range { lo: 0, hi: 0 }),
-    };
-    let sf = shortfall.map_or(0, |s| s.mid());
-    let unalloc = m.unallocated();
-    let others = m.others_total();
-    let has_process_info = m.process.is_some() || !m.other_processes.is_empty();
-    let non_pt = m.non_pytorch();
-    let outside = if has_process_info {
-        None
-    } else {
-        m.outside_allocator()
-    };
-    evidence(m, &mut j, headroom, unalloc, non_pt, outside, shortfall);
+    also.sort_by_key(|f| std::cmp::Reverse(f.bytes));
+    j.causes.extend(also);
+    // Short by less than the cache: the free memory and the cached pieces together were
+    // enough, which expandable segments can join (the allocator model calls this fragmentation
+    // too); never the deciding cause by the hand rules, so listed after it.
+    if let (Cause::Shortage, Some(u), Some(h), Some(t)) = (j.cause, unalloc, headroom, req) {
+        let together = u + h;
+        if u.hi > 0 && together.lo >= t.hi && !too_big {
+            j.causes.push(Finding {
+                cause: Cause::Fragmentation,
+                bytes: Some(u.mid()),
+                reason: format!(
+                    "the {} free and the {} cached in pieces together would serve the {} request: expandable segments map the free memory next to cached pages",
+                    b(h),
+                    b(u),
+                    b(t)
+                ),
+            });
+        }
+    }
+    remedies(m, &mut j);
+    j
+}
 
-    // Causes the figures support besides the deciding one.
+/// The figures the rules read, derived from a message's printed ones.
+#[derive(Debug, Clone, Copy)]
+struct Figures {
+    req: Option<Range>,
+    total: Option<Range>,
+    /// The card's total, or the cap (`allowed`) when lower; MPS: the cap alone.
+    cap: Option<Range>,
+    headroom: Option<Range>,
+    shortfall: Option<Range>,
+    /// The shortfall's middle (0 when unknown).
+    sf: u64,
+    unalloc: Option<Range>,
+    others: Range,
+    non_pt: Option<Range>,
+    /// Memory in use outside this allocator, when no process line explains it.
+    outside: Option<Range>,
+}
+
+impl Figures {
+    fn of(m: &Message) -> Figures {
+        let req = range(&m.requested);
+        let total = range(&m.total);
+        let cap = if m.format == Format::Mps {
+            range(&m.allowed)
+        } else {
+            match (total, range(&m.allowed)) {
+                (Some(t), Some(a)) => Some(t.min(a)),
+                (t, a) => t.or(a),
+            }
+        };
+        let headroom = m.headroom();
+        let shortfall = match (req, headroom) {
+            (Some(t), Some(h)) => Some(t.sub(h)),
+            (Some(t), None) => Some(t),
+            (None, _) => Some(Range { lo: 0, hi: 0 }),
+        };
+        let sf = shortfall.map_or(0, |s| s.mid());
+        let unalloc = m.unallocated();
+        let others = m.others_total();
+        let has_process_info = m.process.is_some() || !m.other_processes.is_empty();
+        let non_pt = m.non_pytorch();
+        let outside = if has_process_info {
+            None
+        } else {
+            m.outside_allocator()
+        };
+        Figures {
+            req,
+            total,
+            cap,
+            headroom,
+            shortfall,
+            sf,
+            unalloc,
+            others,
+            non_pt,
+            outside,
+        }
+    }
+}
+
+/// Record `cause` as the deciding one, first among the findings.
+fn decided(j: &mut Judgement, cause: Cause, bytes: Option<u64>, reason: String) {
+    j.cause = cause;
+    j.causes.insert(
+        0,
+        Finding {
+            cause,
+            bytes,
+            reason,
+        },
+    );
+}
+
+/// Causes the figures support besides the deciding one (rules 3-6, before the order picks).
+fn supporting(m: &Message, card: Option<&CardMatch>, f: &Figures) -> Vec<Finding> {
+    let Figures {
+        req,
+        sf,
+        unalloc,
+        others,
+        non_pt,
+        outside,
+        ..
+    } = *f;
     let mut also: Vec<Finding> = Vec::new();
     if others.hi > 0 && others.mid() >= sf {
         let pids: Vec<String> = m.others().map(|p| p.pid.to_string()).collect();
@@ -242,9 +339,7 @@ pub fn judge(m: &Message) -> Judgement {
         non_pt
     };
     if let Some(n) = non_pt_fig.filter(|n| n.mid() > LARGE_OUTSIDE && n.mid() >= sf) {
-        let typical = j
-            .card
-            .as_ref()
+        let typical = card
             .map(|c| {
                 format!(
                     " ({:.1}× the {} typical on {})",
@@ -267,12 +362,27 @@ pub fn judge(m: &Message) -> Judgement {
             },
         });
     }
+    also
+}
+
+/// The rules, in order (see the module's notes): the deciding cause goes into `j`, the
+/// supporting findings it takes or rules out leave `also`. Whether the request alone was
+/// larger than the card.
+fn decide(m: &Message, j: &mut Judgement, also: &mut Vec<Finding>, f: &Figures) -> bool {
+    let Figures {
+        req,
+        total,
+        cap,
+        headroom,
+        shortfall,
+        others,
+        ..
+    } = *f;
     let take = |also: &mut Vec<Finding>, c: Cause| -> Option<Finding> {
         let i = also.iter().position(|f| f.cause == c)?;
         Some(also.remove(i))
     };
 
-    // The rules, in order.
     let too_big = match (req, cap) {
         (Some(t), Some(c)) => t.mid() > c.mid(),
         _ => false,
@@ -291,7 +401,7 @@ pub fn judge(m: &Message) -> Judgement {
     };
     if over_limit {
         decided(
-            &mut j,
+            j,
             Cause::Unknown,
             None,
             format!(
@@ -302,7 +412,7 @@ pub fn judge(m: &Message) -> Judgement {
         also.clear();
     } else if free_contradicts {
         decided(
-            &mut j,
+            j,
             Cause::Unknown,
             None,
             "free is larger than the card's total: the driver reports the memory wrongly (an APU or shared-memory carve-out), so no figure can be trusted".into(),
@@ -314,7 +424,7 @@ pub fn judge(m: &Message) -> Judgement {
             cap.unwrap_or(Range { lo: 0, hi: 0 }),
         );
         decided(
-            &mut j,
+            j,
             Cause::Shortage,
             Some(t.mid().saturating_sub(c.mid())),
             format!(
@@ -331,7 +441,7 @@ pub fn judge(m: &Message) -> Judgement {
             b(headroom.unwrap_or(Range { lo: 0, hi: 0 })),
             b(req.unwrap_or(Range { lo: 0, hi: 0 }))
         );
-        decided(&mut j, Cause::Unknown, None, why);
+        decided(j, Cause::Unknown, None, why);
         also.clear();
     } else if m.free.is_none()
         && m.allowed.is_none()
@@ -339,7 +449,7 @@ pub fn judge(m: &Message) -> Judgement {
         && !also.iter().any(|f| f.cause == Cause::Fragmentation)
     {
         decided(
-            &mut j,
+            j,
             Cause::Unknown,
             None,
             "the message prints no free figure, so the shortfall cannot be read (older XPU and IPEX texts)".into(),
@@ -354,14 +464,14 @@ pub fn judge(m: &Message) -> Judgement {
         } else {
             [Fragmentation, OtherProcess, NonPytorch]
         };
-        order.into_iter().find_map(|c| take(&mut also, c))
+        order.into_iter().find_map(|c| take(also, c))
     } {
         j.cause = f.cause;
         j.causes.insert(0, f);
     } else {
         let need = shortfall.map_or(0, |s| s.mid());
         decided(
-            &mut j,
+            j,
             Cause::Shortage,
             Some(need),
             match (req, headroom) {
@@ -381,38 +491,7 @@ pub fn judge(m: &Message) -> Judgement {
             },
         );
     }
-    // Within the rounding: a shortage whose cache might have been as large as the request
-    // (29.11 − 29.04 GiB against 70 MiB), or headroom that might have reached the margin.
-    j.borderline = match (j.cause, unalloc, req, headroom) {
-        (Cause::Shortage, Some(u), Some(t), _) if u.hi >= t.lo && u.lo < t.hi => true,
-        (Cause::Shortage | Cause::Unknown, _, Some(t), Some(h)) => {
-            let edge = t.mid() + UNEXPLAINED_MARGIN;
-            h.lo < edge && h.hi >= edge
-        }
-        _ => false,
-    };
-    also.sort_by_key(|f| std::cmp::Reverse(f.bytes));
-    j.causes.extend(also);
-    // Short by less than the cache: the free memory and the cached pieces together were
-    // enough, which expandable segments can join (the allocator model calls this fragmentation
-    // too); never the deciding cause by the hand rules, so listed after it.
-    if let (Cause::Shortage, Some(u), Some(h), Some(t)) = (j.cause, unalloc, headroom, req) {
-        let together = u + h;
-        if u.hi > 0 && together.lo >= t.hi && !too_big {
-            j.causes.push(Finding {
-                cause: Cause::Fragmentation,
-                bytes: Some(u.mid()),
-                reason: format!(
-                    "the {} free and the {} cached in pieces together would serve the {} request: expandable segments map the free memory next to cached pages",
-                    b(h),
-                    b(u),
-                    b(t)
-                ),
-            });
-        }
-    }
-    remedies(m, &mut j);
-    j
+    too_big
 }
 
 fn no_figures_reason(m: &Message) -> String {

@@ -318,14 +318,12 @@ pub fn message(flat: &str, start: usize, line: usize) -> Option<(Message, usize)
     };
 
     let mut figures = 0usize;
-    let mut capacty = false;
-    let mut one_x = false;
-    let mut cached_text = false;
+    let mut said = Wording::default();
     let mut skipped: Vec<&str> = Vec::new();
     loop {
         let mut p = skip_separators(flat, end);
         let mut found = clause_at(flat, p);
-        if found.is_none() && figures > 0 && !complete(&m, one_x || cached_text) {
+        if found.is_none() && figures > 0 && !complete(&m, said.one_x || said.cached_text) {
             // A garbled paste ("of which 0 bytes i emory 10.65 GiB is allocated"): read on
             // from the next sentence that parses, and keep what was passed over.
             if let Some(q) = (p + 1..(p + RESYNC).min(flat.len()))
@@ -340,53 +338,7 @@ pub fn message(flat: &str, start: usize, line: usize) -> Option<(Message, usize)
         let Some((clause, caps)) = found else {
             break;
         };
-        use Clause::*;
-        match clause {
-            Requested => m.requested = sz(&caps, 1),
-            MpsRequested => {
-                m.requested = sz(&caps, 1);
-                m.pool = Some(caps[3].to_string());
-            }
-            Total2 => {
-                m.gpu = caps[1].parse().ok();
-                capacty = &caps[2] == "capacty";
-                m.total = sz(&caps, 3);
-                m.free = sz(&caps, 5);
-            }
-            Process => m.other_processes.push(ProcessUse {
-                pid: caps[1].parse().unwrap_or(0),
-                bytes: sz(&caps, 2)?,
-            }),
-            ThisProcess => m.process = sz(&caps, 1),
-            Allowed => m.allowed = sz(&caps, 1),
-            Allocated2 => m.allocated = sz(&caps, 1),
-            PrivatePools => m.private_pools = sz(&caps, 1),
-            Unallocated2 => m.reserved_unallocated = sz(&caps, 1),
-            Hint2 | Hint1 => m.hint = Some(caps[1].to_string()),
-            Docs | EmptyCache | MpsHint => {}
-            Open1 => {
-                one_x = true;
-                m.gpu = caps[1].parse().ok();
-            }
-            Total1 => {
-                one_x = true;
-                m.total = sz(&caps, 1);
-            }
-            Allocated1 => m.allocated = sz(&caps, 1),
-            Active => m.active = sz(&caps, 1),
-            Free1 => m.free = sz(&caps, 1),
-            Reserved1 => m.reserved = sz(&caps, 1),
-            Cached => {
-                cached_text = true;
-                m.reserved_unallocated = sz(&caps, 1);
-            }
-            Inactive => m.inactive = sz(&caps, 1),
-            Mps => {
-                m.allocated = sz(&caps, 1);
-                m.other_allocations = sz(&caps, 3);
-                m.allowed = sz(&caps, 5);
-            }
-        }
+        read_clause(&mut m, clause, &caps, &mut said)?;
         figures += ANY_SIZE
             .find_iter(caps.get(0).map_or("", |g| g.as_str()))
             .count();
@@ -395,11 +347,11 @@ pub fn message(flat: &str, start: usize, line: usize) -> Option<(Message, usize)
     if figures == 0 {
         return None;
     }
-    if one_x && matches!(m.format, Format::Cuda2) {
+    if said.one_x && matches!(m.format, Format::Cuda2) {
         m.format = Format::Cuda1;
     }
-    m.release = release(&m, capacty, one_x, cached_text);
-    m.truncated = !complete(&m, one_x || cached_text);
+    m.release = release(&m, said.capacty, said.one_x, said.cached_text);
+    m.truncated = !complete(&m, said.one_x || said.cached_text);
     m.self_as_process = self_as_process(&m);
     m.text = flat[head.start()..end].trim().to_string();
     // Figures passed over, and (when the text stops short) sizes right after where reading
@@ -425,6 +377,74 @@ pub fn message(flat: &str, start: usize, line: usize) -> Option<(Message, usize)
         );
     }
     Some((m, end))
+}
+
+/// What a message's wording says besides its figures (it dates the release that printed it).
+#[derive(Debug, Default)]
+struct Wording {
+    /// "has a total capacty of" (the misspelling PyTorch 2.1 printed).
+    capacty: bool,
+    /// The 1.x layout: "(GPU N; … total capacity; …)".
+    one_x: bool,
+    /// "… cached" for reserved-but-unallocated (PyTorch 1.0-1.3).
+    cached_text: bool,
+}
+
+/// Read one clause's figures into `m` (None: a figure it must have did not parse).
+fn read_clause(
+    m: &mut Message,
+    clause: &Clause,
+    caps: &Captures,
+    said: &mut Wording,
+) -> Option<()> {
+    use Clause::*;
+    match clause {
+        Requested => m.requested = sz(caps, 1),
+        MpsRequested => {
+            m.requested = sz(caps, 1);
+            m.pool = Some(caps[3].to_string());
+        }
+        Total2 => {
+            m.gpu = caps[1].parse().ok();
+            said.capacty = &caps[2] == "capacty";
+            m.total = sz(caps, 3);
+            m.free = sz(caps, 5);
+        }
+        Process => m.other_processes.push(ProcessUse {
+            pid: caps[1].parse().unwrap_or(0),
+            bytes: sz(caps, 2)?,
+        }),
+        ThisProcess => m.process = sz(caps, 1),
+        Allowed => m.allowed = sz(caps, 1),
+        Allocated2 => m.allocated = sz(caps, 1),
+        PrivatePools => m.private_pools = sz(caps, 1),
+        Unallocated2 => m.reserved_unallocated = sz(caps, 1),
+        Hint2 | Hint1 => m.hint = Some(caps[1].to_string()),
+        Docs | EmptyCache | MpsHint => {}
+        Open1 => {
+            said.one_x = true;
+            m.gpu = caps[1].parse().ok();
+        }
+        Total1 => {
+            said.one_x = true;
+            m.total = sz(caps, 1);
+        }
+        Allocated1 => m.allocated = sz(caps, 1),
+        Active => m.active = sz(caps, 1),
+        Free1 => m.free = sz(caps, 1),
+        Reserved1 => m.reserved = sz(caps, 1),
+        Cached => {
+            said.cached_text = true;
+            m.reserved_unallocated = sz(caps, 1);
+        }
+        Inactive => m.inactive = sz(caps, 1),
+        Mps => {
+            m.allocated = sz(caps, 1);
+            m.other_allocations = sz(caps, 3);
+            m.allowed = sz(caps, 5);
+        }
+    }
+    Some(())
 }
 
 /// The runtime's text after `CUDA error: out of memory`, as far as it goes.

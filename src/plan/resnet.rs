@@ -313,6 +313,150 @@ impl R<'_> {
     }
 }
 
+/// One bottleneck block's forward, kept for its backward.
+struct BlockRec {
+    convs: Vec<ConvFrame>,
+    down: Option<ConvFrame>,
+    input: TensorIx,
+    outputs: Vec<TensorIx>,
+}
+
+impl R<'_> {
+    /// The stem: the image (under autocast an fp32 input held beside its 16-bit copy), its
+    /// conv and max-pool. The stem's frame (with what its backward needs saved), the pool's
+    /// output and the inputs held to the step's end.
+    fn stem(&mut self, n: &Net) -> Result<(ConvFrame, TensorIx, Vec<TensorIx>), PlanError> {
+        let (bsz, train) = (self.bsz, self.train);
+        let img = self.w.image;
+        let ac = super::params::autocast(self.w);
+        // Under autocast the pixels stay an fp32 input (held, not saved): the stem conv saves its
+        // 16-bit copy.
+        let mut inputs = Vec::new();
+        let image = if ac.is_some() {
+            let shape = [bsz, 3, img, img];
+            inputs.push(
+                self.b
+                    .push("input.image", Role::Workspace, DType::F32, &shape, img)?,
+            );
+            self.act("image.cast", shape, Role::Activations)?
+        } else {
+            self.act("image", [bsz, 3, img, img], Role::Activations)?
+        };
+        let (stem_fr, stem_out) = self.conv(&n.stem, image)?;
+        let ph = n.pool_h;
+        let pool_shape = [bsz, n.stem.c_out, ph, ph];
+        let pool_out = self.act("stem.pool", pool_shape, Role::Activations)?;
+        // Frames in forward order; `None` marks a block boundary handled below.
+        let mut stem_saved = vec![image];
+        stem_saved.extend(stem_fr.saved.iter().copied());
+        stem_saved.push(stem_out);
+        if train {
+            let idx = self.b.push(
+                "stem.pool_indices",
+                Role::Activations,
+                DType::I64,
+                &pool_shape,
+                ph,
+            )?;
+            stem_saved.push(idx);
+        } else {
+            self.b.free_all(std::mem::take(&mut stem_saved));
+        }
+        let stem_fr = ConvFrame {
+            saved: stem_saved,
+            ..stem_fr
+        };
+        Ok((stem_fr, pool_out, inputs))
+    }
+
+    /// The bottleneck blocks' forward from `x`: what each block's backward needs, and the last
+    /// block's output.
+    fn blocks_forward(
+        &mut self,
+        n: &Net,
+        mut x: TensorIx,
+    ) -> Result<(Vec<BlockRec>, TensorIx), PlanError> {
+        let train = self.train;
+        let mut blocks: Vec<BlockRec> = Vec::new();
+        for (_, blk) in &n.blocks {
+            let mut frames = Vec::new();
+            let mut outputs = Vec::new();
+            let mut y = x;
+            for cv in &blk.convs {
+                let (fr, out) = self.conv(cv, y)?;
+                if !train && y != x {
+                    // no_grad: the previous conv's output dies once the next one has read it.
+                    self.b.free(y);
+                }
+                frames.push(fr);
+                outputs.push(out);
+                y = out;
+            }
+            let down = match &blk.downsample {
+                Some(ds) => {
+                    let (fr, bn) = self.conv(ds, x)?;
+                    // The shortcut's BN output is added in place into conv3's and freed.
+                    self.b.free(bn);
+                    Some(fr)
+                }
+                None => None,
+            };
+            if !train {
+                self.b.free(x);
+            }
+            blocks.push(BlockRec {
+                convs: frames,
+                down,
+                input: x,
+                outputs: outputs.clone(),
+            });
+            x = y;
+        }
+        Ok((blocks, x))
+    }
+
+    /// The blocks' backward, last block first, from the gradient `g` of the last block's output:
+    /// the gradient of the first block's input.
+    fn blocks_backward(
+        &mut self,
+        mut blocks: Vec<BlockRec>,
+        mut g: TensorIx,
+    ) -> Result<TensorIx, PlanError> {
+        while let Some(blk) = blocks.pop() {
+            // The block's output (its conv3 BN output) goes with conv3's frame; the incoming
+            // gradient stays alive for the shortcut.
+            let g_block = g;
+            let mut outputs = blk.outputs;
+            let mut gm = g_block;
+            let mut first = true;
+            let mut convs = blk.convs;
+            while let Some(fr) = convs.pop() {
+                let out = outputs.pop();
+                let gi = self.backward(fr, gm, first, true)?.unwrap_or(gm);
+                if let Some(o) = out {
+                    self.b.free(o);
+                }
+                first = false;
+                gm = gi;
+            }
+            let g_short = match blk.down {
+                Some(fr) => self.backward(fr, g_block, true, true)?.unwrap_or(g_block),
+                None => g_block,
+            };
+            let in_shape = self.b.tensor(blk.input).shape.clone();
+            let sh = [in_shape[0], in_shape[1], in_shape[2], in_shape[3]];
+            let g_sum = self.act("grad.block_in", sh, Role::Workspace)?;
+            self.b.free(gm);
+            if g_short != g_block {
+                self.b.free(g_short);
+            }
+            self.b.free(g_block);
+            g = g_sum;
+        }
+        Ok(g)
+    }
+}
+
 /// Build a ResNet step's timeline at the workload's batch and image size.
 pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     let n = net(w)?;
@@ -335,84 +479,9 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         train,
     };
     r.b.phase(Phase::Forward);
-    let img = w.image;
+    let (stem_fr, pool_out, inputs) = r.stem(&n)?;
+    let (blocks, x) = r.blocks_forward(&n, pool_out)?;
     let ac = super::params::autocast(w);
-    // Under autocast the pixels stay an fp32 input (held, not saved): the stem conv saves its
-    // 16-bit copy.
-    let mut inputs = Vec::new();
-    let image = if ac.is_some() {
-        let shape = [bsz, 3, img, img];
-        inputs.push(r.b.push("input.image", Role::Workspace, DType::F32, &shape, img)?);
-        r.act("image.cast", shape, Role::Activations)?
-    } else {
-        r.act("image", [bsz, 3, img, img], Role::Activations)?
-    };
-    let (stem_fr, stem_out) = r.conv(&n.stem, image)?;
-    let ph = n.pool_h;
-    let pool_shape = [bsz, n.stem.c_out, ph, ph];
-    let pool_out = r.act("stem.pool", pool_shape, Role::Activations)?;
-    let mut x = pool_out;
-    // Frames in forward order; `None` marks a block boundary handled below.
-    let mut stem_saved = vec![image];
-    stem_saved.extend(stem_fr.saved.iter().copied());
-    stem_saved.push(stem_out);
-    if train {
-        let idx = r.b.push(
-            "stem.pool_indices",
-            Role::Activations,
-            DType::I64,
-            &pool_shape,
-            ph,
-        )?;
-        stem_saved.push(idx);
-    } else {
-        r.b.free_all(std::mem::take(&mut stem_saved));
-    }
-    let stem_fr = ConvFrame {
-        saved: stem_saved,
-        ..stem_fr
-    };
-    struct BlockRec {
-        convs: Vec<ConvFrame>,
-        down: Option<ConvFrame>,
-        input: TensorIx,
-        outputs: Vec<TensorIx>,
-    }
-    let mut blocks: Vec<BlockRec> = Vec::new();
-    for (_, blk) in &n.blocks {
-        let mut frames = Vec::new();
-        let mut outputs = Vec::new();
-        let mut y = x;
-        for cv in &blk.convs {
-            let (fr, out) = r.conv(cv, y)?;
-            if !train && y != x {
-                // no_grad: the previous conv's output dies once the next one has read it.
-                r.b.free(y);
-            }
-            frames.push(fr);
-            outputs.push(out);
-            y = out;
-        }
-        let down = match &blk.downsample {
-            Some(ds) => {
-                let (fr, bn) = r.conv(ds, x)?;
-                // The shortcut's BN output is added in place into conv3's and freed.
-                r.b.free(bn);
-                Some(fr)
-            }
-            None => None,
-        };
-        if !train {
-            r.b.free(x);
-        }
-        blocks.push(BlockRec {
-            convs: frames,
-            down,
-            input: x,
-            outputs: outputs.clone(),
-        });
-        x = y;
-    }
     let f = n.features;
     let pooled = r.b.push("avgpool", Role::Activations, c, &[bsz, f], f)?;
     let classes = w.vocab;
@@ -481,39 +550,9 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
         .and_then(|b| b.convs.last())
         .map(|fr| fr.out_shape)
         .unwrap_or([bsz, f, 1, 1]);
-    let mut g = r.act("grad.features", last_shape, Role::Workspace)?;
+    let g = r.act("grad.features", last_shape, Role::Workspace)?;
     r.b.free(g_pool);
-    while let Some(blk) = blocks.pop() {
-        // The block's output (its conv3 BN output) goes with conv3's frame; the incoming
-        // gradient stays alive for the shortcut.
-        let g_block = g;
-        let mut outputs = blk.outputs;
-        let mut gm = g_block;
-        let mut first = true;
-        let mut convs = blk.convs;
-        while let Some(fr) = convs.pop() {
-            let out = outputs.pop();
-            let gi = r.backward(fr, gm, first, true)?.unwrap_or(gm);
-            if let Some(o) = out {
-                r.b.free(o);
-            }
-            first = false;
-            gm = gi;
-        }
-        let g_short = match blk.down {
-            Some(fr) => r.backward(fr, g_block, true, true)?.unwrap_or(g_block),
-            None => g_block,
-        };
-        let in_shape = r.b.tensor(blk.input).shape.clone();
-        let sh = [in_shape[0], in_shape[1], in_shape[2], in_shape[3]];
-        let g_sum = r.act("grad.block_in", sh, Role::Workspace)?;
-        r.b.free(gm);
-        if g_short != g_block {
-            r.b.free(g_short);
-        }
-        r.b.free(g_block);
-        g = g_sum;
-    }
+    let g = r.blocks_backward(blocks, g)?;
     // Max-pool backward, then the stem; the block input of the first block is the pool output.
     r.b.free(pool_out);
     let g_stem = r.act("grad.stem_out", stem_fr.out_shape, Role::Workspace)?;

@@ -217,11 +217,11 @@ impl FillRate {
 /// when isolated) of a params plan, one tiny (the fixed cost: child start, device open,
 /// pipelines) and one of `CALIBRATION_BYTES` (the rate). None when either does not fit.
 pub fn measure_probe_cost(
-    isolation: &super::runner::Isolation,
+    isolation: &super::child::Isolation,
     device: &super::DeviceChoice,
 ) -> Option<FillRate> {
     let w = crate::plan::build::default_workload(Scenario::Params);
-    let g = super::runner::PARAMS_GRANULARITY;
+    let g = crate::search::PARAMS_GRANULARITY;
     let probe = |bytes: u64| {
         let req = super::child::ChildRequest {
             workload: w.clone(),
@@ -235,10 +235,7 @@ pub fn measure_probe_cost(
             room: None,
         };
         let started = Instant::now();
-        let rec = match isolation {
-            super::runner::Isolation::Child(runner) => runner.run(&req),
-            super::runner::Isolation::InProcess => super::child::probe_in_process(&req),
-        };
+        let rec = isolation.run(&req);
         let plan = Plan::for_value(&w, Scenario::Params, req.value).ok()?;
         rec.outcome
             .is_fit()

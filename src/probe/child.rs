@@ -73,12 +73,12 @@ pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
     };
     let plan = match plan {
         Ok(p) => p,
-        Err(e) => return failed_record(req.value, 0, Outcome::Error, e, started),
+        Err(e) => return ProbeRecord::failed(req.value, 0, Outcome::Error, e, started),
     };
     let bytes = plan.peak_bytes();
     let mut backend = match open(req) {
         Ok(b) => b,
-        Err(e) => return failed_record(req.value, bytes, Outcome::Error, e, started),
+        Err(e) => return ProbeRecord::failed(req.value, bytes, Outcome::Error, e, started),
     };
     let charge = super::charge::Charge::of(backend.info(), req.budget);
     let info = backend.info().clone();
@@ -99,7 +99,7 @@ pub fn probe_in_process(req: &ChildRequest) -> ProbeRecord {
             Some(b)
         };
         let plan_at = |x: u64| Plan::for_value(&req.workload, req.scenario, x).ok();
-        let space = super::runner::search_space(req.scenario);
+        let space = crate::search::search_space(req.scenario);
         record.dry =
             super::dry::after_probe(&record, &plan, ask, charge, space, &plan_at, &mut fresh);
     }
@@ -123,21 +123,6 @@ fn open(req: &ChildRequest) -> Result<Box<dyn crate::backend::Backend>, String> 
         }
         None => b,
     })
-}
-
-/// A probe that failed before its timeline ran (no plan, no device, kernels not prepared).
-pub(crate) fn failed_record(
-    value: u64,
-    bytes: u64,
-    outcome: Outcome,
-    detail: String,
-    started: Instant,
-) -> ProbeRecord {
-    ProbeRecord {
-        seconds: started.elapsed().as_secs_f64(),
-        detail: Some(detail),
-        ..ProbeRecord::new(value, outcome, bytes)
-    }
 }
 
 /// `oomprobe probe-child`: the child side.
@@ -351,6 +336,25 @@ pub fn auto_timeout(bytes: u64, seconds_per_byte: Option<f64>) -> Duration {
     ))
 }
 
+/// How probes are run.
+#[derive(Debug, Clone)]
+pub enum Isolation {
+    /// A child process per probe (the default).
+    Child(ChildRunner),
+    /// In this process (`--no-isolate`).
+    InProcess,
+}
+
+impl Isolation {
+    /// Run one probe as this isolation says.
+    pub fn run(&self, req: &ChildRequest) -> ProbeRecord {
+        match self {
+            Isolation::Child(runner) => runner.run(req),
+            Isolation::InProcess => probe_in_process(req),
+        }
+    }
+}
+
 /// Runs probes in child processes of `exe` (normally this very binary).
 #[derive(Debug, Clone)]
 pub struct ChildRunner {
@@ -381,8 +385,9 @@ impl ChildRunner {
     /// One probe of a plan that peaks at `bytes`, in a child killed after `limit`.
     fn run_once(&self, req: &ChildRequest, bytes: u64, limit: Duration) -> ProbeRecord {
         let started = Instant::now();
-        let fail =
-            |outcome, detail: String| failed_record(req.value, bytes, outcome, detail, started);
+        let fail = |outcome, detail: String| {
+            ProbeRecord::failed(req.value, bytes, outcome, detail, started)
+        };
         let json = match serde_json::to_string(req) {
             Ok(j) => j,
             Err(e) => return fail(Outcome::Error, format!("cannot encode request: {e}")),

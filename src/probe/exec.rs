@@ -306,18 +306,12 @@ pub fn execute_plan_measuring(
         Ok(s) => s,
         Err(e) => {
             let detail = format!("allocating the read-back scratch: {e}");
-            return super::child::failed_record(
-                plan.value,
-                bytes,
-                outcome_of_backend(&e),
-                detail,
-                started,
-            );
+            return ProbeRecord::failed(plan.value, bytes, outcome_of_backend(&e), detail, started);
         }
     };
     if let Err(e) = backend.prepare(&kernels) {
         scratch.free(backend);
-        return super::child::failed_record(
+        return ProbeRecord::failed(
             plan.value,
             bytes,
             outcome_of_backend(&e),

@@ -11,12 +11,13 @@ use crate::search::{self, Answer, RoomAsk, SearchOutcome, SearchSpace};
 
 use super::capacity::Capacity;
 use super::charge::Charge;
-use super::child::{probe_in_process, ChildRequest, ChildRunner};
+use super::child::ChildRequest;
+pub use super::child::Isolation;
 use super::suite::RunSpec;
 use super::{Compute, DeviceChoice};
 
-/// Granularity of the params scenario: 2^16 parameters (1 MiB of fp32 Adam states).
-pub const PARAMS_GRANULARITY: u64 = 1 << 16;
+// The scenarios' search spaces live with the search; named here too for older paths.
+pub use crate::search::{search_space, PARAMS_GRANULARITY};
 
 /// What a search reports as it goes (for progress and partial results).
 #[derive(Debug, Clone, Copy)]
@@ -25,15 +26,6 @@ pub enum ProbeEvent<'a> {
     Started(u64),
     /// A probe has finished.
     Finished(&'a ProbeRecord),
-}
-
-/// How probes are run.
-#[derive(Debug, Clone)]
-pub enum Isolation {
-    /// A child process per probe (the default).
-    Child(ChildRunner),
-    /// In this process (`--no-isolate`).
-    InProcess,
 }
 
 /// Which boundary search a run uses.
@@ -71,19 +63,6 @@ fn steps_probed(fit: u64, steps: u32, granularity: u64) -> Vec<u64> {
 /// The most steps down a `max_fit` that failed on repeat takes.
 const MAX_REPEAT_STEPS: u32 = 8;
 
-/// The values a scenario may take.
-pub fn search_space(scenario: Scenario) -> SearchSpace {
-    match scenario {
-        Scenario::Params => SearchSpace {
-            min: PARAMS_GRANULARITY,
-            max: 1 << 44,
-            granularity: PARAMS_GRANULARITY,
-        },
-        Scenario::Batch | Scenario::Activations => SearchSpace::unit(1 << 20),
-        Scenario::Seq => SearchSpace::unit(1 << 22),
-    }
-}
-
 impl RunContext {
     /// Run one probe of `spec` at `value`.
     pub fn probe(&self, spec: &RunSpec, value: u64) -> ProbeRecord {
@@ -107,10 +86,7 @@ impl RunContext {
             budget: self.capacity.budget,
             snapshot: None,
         };
-        match &self.isolation {
-            Isolation::Child(runner) => runner.run(&req),
-            Isolation::InProcess => probe_in_process(&req),
-        }
+        self.isolation.run(&req)
     }
 
     /// What the fill ratio is measured against: the budget when one is enforced, else the

@@ -14,8 +14,7 @@ use crate::serve::text::{gib, thousands};
 use crate::serve::{concurrency, ServeSizing};
 use crate::workload::Workload;
 
-use super::child::{probe_in_process, ChildRequest, ProbeTimeout};
-use super::runner::Isolation;
+use super::child::{ChildRequest, ProbeTimeout};
 use super::{capacity, session, Compute};
 
 /// What the device held.
@@ -87,10 +86,7 @@ pub fn run(
         snapshot: None,
         room: None,
     };
-    let rec = match session::isolation(!args.no_isolate, timeout)? {
-        Isolation::Child(r) => r.run(&req),
-        Isolation::InProcess => probe_in_process(&req),
-    };
+    let rec = session::isolation(!args.no_isolate, timeout)?.run(&req);
     let failed = (!rec.outcome.is_fit()).then(|| rec.failed_at.as_ref().map_or(0, |f| f.event));
     let profile_fit = failed.is_none_or(|e| e >= pool.first_event);
     let device_blocks = pool.blocks_held(failed);

@@ -10,11 +10,12 @@ use crate::scenario::Scenario;
 use crate::workload::Workload;
 
 use super::capacity::{self, Capacity};
-use super::child::{ChildRunner, ProbeTimeout};
-use super::runner::{search_space, Isolation, ProbeEvent, RunContext, SearchMode};
+use super::child::{ChildRunner, Isolation, ProbeTimeout};
+use super::runner::{ProbeEvent, RunContext, SearchMode};
 use super::suite::{self, RunSpec};
 use super::{Compute, DeviceChoice};
 use crate::backend::pooled::AllocatorPick;
+use crate::search::search_space;
 
 /// What a session is asked to do, already parsed and checked by the command.
 #[derive(Debug, Clone)]

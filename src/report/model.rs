@@ -146,6 +146,22 @@ impl ProbeRecord {
             time_limit_seconds: None,
         }
     }
+
+    /// A probe that failed before its timeline ran (no plan, no device, kernels not prepared),
+    /// `started` when it began.
+    pub fn failed(
+        value: u64,
+        bytes: u64,
+        outcome: Outcome,
+        detail: String,
+        started: std::time::Instant,
+    ) -> Self {
+        ProbeRecord {
+            seconds: started.elapsed().as_secs_f64(),
+            detail: Some(detail),
+            ..ProbeRecord::new(value, outcome, bytes)
+        }
+    }
 }
 
 /// The room left at a probe's peak, measured with filler (see `probe::room`).

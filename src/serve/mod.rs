@@ -375,6 +375,64 @@ pub fn size_with(
             z.parts()
         }
     };
+    let notes = sizing_notes(
+        s,
+        &limits,
+        total,
+        util,
+        non_torch,
+        profile_peak,
+        tokens,
+        kvh,
+    );
+    let sizing = ServeSizing {
+        engine: s.engine,
+        vllm_commit: VLLM_COMMIT,
+        total_bytes: total,
+        gpu_memory_utilization: util,
+        requested_bytes: requested,
+        weights_bytes: weights,
+        profile_peak_bytes: profile_peak,
+        non_torch_bytes: non_torch,
+        kv_bytes: kv,
+        limits,
+        max_model_len: s.max_model_len,
+        block_size: s.block_size,
+        tp: s.tp,
+        layers,
+        kv_heads_per_gpu: kvh,
+        head_dim: d,
+        kv_dtype_bytes: dtype_bytes,
+        page_bytes_per_layer: page,
+        bytes_per_token: per_token,
+        blocks,
+        tokens,
+        blocks_per_request: s.max_model_len.div_ceil(s.block_size),
+        concurrency: match (&cache, hybrid) {
+            (Some(c), true) if kv > 0 => kv as f64 / c.bytes_per_request.max(1) as f64,
+            (Some(_), true) => 0.0,
+            _ => concurrency(blocks, s.max_model_len, s.block_size),
+        },
+        cache,
+        refusal,
+        util_to_fit,
+        notes,
+    };
+    Ok((sizing, plan))
+}
+
+/// The notes a sizing prints: what is modelled and what is not, per engine.
+#[allow(clippy::too_many_arguments)]
+fn sizing_notes(
+    s: &Serve,
+    limits: &Limits,
+    total: u64,
+    util: f64,
+    non_torch: u64,
+    profile_peak: u64,
+    tokens: u64,
+    kvh: u64,
+) -> Vec<String> {
     let mut notes = vec![
         if non_torch == NON_TORCH_GROWTH {
             format!(
@@ -445,40 +503,7 @@ pub fn size_with(
             s.tp
         ));
     }
-    let sizing = ServeSizing {
-        engine: s.engine,
-        vllm_commit: VLLM_COMMIT,
-        total_bytes: total,
-        gpu_memory_utilization: util,
-        requested_bytes: requested,
-        weights_bytes: weights,
-        profile_peak_bytes: profile_peak,
-        non_torch_bytes: non_torch,
-        kv_bytes: kv,
-        limits,
-        max_model_len: s.max_model_len,
-        block_size: s.block_size,
-        tp: s.tp,
-        layers,
-        kv_heads_per_gpu: kvh,
-        head_dim: d,
-        kv_dtype_bytes: dtype_bytes,
-        page_bytes_per_layer: page,
-        bytes_per_token: per_token,
-        blocks,
-        tokens,
-        blocks_per_request: s.max_model_len.div_ceil(s.block_size),
-        concurrency: match (&cache, hybrid) {
-            (Some(c), true) if kv > 0 => kv as f64 / c.bytes_per_request.max(1) as f64,
-            (Some(_), true) => 0.0,
-            _ => concurrency(blocks, s.max_model_len, s.block_size),
-        },
-        cache,
-        refusal,
-        util_to_fit,
-        notes,
-    };
-    Ok((sizing, plan))
+    notes
 }
 
 /// vLLM's sizing of a cache whose layers differ (sliding, chunked, MLA, recurrent state):

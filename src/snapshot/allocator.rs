@@ -18,8 +18,10 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::Serialize;
 
-use crate::alloc::caching::{Action, Allocator, BlockId, Device, SMALL_BUFFER, SMALL_SIZE};
+use crate::alloc::caching::{Action, Allocator, BlockId};
 use crate::alloc::conf::AllocConf;
+use crate::alloc::device::Device;
+use crate::alloc::sizes::{SMALL_BUFFER, SMALL_SIZE};
 
 use super::schema::{Snapshot, TraceEntry};
 
@@ -139,13 +141,9 @@ pub fn settings_of(raw: Option<&serde_pickle::Value>) -> AllocConf {
     conf
 }
 
-/// Replay device `device`'s trace; Err(why) in one line when the file lacks what it needs.
-pub fn replay(snap: &Snapshot, device: usize, conf: &AllocConf) -> Result<AllocatorReplay, String> {
-    let trace = snap
-        .device_traces
-        .get(device)
-        .filter(|t| t.iter().any(|e| e.action == "alloc"))
-        .ok_or("no alloc/free trace to replay")?;
+/// Bytes reserved before the trace began (what the dump holds less what the trace added), and
+/// the peak the trace's segment events reach above them.
+fn reserved_before(snap: &Snapshot, device: usize, trace: &[TraceEntry]) -> (i128, i128) {
     // Reserved before the trace: what the dump holds less what the trace added.
     let at_dump: u64 = snap
         .segments
@@ -165,7 +163,17 @@ pub fn replay(snap: &Snapshot, device: usize, conf: &AllocConf) -> Result<Alloca
         net = cur;
         recorded_peak = recorded_peak.max(cur);
     }
-    let before = at_dump as i128 - net;
+    (at_dump as i128 - net, recorded_peak)
+}
+
+/// Replay device `device`'s trace; Err(why) in one line when the file lacks what it needs.
+pub fn replay(snap: &Snapshot, device: usize, conf: &AllocConf) -> Result<AllocatorReplay, String> {
+    let trace = snap
+        .device_traces
+        .get(device)
+        .filter(|t| t.iter().any(|e| e.action == "alloc"))
+        .ok_or("no alloc/free trace to replay")?;
+    let (before, recorded_peak) = reserved_before(snap, device, trace);
     let mut dev = Recorded {
         pending: VecDeque::new(),
         next_fake: 1 << 56,

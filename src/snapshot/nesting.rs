@@ -137,6 +137,37 @@ fn opcode(op: u8) -> Option<(Arg, Effect)> {
     })
 }
 
+/// The line of `bytes` from `pos` (without its newline) and where the next one starts.
+fn line_at(bytes: &[u8], pos: usize) -> Option<(&[u8], usize)> {
+    let rest = bytes.get(pos..)?;
+    let n = rest.iter().position(|&b| b == b'\n')?;
+    Some((&rest[..n], pos + n + 1))
+}
+
+/// An opcode's argument at `pos`: its bytes (for memo ids) and where the next opcode starts.
+/// None where the stream ends before the argument does.
+fn argument<'a>(bytes: &'a [u8], pos: usize, arg: &Arg) -> Option<(&'a [u8], usize)> {
+    Some(match *arg {
+        Arg::None => (&[], pos),
+        Arg::Line => line_at(bytes, pos)?,
+        Arg::Lines2 => {
+            let (_, p) = line_at(bytes, pos).and_then(|(_, p)| line_at(bytes, p))?;
+            (&[], p)
+        }
+        Arg::Fixed(n) => (bytes.get(pos..pos + n)?, pos + n),
+        Arg::Len(w) => {
+            let len = bytes.get(pos..pos + w)?;
+            let mut le = [0u8; 8];
+            le[..w].copy_from_slice(len);
+            let n = u64::from_le_bytes(le);
+            match (pos + w).checked_add(n as usize) {
+                Some(end) if end <= bytes.len() => (&[], end),
+                _ => return None,
+            }
+        }
+    })
+}
+
 /// Check that `bytes` (a pickle) nests at most [`MAX_DEPTH`] deep and keeps at most
 /// [`MAX_STACK`] items on its stack. A stream this walk cannot follow (an unknown opcode, a
 /// short read, an underflow) passes: the decoder reports what is wrong with it.
@@ -145,11 +176,6 @@ pub fn check(bytes: &[u8]) -> Result<(), TooDeep> {
     let mut marks: Vec<usize> = Vec::new();
     let mut memo: HashMap<u32, u32> = HashMap::new();
     let mut pos = 0usize;
-    let line = |pos: usize| -> Option<(&[u8], usize)> {
-        let rest = bytes.get(pos..)?;
-        let n = rest.iter().position(|&b| b == b'\n')?;
-        Some((&rest[..n], pos + n + 1))
-    };
     let deeper = |d: u32| -> Result<u32, TooDeep> {
         let d = d + 1;
         if d > MAX_DEPTH {
@@ -164,32 +190,8 @@ pub fn check(bytes: &[u8]) -> Result<(), TooDeep> {
             return Ok(());
         };
         // The argument: its bytes (for memo ids) and where the next opcode starts.
-        let (arg_bytes, next): (&[u8], usize) = match arg {
-            Arg::None => (&[], pos),
-            Arg::Line => match line(pos) {
-                Some(x) => x,
-                None => return Ok(()),
-            },
-            Arg::Lines2 => match line(pos).and_then(|(_, p)| line(p)) {
-                Some((_, p)) => (&[], p),
-                None => return Ok(()),
-            },
-            Arg::Fixed(n) => match bytes.get(pos..pos + n) {
-                Some(b) => (b, pos + n),
-                None => return Ok(()),
-            },
-            Arg::Len(w) => {
-                let Some(len) = bytes.get(pos..pos + w) else {
-                    return Ok(());
-                };
-                let mut le = [0u8; 8];
-                le[..w].copy_from_slice(len);
-                let n = u64::from_le_bytes(le);
-                match (pos + w).checked_add(n as usize) {
-                    Some(end) if end <= bytes.len() => (&[], end),
-                    _ => return Ok(()),
-                }
-            }
+        let Some((arg_bytes, next)) = argument(bytes, pos, &arg) else {
+            return Ok(());
         };
         pos = next;
         let base = marks.last().copied().unwrap_or(0);

@@ -544,57 +544,7 @@ pub fn trace_of_device(
         .iter()
         .filter(|s| s.device.max(0) as usize == device)
         .collect();
-    let mut notes: Vec<String> = Vec::new();
-    if let Some(why) = super::read::synthetic_segments(snap) {
-        notes.push(match granularity {
-            Granularity::Blocks => format!("read as tensor blocks: {why}"),
-            Granularity::Segments => {
-                format!("{why}; --granularity blocks reads the tensors instead")
-            }
-        });
-    }
-    if entries.iter().all(|e| e.action == "snapshot") {
-        notes.push(format!(
-            "cuda:{device} has no trace (history was not recorded): only the state at dump time"
-        ));
-    }
-    let streams: HashSet<i64> = entries.iter().map(|e| e.stream).collect();
-    if streams.len() > 1 {
-        notes.push(format!(
-            "{} streams in cuda:{device}'s trace: replayed in recorded order on one queue",
-            streams.len()
-        ));
-    }
-    let unknown: Vec<&str> = entries
-        .iter()
-        .map(|e| e.action.as_str())
-        .filter(|a| !ACTIONS.contains(a))
-        .collect();
-    if !unknown.is_empty() {
-        let mut names: Vec<&str> = unknown.clone();
-        names.sort_unstable();
-        names.dedup();
-        notes.push(format!(
-            "{} trace entries on cuda:{device} with actions oomprobe does not know ({}): skipped",
-            unknown.len(),
-            names.join(", ")
-        ));
-    }
-    let needs_addr = |e: &TraceEntry| {
-        !matches!(
-            e.action.as_str(),
-            "oom" | "snapshot" | "user_defined" | "annotate"
-        )
-    };
-    let no_addr = entries
-        .iter()
-        .filter(|e| needs_addr(e) && e.addr.is_none() && ACTIONS.contains(&e.action.as_str()))
-        .count();
-    if no_addr > 0 {
-        notes.push(format!(
-            "{no_addr} trace entries on cuda:{device} without an address: skipped"
-        ));
-    }
+    let notes = trace_notes(snap, granularity, device, entries);
     let mut c = Collector::default();
     let mut oom = None;
     let mut seen: HashSet<u64> = HashSet::new();
@@ -693,6 +643,71 @@ pub fn trace_of_device(
         }
     }
     Ok(c.finish(granularity, oom, notes))
+}
+
+/// Entries that name a block or a segment by its address (an `oom`, a `snapshot` marker or an
+/// annotation names none).
+fn needs_addr(e: &TraceEntry) -> bool {
+    !matches!(
+        e.action.as_str(),
+        "oom" | "snapshot" | "user_defined" | "annotate"
+    )
+}
+
+/// What a device's trace leaves out or reads its own way: synthetic segments, no history,
+/// several streams, actions oomprobe does not know, entries without an address.
+fn trace_notes(
+    snap: &Snapshot,
+    granularity: Granularity,
+    device: usize,
+    entries: &[TraceEntry],
+) -> Vec<String> {
+    let mut notes: Vec<String> = Vec::new();
+    if let Some(why) = super::read::synthetic_segments(snap) {
+        notes.push(match granularity {
+            Granularity::Blocks => format!("read as tensor blocks: {why}"),
+            Granularity::Segments => {
+                format!("{why}; --granularity blocks reads the tensors instead")
+            }
+        });
+    }
+    if entries.iter().all(|e| e.action == "snapshot") {
+        notes.push(format!(
+            "cuda:{device} has no trace (history was not recorded): only the state at dump time"
+        ));
+    }
+    let streams: HashSet<i64> = entries.iter().map(|e| e.stream).collect();
+    if streams.len() > 1 {
+        notes.push(format!(
+            "{} streams in cuda:{device}'s trace: replayed in recorded order on one queue",
+            streams.len()
+        ));
+    }
+    let unknown: Vec<&str> = entries
+        .iter()
+        .map(|e| e.action.as_str())
+        .filter(|a| !ACTIONS.contains(a))
+        .collect();
+    if !unknown.is_empty() {
+        let mut names: Vec<&str> = unknown.clone();
+        names.sort_unstable();
+        names.dedup();
+        notes.push(format!(
+            "{} trace entries on cuda:{device} with actions oomprobe does not know ({}): skipped",
+            unknown.len(),
+            names.join(", ")
+        ));
+    }
+    let no_addr = entries
+        .iter()
+        .filter(|e| needs_addr(e) && e.addr.is_none() && ACTIONS.contains(&e.action.as_str()))
+        .count();
+    if no_addr > 0 {
+        notes.push(format!(
+            "{no_addr} trace entries on cuda:{device} without an address: skipped"
+        ));
+    }
+    notes
 }
 
 /// End every live region overlapping `[addr, addr+size)`; a partly unmapped region keeps its

@@ -16,7 +16,11 @@
 //! uses) is capped at [`MAX_BINDING_BYTES`] = 2 GiB, the same cap wgpu has on every card: the
 //! kernels index 32-bit words with `u32` like their WGSL twins, and the two backends then
 //! split every tensor into the same chunks, so their tables are comparable.
+//!
+//! `device` finds devices and says what each is; `errors` names and classifies driver errors.
 
+mod device;
+mod errors;
 pub mod loader;
 pub mod nvrtc;
 pub mod ptx;
@@ -30,12 +34,14 @@ use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::Ptx;
 
-use super::{
-    AllocError, Backend, BackendError, BackendKind, BufferId, DeviceInfo, DeviceType, MemoryInfo,
-};
+use super::{AllocError, Backend, BackendError, BufferId, DeviceInfo, MemoryInfo};
 use crate::kernels::{params, KernelId};
 
+pub use device::{device_count, list_devices, measured_device};
 pub use nvrtc::compile_all_kernels;
+
+use device::{device_info, driver_version, new_context};
+use errors::{classify, err_name, err_text, Class};
 
 /// The largest chunk (one buffer bound to one kernel argument) the shared code uses on CUDA.
 pub const MAX_BINDING_BYTES: u64 = 1 << 31;
@@ -51,40 +57,6 @@ pub const EMBEDDED_ENV: &str = "OOMPROBE_CUDA_EMBEDDED";
 
 /// Bytes of the one buffer every warm-up launch binds (no kernel touches it on empty params).
 const WARM_UP_SCRATCH_BYTES: u64 = 4096;
-
-/// Lists the CUDA devices, or says why CUDA is unavailable (no driver library, no device, a
-/// driver error). Never panics. Each device is opened, its kernels loaded and launched once,
-/// and its overhead measured ([`crate::backend::overhead`]); a device whose warm-up fails is
-/// listed with the overhead unknown (the reason is logged).
-pub fn list_devices() -> Result<Vec<DeviceInfo>, String> {
-    (0..device_count()?).map(measured_device).collect()
-}
-
-/// One device as [`list_devices`] lists it (opened, warmed up, measured, closed again).
-pub fn measured_device(ordinal: usize) -> Result<DeviceInfo, String> {
-    let mut backend = CudaBackend::new(ordinal)?;
-    Ok(
-        crate::backend::overhead::measured_info(&mut backend).unwrap_or_else(|e| {
-            log::warn!("CUDA device {ordinal}: overhead not measured: {e}");
-            backend.info().clone()
-        }),
-    )
-}
-
-/// How many CUDA devices the driver reports (an error when none, or no driver).
-pub fn device_count() -> Result<usize, String> {
-    loader::driver_library()?;
-    let count = loader::guarded("cuDeviceGetCount", || -> Result<usize, String> {
-        cu::init().map_err(|e| format!("cuInit failed: {}", err_text(e)))?;
-        let n = cu::device::get_count()
-            .map_err(|e| format!("cuDeviceGetCount failed: {}", err_text(e)))?;
-        Ok(usize::try_from(n).unwrap_or(0))
-    })??;
-    if count == 0 {
-        return Err("the NVIDIA driver reports no CUDA device".to_string());
-    }
-    Ok(count)
-}
 
 /// Opens CUDA device `index` (default 0) as a backend, or says why it cannot.
 pub fn open(index: Option<usize>) -> Result<Box<dyn Backend>, String> {
@@ -137,130 +109,6 @@ fn kernel_source(major: i32, minor: i32) -> KernelSource {
             log::info!("CUDA kernels: the embedded PTX ({reason})");
             KernelSource::Embedded
         }
-    }
-}
-
-fn new_context(ordinal: usize) -> Result<Arc<CudaContext>, String> {
-    loader::guarded("cuCtx", || {
-        cu::init().map_err(|e| format!("cuInit failed: {}", err_text(e)))?;
-        let n = cu::device::get_count()
-            .map_err(|e| format!("cuDeviceGetCount failed: {}", err_text(e)))?;
-        if i64::try_from(ordinal).unwrap_or(i64::MAX) >= i64::from(n) {
-            return Err(format!(
-                "CUDA device {ordinal} not found ({n} CUDA device(s))"
-            ));
-        }
-        CudaContext::new(ordinal).map_err(|e| {
-            format!(
-                "creating a context on CUDA device {ordinal}: {}",
-                err_text(e)
-            )
-        })
-    })?
-}
-
-fn device_info(
-    ctx: &Arc<CudaContext>,
-    ordinal: usize,
-    source: KernelSource,
-) -> Result<DeviceInfo, String> {
-    loader::guarded("device info", || {
-        let name = ctx
-            .name()
-            .map_err(|e| format!("cuDeviceGetName: {}", err_text(e)))?;
-        let (free, total) = ctx
-            .mem_get_info()
-            .map_err(|e| format!("cuMemGetInfo: {}", err_text(e)))?;
-        let (major, minor) = ctx
-            .compute_capability()
-            .map_err(|e| format!("compute capability: {}", err_text(e)))?;
-        let integrated = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)
-            .unwrap_or(0);
-        let driver = driver_version()
-            .map(|v| format!("CUDA {}.{}", v / 1000, (v % 1000) / 10))
-            .unwrap_or_else(|e| format!("CUDA (version unknown: {e})"));
-        let total = total as u64;
-        Ok(DeviceInfo {
-            index: ordinal,
-            name,
-            backend: BackendKind::Cuda,
-            device_type: if integrated != 0 {
-                DeviceType::Integrated
-            } else {
-                DeviceType::Discrete
-            },
-            driver: format!("{driver}, sm_{major}{minor}, {source}"),
-            memory_total_bytes: Some(total),
-            memory_free_bytes: Some(free as u64),
-            max_buffer_size: total,
-            max_storage_binding_size: total.min(MAX_BINDING_BYTES),
-            overhead_bytes: None,
-            kernel_overhead_bytes: None,
-        })
-    })?
-}
-
-fn driver_version() -> Result<i32, String> {
-    let mut v = 0;
-    // SAFETY: an out-pointer to a live local; the library was checked for by the caller.
-    unsafe { sys::cuDriverGetVersion(&mut v) }
-        .result()
-        .map_err(err_text)
-        .map(|()| v)
-}
-
-/// "CUDA_ERROR_OUT_OF_MEMORY (out of memory)".
-fn err_text(e: DriverError) -> String {
-    let name = err_name(e);
-    match e.error_string() {
-        Ok(s) => format!("{name} ({})", s.to_string_lossy()),
-        Err(_) => name,
-    }
-}
-
-fn err_name(e: DriverError) -> String {
-    e.error_name()
-        .map(|c| c.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| format!("CUresult {}", e.0 as i32))
-}
-
-/// How a driver error is reported above the trait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    OutOfMemory,
-    /// A sticky error: the context is unusable from now on.
-    Lost,
-    Other,
-}
-
-fn classify(e: DriverError) -> Class {
-    classify_name(&err_name(e))
-}
-
-fn classify_name(name: &str) -> Class {
-    const LOST: &[&str] = &[
-        "CUDA_ERROR_ILLEGAL_ADDRESS",
-        "CUDA_ERROR_LAUNCH_FAILED",
-        "CUDA_ERROR_LAUNCH_TIMEOUT",
-        "CUDA_ERROR_HARDWARE_STACK_ERROR",
-        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
-        "CUDA_ERROR_MISALIGNED_ADDRESS",
-        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
-        "CUDA_ERROR_INVALID_PC",
-        "CUDA_ERROR_ASSERT",
-        "CUDA_ERROR_ECC_UNCORRECTABLE",
-        "CUDA_ERROR_NVLINK_UNCORRECTABLE",
-        "CUDA_ERROR_CONTEXT_IS_DESTROYED",
-        "CUDA_ERROR_DEVICE_UNAVAILABLE",
-        "CUDA_ERROR_DEINITIALIZED",
-    ];
-    if name == "CUDA_ERROR_OUT_OF_MEMORY" {
-        Class::OutOfMemory
-    } else if LOST.contains(&name) {
-        Class::Lost
-    } else {
-        Class::Other
     }
 }
 
@@ -830,20 +678,6 @@ impl Drop for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn errors_are_classified() {
-        assert_eq!(
-            classify_name("CUDA_ERROR_OUT_OF_MEMORY"),
-            Class::OutOfMemory
-        );
-        assert_eq!(classify_name("CUDA_ERROR_ILLEGAL_ADDRESS"), Class::Lost);
-        assert_eq!(
-            classify_name("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
-            Class::Other
-        );
-        assert_eq!(classify_name("CUDA_ERROR_INVALID_VALUE"), Class::Other);
-    }
 
     #[test]
     fn param_block_holds_every_params_struct() {

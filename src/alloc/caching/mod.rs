@@ -9,42 +9,26 @@
 //! (snapshot replay) or a real backend (`probe --allocator pytorch`). Streams are numbers; CUDA
 //! graph private pools are pool ids. Cross-stream uses (`record_stream`, events) are not
 //! modelled: a free is completed at once, as on a single stream.
+//!
+//! The allocator is here; `expandable` maps expandable segments in pages, `release` gives
+//! cached segments back, `alloc::sizes` holds the sizes it rounds to and `alloc::device` the
+//! device it asks for segments.
+
+mod expandable;
+mod release;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
 use super::conf::AllocConf;
+// Named here too, as before they had files of their own.
+pub use super::device::{Device, ModelDevice};
+pub use super::sizes::{
+    LARGE_BUFFER, MIN_BLOCK, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
+};
 
-/// All sizes are rounded to at least 512 bytes.
-pub const MIN_BLOCK: u64 = 512;
-/// The largest "small" allocation.
-pub const SMALL_SIZE: u64 = 1 << 20;
-/// Small allocations are packed in 2 MiB segments.
-pub const SMALL_BUFFER: u64 = 2 << 20;
-/// Allocations between 1 and 10 MiB may use a 20 MiB segment.
-pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
-/// Large segments are rounded up to 2 MiB.
-pub const ROUND_LARGE: u64 = 2 << 20;
-/// The 20 MiB segment of 1-10 MiB requests.
-pub const LARGE_BUFFER: u64 = 20 << 20;
-
-/// Where segments come from: `cudaMalloc`/`cudaFree`, and for expandable segments address space
-/// plus physical pages (`cuMemAddressReserve`, `cuMemCreate` + `cuMemMap`, `cuMemUnmap`).
-pub trait Device {
-    /// A segment of `size` bytes at some address, or None when the device has no room.
-    fn malloc(&mut self, size: u64) -> Option<u64>;
-    fn free(&mut self, addr: u64, size: u64);
-    /// Reserve `size` bytes of address space (no memory): the base address.
-    fn reserve(&mut self, size: u64) -> u64;
-    /// Back `[addr, addr + size)` with memory; false when the device has no room.
-    fn map(&mut self, addr: u64, size: u64) -> bool;
-    fn unmap(&mut self, addr: u64, size: u64);
-    /// `totalGlobalMem`: expandable segments reserve 9/8 of it as address space.
-    fn total(&self) -> u64;
-    /// What `cudaMemGetInfo` would call free.
-    fn free_bytes(&self) -> u64;
-}
+use expandable::Expandable;
 
 /// Index of a block in the allocator's arena.
 pub type BlockId = usize;
@@ -101,13 +85,6 @@ struct Pool {
     /// Unmapped address space of expandable segments by (stream, address).
     unmapped: BTreeSet<(i64, u64, BlockId)>,
     free_calls: u64,
-}
-
-#[derive(Debug, Clone)]
-struct Expandable {
-    base: u64,
-    page: u64,
-    pages: u64,
 }
 
 /// What the allocator did to the device and to blocks, in PyTorch's trace vocabulary.
@@ -675,351 +652,6 @@ impl Allocator {
     fn is_split(&self, id: BlockId) -> bool {
         self.blocks[id].prev.is_some() || self.blocks[id].next.is_some()
     }
-
-    fn release_block(&mut self, dev: &mut dyn Device, id: BlockId) {
-        self.remove_free(id);
-        let (addr, size) = (self.blocks[id].addr, self.blocks[id].size);
-        dev.free(addr, size);
-        self.stats.reserved -= size;
-        self.stats.segments -= 1;
-        self.stats.num_device_free += 1;
-        self.log(Action::SegmentFree { addr, size });
-        self.drop_block(id);
-    }
-
-    fn release_available_cached_blocks(
-        &mut self,
-        dev: &mut dyn Device,
-        pool: usize,
-        size: u64,
-        stream: i64,
-    ) -> bool {
-        let max_split = self.conf.max_split_size;
-        if max_split == u64::MAX {
-            return false;
-        }
-        let key = size.max(max_split);
-        let p = &self.pools[pool];
-        if let Some(&k) = p.blocks.range((stream, key, 0, 0)..).next() {
-            if k.0 == stream && self.blocks[k.3].expandable.is_none() {
-                self.release_block(dev, k.3);
-                return true;
-            }
-        }
-        // No single block is large enough: free oversize blocks, the largest first.
-        let below: Vec<_> = p
-            .blocks
-            .range(..(stream, key, 0, 0))
-            .rev()
-            .take_while(|k| k.0 == stream && k.1 >= max_split)
-            .copied()
-            .collect();
-        let mut released = 0u64;
-        for k in below {
-            if released >= key {
-                break;
-            }
-            if self.blocks[k.3].expandable.is_some() {
-                continue;
-            }
-            released += k.1;
-            self.release_block(dev, k.3);
-        }
-        released >= key
-    }
-
-    /// The OOM path and `torch.cuda.empty_cache()`: every cached segment that is not split goes
-    /// back to the device; expandable segments unmap their free pages.
-    pub fn release_cached_blocks(&mut self, dev: &mut dyn Device) {
-        for pool in 0..self.pools.len() {
-            if self.pools[pool].private {
-                continue;
-            }
-            let ids: Vec<BlockId> = self.pools[pool].blocks.iter().map(|k| k.3).collect();
-            let mut to_unmap = Vec::new();
-            for id in ids {
-                if self.blocks[id].expandable.is_some() {
-                    to_unmap.push(id);
-                } else if !self.is_split(id) {
-                    self.release_block(dev, id);
-                }
-            }
-            for id in to_unmap {
-                self.unmap_block(dev, id);
-                if !self.is_split(id) && !self.blocks[id].mapped {
-                    self.release_expandable(dev, id);
-                }
-            }
-        }
-    }
-
-    /// `torch.cuda.empty_cache()`.
-    pub fn empty_cache(&mut self, dev: &mut dyn Device) {
-        self.release_cached_blocks(dev);
-    }
-
-    fn garbage_collect(&mut self, dev: &mut dyn Device) {
-        let allowed = self.allowed.unwrap_or(u64::MAX) as f64;
-        let threshold = (self.conf.garbage_collection_threshold * allowed) as u64;
-        if self.stats.reserved <= threshold {
-            return;
-        }
-        let target = self.stats.reserved - threshold;
-        let calls = self.pools[LARGE].free_calls;
-        let age = |a: &Self, id: BlockId| calls - a.blocks[id].gc_base;
-        let freeable: Vec<BlockId> = self.pools[LARGE]
-            .blocks
-            .iter()
-            .map(|k| k.3)
-            .filter(|&id| !self.is_split(id))
-            .collect();
-        if freeable.is_empty() {
-            return;
-        }
-        let mut total_age: u64 = freeable.iter().map(|&id| age(self, id)).sum();
-        let mut count = freeable.len() as u64;
-        let mut reclaimed = 0u64;
-        let mut freed = true;
-        while reclaimed < target && freed && count > 0 {
-            let threshold_age = total_age as f64 / count as f64;
-            freed = false;
-            let ids: Vec<BlockId> = self.pools[LARGE].blocks.iter().map(|k| k.3).collect();
-            for id in ids {
-                let b = &self.blocks[id];
-                if !self.is_split(id)
-                    && b.expandable.is_none()
-                    && age(self, id) as f64 >= threshold_age
-                {
-                    freed = true;
-                    reclaimed += b.size;
-                    total_age -= age(self, id);
-                    count -= 1;
-                    self.release_block(dev, id);
-                }
-            }
-        }
-    }
-
-    // --- expandable segments ---
-
-    fn allocatable(&self, id: Option<BlockId>) -> Option<BlockId> {
-        id.filter(|&i| !self.blocks[i].allocated)
-    }
-
-    fn find_expandable_block(
-        &mut self,
-        dev: &mut dyn Device,
-        pool: usize,
-        size: u64,
-        stream: i64,
-    ) -> BlockId {
-        let cands: Vec<BlockId> = self.pools[pool]
-            .unmapped
-            .range((stream, 0, 0)..)
-            .take_while(|k| k.0 == stream)
-            .map(|k| k.2)
-            .collect();
-        for c in cands {
-            let c = self.allocatable(self.blocks[c].prev).unwrap_or(c);
-            let mut bytes = 0u64;
-            let mut b = Some(c);
-            while bytes < size {
-                let Some(i) = self.allocatable(b) else { break };
-                bytes += self.blocks[i].size;
-                b = self.blocks[i].next;
-            }
-            if bytes >= size {
-                return c;
-            }
-        }
-        let page = if self.pools[pool].small {
-            SMALL_BUFFER
-        } else {
-            LARGE_BUFFER
-        };
-        let total = dev.total();
-        let pages = (total + total / 8).div_ceil(page).max(1);
-        let base = dev.reserve(pages * page);
-        self.expandables
-            .push(Some(Expandable { base, page, pages }));
-        let es = self.expandables.len() - 1;
-        let id = self.new_block(Block::free_piece(
-            base,
-            pages * page,
-            (stream, pool, Some(es)),
-            false,
-            None,
-            None,
-        ));
-        self.insert_unmapped(id);
-        id
-    }
-
-    /// Map whole pages covering `[addr, addr + size)` of expandable segment `es`: the range
-    /// mapped, or None when the device refused a page (those already mapped are released).
-    fn es_map(
-        &mut self,
-        dev: &mut dyn Device,
-        es: usize,
-        addr: u64,
-        size: u64,
-    ) -> Option<(u64, u64)> {
-        let e = self.expandables[es]
-            .as_mut()
-            .expect("a live expandable segment");
-        let begin = (addr - e.base) / e.page;
-        let end = (addr + size - e.base).div_ceil(e.page).min(e.pages);
-        for i in begin..end {
-            if !dev.map(e.base + i * e.page, e.page) {
-                for j in begin..i {
-                    dev.unmap(e.base + j * e.page, e.page);
-                }
-                return None;
-            }
-        }
-        Some((e.base + begin * e.page, (end - begin) * e.page))
-    }
-
-    fn map_block(&mut self, dev: &mut dyn Device, id: BlockId, size: u64) -> bool {
-        let es = self.blocks[id].expandable.expect("an expandable block");
-        let addr = self.blocks[id].addr;
-        let Some((maddr, msize)) = self.es_map(dev, es, addr, size) else {
-            return false;
-        };
-        debug_assert_eq!(maddr, addr);
-        self.remove_unmapped(id);
-        self.blocks[id].mapped = true;
-        if msize < self.blocks[id].size {
-            let b = self.blocks[id].clone();
-            let rem = self.new_block(Block::free_piece(
-                b.addr + msize,
-                b.size - msize,
-                (b.stream, b.pool, b.expandable),
-                false,
-                Some(id),
-                b.next,
-            ));
-            if let Some(n) = b.next {
-                self.blocks[n].prev = Some(rem);
-            }
-            self.blocks[id].next = Some(rem);
-            self.blocks[id].size = msize;
-            self.insert_unmapped(rem);
-        }
-        let (prev, next) = (self.blocks[id].prev, self.blocks[id].next);
-        self.try_merge(id, prev);
-        self.try_merge(id, next);
-        self.insert_free(id);
-        self.add_reserved(msize);
-        self.stats.num_device_alloc += 1;
-        self.log(Action::SegmentMap {
-            addr: maddr,
-            size: msize,
-        });
-        true
-    }
-
-    fn try_allocate_expandable(
-        &mut self,
-        dev: &mut dyn Device,
-        pool: usize,
-        size: u64,
-        stream: i64,
-    ) -> Option<BlockId> {
-        let mut cand = self.find_expandable_block(dev, pool, size, stream);
-        if !self.blocks[cand].mapped {
-            let s = self.blocks[cand].size.min(size);
-            if !self.map_block(dev, cand, s) {
-                return None;
-            }
-        }
-        while self.blocks[cand].size < size {
-            let remaining = size - self.blocks[cand].size;
-            let next = self.blocks[cand]
-                .next
-                .expect("unmapped space after a free block");
-            let s = remaining.min(self.blocks[next].size);
-            if !self.map_block(dev, next, s) {
-                return None;
-            }
-            cand = next;
-        }
-        self.remove_free(cand);
-        Some(cand)
-    }
-
-    fn unmap_block(&mut self, dev: &mut dyn Device, id: BlockId) {
-        let es = self.blocks[id].expandable.expect("an expandable block");
-        let (addr, size) = (self.blocks[id].addr, self.blocks[id].size);
-        let e = self.expandables[es]
-            .as_mut()
-            .expect("a live expandable segment");
-        let begin = (addr - e.base).div_ceil(e.page);
-        let end = (addr + size - e.base) / e.page;
-        if begin >= end {
-            return;
-        }
-        for i in begin..end {
-            dev.unmap(e.base + i * e.page, e.page);
-        }
-        let (uaddr, usize_) = (e.base + begin * e.page, (end - begin) * e.page);
-        self.remove_free(id);
-        let b = self.blocks[id].clone();
-        let before = uaddr - b.addr;
-        if before > 0 {
-            let bf = self.new_block(Block::free_piece(
-                b.addr,
-                before,
-                (b.stream, b.pool, b.expandable),
-                true,
-                b.prev,
-                Some(id),
-            ));
-            if let Some(p) = b.prev {
-                self.blocks[p].next = Some(bf);
-            }
-            self.blocks[id].prev = Some(bf);
-            self.insert_free(bf);
-        }
-        let after = b.size - (before + usize_);
-        if after > 0 {
-            let af = self.new_block(Block::free_piece(
-                uaddr + usize_,
-                after,
-                (b.stream, b.pool, b.expandable),
-                true,
-                Some(id),
-                b.next,
-            ));
-            if let Some(n) = b.next {
-                self.blocks[n].prev = Some(af);
-            }
-            self.blocks[id].next = Some(af);
-            self.insert_free(af);
-        }
-        self.blocks[id].addr = uaddr;
-        self.blocks[id].size = usize_;
-        self.blocks[id].mapped = false;
-        let (prev, next) = (self.blocks[id].prev, self.blocks[id].next);
-        self.try_merge(id, prev);
-        self.try_merge(id, next);
-        self.insert_unmapped(id);
-        self.stats.reserved -= usize_;
-        self.stats.num_device_free += 1;
-        self.log(Action::SegmentUnmap {
-            addr: uaddr,
-            size: usize_,
-        });
-    }
-
-    fn release_expandable(&mut self, dev: &mut dyn Device, id: BlockId) {
-        let es = self.blocks[id].expandable.expect("an expandable block");
-        if let Some(e) = self.expandables[es].take() {
-            dev.free(e.base, 0);
-        }
-        self.remove_unmapped(id);
-        self.drop_block(id);
-    }
 }
 
 /// PyTorch's `roundup_power2_next_division`.
@@ -1040,81 +672,14 @@ fn next_division(size: u64, divisions: u64) -> u64 {
     }
 }
 
-/// A card as the allocator sees it: `capacity` bytes it may take from the driver (the card's
-/// total less what lives outside PyTorch), addresses handed out in order.
-#[derive(Debug, Clone)]
-pub struct ModelDevice {
-    pub total: u64,
-    pub capacity: u64,
-    pub used: u64,
-    next: u64,
-}
-
-impl ModelDevice {
-    pub fn new(total: u64, capacity: u64) -> Self {
-        ModelDevice {
-            total,
-            capacity,
-            used: 0,
-            next: 1 << 40,
-        }
-    }
-    /// A device with no limit (the reserved curve of a plan on its own).
-    pub fn unlimited() -> Self {
-        Self::new(1 << 50, u64::MAX)
-    }
-    fn take(&mut self, size: u64) -> bool {
-        match self.used.checked_add(size) {
-            Some(u) if u <= self.capacity => {
-                self.used = u;
-                true
-            }
-            _ => false,
-        }
-    }
-}
-
-impl Device for ModelDevice {
-    fn malloc(&mut self, size: u64) -> Option<u64> {
-        if !self.take(size) {
-            return None;
-        }
-        let a = self.next;
-        self.next += size.div_ceil(ROUND_LARGE) * ROUND_LARGE;
-        Some(a)
-    }
-    fn free(&mut self, _addr: u64, size: u64) {
-        self.used -= size;
-    }
-    fn reserve(&mut self, size: u64) -> u64 {
-        let a = self.next;
-        self.next = self
-            .next
-            .saturating_add(size.div_ceil(ROUND_LARGE) * ROUND_LARGE);
-        a
-    }
-    fn map(&mut self, _addr: u64, size: u64) -> bool {
-        self.take(size)
-    }
-    fn unmap(&mut self, _addr: u64, size: u64) {
-        self.used -= size;
-    }
-    fn total(&self) -> u64 {
-        self.total
-    }
-    fn free_bytes(&self) -> u64 {
-        self.capacity.saturating_sub(self.used)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::alloc::conf::parse;
 
-    const MIB: u64 = 1 << 20;
+    pub(super) const MIB: u64 = 1 << 20;
 
-    fn alloc(a: &mut Allocator, d: &mut ModelDevice, size: u64) -> BlockId {
+    pub(super) fn alloc(a: &mut Allocator, d: &mut ModelDevice, size: u64) -> BlockId {
         a.malloc(d, size, 0, None).expect("fits")
     }
 
@@ -1229,56 +794,6 @@ mod tests {
         assert!(e.fragmentation(), "{e:?}");
         assert_eq!((e.cached_free, e.largest_cached), (55 * MIB, 9 * MIB));
         assert_eq!(e.reserved - e.allocated, 55 * MIB);
-    }
-
-    #[test]
-    fn expandable_segments_tile_requests_into_pages() {
-        // 8 MiB requests: three 20 MiB segments by default (two per segment, 4 MiB left
-        // over in each), two 20 MiB pages of one expandable segment.
-        let mut a = Allocator::new(AllocConf::default());
-        let mut d = ModelDevice::new(1 << 30, 1 << 30);
-        for _ in 0..5 {
-            alloc(&mut a, &mut d, 8 * MIB);
-        }
-        assert_eq!(a.stats().reserved, 60 * MIB);
-        let mut a = Allocator::new(parse("expandable_segments:True").unwrap());
-        for _ in 0..5 {
-            alloc(&mut a, &mut d, 8 * MIB);
-        }
-        assert_eq!(a.stats().reserved, 40 * MIB);
-    }
-
-    #[test]
-    fn expandable_segments_grow_and_shrink_in_pages() {
-        let mut a = Allocator::new(parse("expandable_segments:True").unwrap());
-        a.record();
-        let mut d = ModelDevice::new(1 << 30, 1 << 30);
-        let x = alloc(&mut a, &mut d, 30 * MIB);
-        let y = alloc(&mut a, &mut d, 30 * MIB);
-        assert_eq!(a.block(y).0, a.block(x).0 + 30 * MIB, "one growing segment");
-        assert_eq!(a.stats().reserved, 60 * MIB);
-        a.free(y);
-        a.empty_cache(&mut d);
-        // Pages 2 (from 40 MiB) up are free: 20 MiB unmapped; page 1 holds x's tail.
-        assert_eq!(a.stats().reserved, 40 * MIB);
-        a.free(x);
-        a.empty_cache(&mut d);
-        assert_eq!(a.stats().reserved, 0);
-        assert_eq!(d.used, 0);
-        let log = a.take_log();
-        let maps = log
-            .iter()
-            .filter(|l| matches!(l, Action::SegmentMap { .. }))
-            .count();
-        assert_eq!(maps, 2);
-        assert!(
-            log.contains(&Action::SegmentUnmap {
-                addr: a.block(x).0 + 40 * MIB,
-                size: 20 * MIB
-            }) || log
-                .iter()
-                .any(|l| matches!(l, Action::SegmentUnmap { size, .. } if *size == 20 * MIB))
-        );
     }
 
     #[test]

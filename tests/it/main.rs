@@ -6,7 +6,7 @@
 //! test that runs the `oomprobe` binary (`support::adapter::oomprobe`, or `assert_cmd`) and
 //! reads what it prints goes under `cli/`, one file per command or per flag that cuts across
 //! commands. `support/` holds the helpers the files share. The module tree below is the whole
-//! list; a new file is one more `mod` line here.
+//! list; a new file is one more `mod` line here (`layout` fails on a file left out).
 //!
 //! Running part of it: a test's name is its path, so `cargo test --test it plan::` runs the plan
 //! tests, `cargo test --test it cli::probe::` one file, and `cargo test --test it -- --ignored`
@@ -23,6 +23,7 @@
 //! running alone. A test that asserts on wall time takes `support::load::timed()`, and one that
 //! loads every core takes `support::load::every_core()`, so the two never overlap.
 
+mod layout;
 mod support;
 
 mod backend {

@@ -1,7 +1,9 @@
 //! Rank plans and the layout search: the worst rank of Llama-3-70B under tp 8 × pp 4 with 16
 //! micro-batches (one plan per stage, each composed of its micro-batches), and `diagnose
 //! --gpus 8`'s search over Llama-3-8B's layouts on 80 GiB (32 layouts, each judged under the
-//! caching allocator with its max micro-batch searched).
+//! caching allocator with its max micro-batch searched), and `estimate --gpu all` of
+//! Llama-3-8B on 16 pipeline stages with 1024 and 4096 micro-batches (every card of the table,
+//! each boundary under the caching allocator; target ≤ 1 s each).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use oomprobe::plan::Plan;
@@ -40,6 +42,17 @@ fn bench(c: &mut Criterion) {
                 .fitting
         })
     });
+    for m in [1024, 4096] {
+        let mut p = presets::get("llama3-8b").unwrap();
+        p.gpus = 16;
+        p.parallel.pp = 16;
+        p.parallel.microbatches = m;
+        let conf = oomprobe::alloc::AllocConf::default();
+        g.bench_function(
+            format!("estimate --gpu all, pp16 x{m} micro-batches"),
+            |b| b.iter(|| oomprobe::estimate::all_cards(&p, &conf).unwrap().len()),
+        );
+    }
     g.finish();
 }
 

@@ -1,5 +1,6 @@
 //! The command line (contract in README.md): clap definitions only; parsing into checked,
-//! typed options happens in `workload::overrides` and the command modules.
+//! typed options happens in `resolve` (the workload flags, `workload::args`) and the command
+//! modules.
 
 use std::path::PathBuf;
 
@@ -58,145 +59,6 @@ pub struct DevicesArgs {
     /// Print JSON (an array of devices) instead of a table.
     #[arg(long)]
     pub json: bool,
-}
-
-/// The workload: a preset or config file plus overrides.
-#[derive(Debug, Args, Clone, Default, PartialEq, Eq)]
-pub struct WorkloadArgs {
-    /// A preset (gpt2 gpt2-medium gpt2-large gpt2-xl bert-base bert-large vit-b16 vit-l16
-    /// llama-7b llama-13b llama3-8b mistral-7b qwen2.5-7b qwen2.5-0.5b mixtral-8x7b gemma2-9b
-    /// phi3-mini resnet50, plus tiny-gpt, tiny-cnn for tests), a Hugging Face model id
-    /// (ORG/NAME, read offline from the local Hugging Face cache) or a folder with a config.json.
-    #[arg(long, value_name = "NAME", allow_hyphen_values = true)]
-    pub model: Option<String>,
-    /// A Hugging Face config.json, or an oomprobe TOML case file.
-    #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
-    pub config: Option<PathBuf>,
-    /// With --model ORG/NAME: the cached revision (a branch, tag or commit) to read.
-    #[arg(long, value_name = "REV", allow_hyphen_values = true)]
-    pub revision: Option<String>,
-    /// Samples per step (the batch size).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub batch: Option<String>,
-    /// Tokens per sample (the sequence length; text models).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub seq: Option<String>,
-    /// Transformer layers (ResNet: its depth, 14 26 50 101 152).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub layers: Option<String>,
-    /// Hidden size (ResNet: the stem width).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub hidden: Option<String>,
-    /// Attention (query) heads.
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub heads: Option<String>,
-    /// The MLP's width (intermediate_size; a mixture of experts: each expert's).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub ffn: Option<String>,
-    /// Vocabulary size (classes for ViT and ResNet).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub vocab: Option<String>,
-    /// Image side in pixels (ViT, ResNet).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub image: Option<String>,
-    /// A plain parameter count for the params scenario, e.g. 7e9 or 7B.
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub params: Option<String>,
-    /// fp32 | fp16 | bf16 (model.half()/bfloat16()) | mixed (DeepSpeed/Megatron fp16: fp16
-    /// weights, fp32 master + Adam) | amp-fp16 | amp-bf16 (torch.autocast: fp32 states).
-    #[arg(long, value_name = "P", allow_hyphen_values = true)]
-    pub precision: Option<String>,
-    /// adam | sgd | sgd-momentum | none (none = inference: weights only).
-    #[arg(long, value_name = "O", allow_hyphen_values = true)]
-    pub optimizer: Option<String>,
-    /// eager (naive) | sdpa | flash: transformers' attn_implementation (default sdpa, as
-    /// transformers picks; eager for Gemma 2).
-    #[arg(long, value_name = "A", allow_hyphen_values = true)]
-    pub attention: Option<String>,
-    /// Key/value heads (grouped-query attention; 1 is multi-query). Default: the model's.
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub kv_heads: Option<String>,
-    /// Routed experts per layer of a mixture of experts (Mixtral, Qwen-MoE); `--ffn` sets each
-    /// expert's width there.
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub experts: Option<String>,
-    /// Experts each token is routed to (top-k).
-    #[arg(long, value_name = "K", allow_hyphen_values = true)]
-    pub experts_per_token: Option<String>,
-    /// cuda | cpu: whose autocast op lists and attention kernels the plan follows (cpu to
-    /// compare with a run on the CPU).
-    #[arg(long, value_name = "D", allow_hyphen_values = true)]
-    pub autocast_device: Option<String>,
-    /// none | full | sqrt | every:K
-    #[arg(long, value_name = "C", allow_hyphen_values = true)]
-    pub checkpoint: Option<String>,
-    /// on | off: dropout masks stored for the backward pass.
-    #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
-    pub dropout: Option<String>,
-    /// ZeRO stage 0..3: per-device share of model states.
-    #[arg(long, value_name = "STAGE", allow_hyphen_values = true)]
-    pub zero: Option<String>,
-    /// GPUs the job runs on (the world size: data-parallel × tp × pp × cp).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub gpus: Option<String>,
-    /// train | inference (a forward under no_grad: weights, one layer's intermediates, outputs)
-    /// | serve (a serving engine's KV cache: see --engine).
-    #[arg(long, value_name = "M", allow_hyphen_values = true)]
-    pub mode: Option<String>,
-    /// free | keep | until-backward: gradients freed by zero_grad(set_to_none=True) after the
-    /// step (PyTorch's default), kept between steps (gradient accumulation), or kept until the
-    /// next backward begins (Lightning's closure: forward, zero_grad, backward).
-    #[arg(long, value_name = "G", allow_hyphen_values = true)]
-    pub grads: Option<String>,
-    /// bool | input: what a dropout saves: native_dropout's 1-byte mask (CUDA) or the CPU's
-    /// noise tensor in the input's type.
-    #[arg(long, value_name = "M", allow_hyphen_values = true)]
-    pub dropout_mask: Option<String>,
-    /// kept | dropped: the loop holds the model's outputs (logits) until backward is done
-    /// (`out = model(**batch)`), or only the loss leaves the step (HF Trainer, Lightning).
-    #[arg(long, value_name = "O", allow_hyphen_values = true)]
-    pub outputs: Option<String>,
-    /// steady | first: a steady-state step (optimizer state present) or the first step.
-    #[arg(long, value_name = "S", allow_hyphen_values = true)]
-    pub step: Option<String>,
-    /// foreach | fused | for-loop: the optimizer implementation (its temporaries).
-    #[arg(long, value_name = "I", allow_hyphen_values = true)]
-    pub optimizer_impl: Option<String>,
-    /// fused | unfused: GELU as one op, or Hugging Face's gelu_new formula in separate ops.
-    #[arg(long, value_name = "G", allow_hyphen_values = true)]
-    pub gelu: Option<String>,
-    /// on | off: Hugging Face's use_cache (each decoder layer's key and value kept).
-    #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
-    pub kv_cache: Option<String>,
-    /// LoRA rank r: PEFT adapters on a frozen base (only they train).
-    #[arg(long, value_name = "R", allow_hyphen_values = true)]
-    pub lora: Option<String>,
-    /// q,k,v,o,gate,up,down (PEFT's module names, `_proj` optional) or all-linear [q,v].
-    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
-    pub lora_targets: Option<String>,
-    /// lora_alpha: a scale only, no memory effect.
-    #[arg(long, value_name = "A", allow_hyphen_values = true)]
-    pub lora_alpha: Option<String>,
-    /// lora_dropout P: above 0, each adapter keeps a dropped copy of its input and a mask.
-    #[arg(long, value_name = "P", allow_hyphen_values = true)]
-    pub lora_dropout: Option<String>,
-    /// nf4 | fp4 | int8: a bitsandbytes-quantized frozen base (QLoRA with nf4).
-    #[arg(long, value_name = "Q", allow_hyphen_values = true)]
-    pub quant: Option<String>,
-    /// on | off: bnb_4bit_use_double_quant [on with --quant nf4|fp4, as QLoRA recipes set it].
-    #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
-    pub double_quant: Option<String>,
-    /// bf16 | fp16 | fp32: bnb_4bit_compute_dtype [the precision's 16-bit type, fp32 for fp32].
-    #[arg(long, value_name = "T", allow_hyphen_values = true)]
-    pub quant_compute: Option<String>,
-    /// on | off: PEFT's prepare_model_for_kbit_training (non-4-bit params in fp32,
-    /// checkpointing) [on]; off as LitGPT and torchtune train a 4-bit base.
-    #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
-    pub kbit_prep: Option<String>,
-    #[command(flatten)]
-    pub serve: ServeArgs,
-    #[command(flatten)]
-    pub parallel: crate::workload::parallel::ParallelArgs,
 }
 
 /// A PyTorch memory snapshot instead of a workload (docs/snapshots.md).
@@ -451,4 +313,5 @@ pub fn one_line_error(e: &clap::Error) -> String {
     }
 }
 
+pub use crate::workload::args::WorkloadArgs;
 pub use crate::workload::serve::ServeArgs;

@@ -446,32 +446,137 @@ pub struct CardRow {
     pub boundaries: Vec<Boundary>,
 }
 
-/// The workload on every card of the table.
+/// The workload on every card of the table. A plan does not depend on the card, so plans are
+/// built once per value and shared ([`Plans`]); the cards' allocator replays run on the
+/// machine's cores. Each card's row is what `estimate --gpu CARD` says.
 pub fn all_cards(
     w: &crate::workload::Workload,
     conf: &crate::alloc::AllocConf,
 ) -> Result<Vec<CardRow>, crate::plan::build::PlanError> {
     let plan = crate::plan::Plan::for_workload(w)?;
-    crate::alloc::cards::CARDS
-        .iter()
-        .map(|c| {
-            let card = Card {
-                total: c.total,
-                non_pytorch: c.non_pytorch_for(w),
-                conf: conf.clone(),
+    let cards = crate::alloc::cards::CARDS;
+    let plans = Plans::new(w);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, cards.len().max(1));
+    let row = |c: &crate::alloc::cards::Card| -> Result<CardRow, PlanError> {
+        let card = Card {
+            total: c.total,
+            non_pytorch: c.non_pytorch_for(w),
+            conf: conf.clone(),
+        };
+        let usable = card.usable();
+        let r = crate::alloc::timeline::replay(&plan, conf, Some(usable), 2, false);
+        let mut boundaries = Vec::new();
+        for s in crate::plan::build::scenarios_for(w) {
+            let max = largest_true(|x| Ok(plans.peak(s, x)?.is_some_and(|t| t <= c.total)))?;
+            let max_reserved = match max {
+                None => None,
+                Some(_) => largest_true(|x| plans.serves(s, x, &card.conf, usable))?,
             };
-            let r = crate::alloc::timeline::replay(&plan, conf, Some(card.usable()), 2, false);
-            Ok(CardRow {
-                card: c.id,
-                total_bytes: c.total,
-                non_pytorch_bytes: card.non_pytorch,
-                card_usable_bytes: card.usable(),
-                reserved_peak_bytes: r.reserved_peak_bytes,
-                fits: r.fits(),
-                boundaries: boundaries(w, c.total, Some(&card))?,
-            })
+            boundaries.push(Boundary {
+                scenario: s,
+                dimension: s.dimension().to_string(),
+                max,
+                max_reserved,
+            });
+        }
+        Ok(CardRow {
+            card: c.id,
+            total_bytes: c.total,
+            non_pytorch_bytes: card.non_pytorch,
+            card_usable_bytes: usable,
+            reserved_peak_bytes: r.reserved_peak_bytes,
+            fits: r.fits(),
+            boundaries,
         })
-        .collect()
+    };
+    let chunk = cards.len().div_ceil(threads).max(1);
+    let parts: Vec<Result<Vec<CardRow>, PlanError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = cards
+            .chunks(chunk)
+            .map(|part| scope.spawn(|| part.iter().map(&row).collect()))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let mut rows = Vec::with_capacity(cards.len());
+    for part in parts {
+        rows.extend(part?);
+    }
+    Ok(rows)
+}
+
+/// A plan shared between threads; None where its sizes overflow.
+type SharedPlan = Option<std::sync::Arc<Plan>>;
+
+/// A workload's plans by (scenario, value), built once and shared by the cards of
+/// `--gpu all` (and their threads); None where the plan's sizes overflow.
+struct Plans<'a> {
+    w: &'a crate::workload::Workload,
+    built: std::sync::Mutex<std::collections::HashMap<(Scenario, u64), SharedPlan>>,
+}
+
+impl<'a> Plans<'a> {
+    fn new(w: &'a crate::workload::Workload) -> Self {
+        Plans {
+            w,
+            built: Default::default(),
+        }
+    }
+
+    fn get(&self, s: Scenario, x: u64) -> Result<SharedPlan, PlanError> {
+        let cached = |m: &Self| {
+            m.built
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&(s, x))
+                .cloned()
+        };
+        if let Some(p) = cached(self) {
+            return Ok(p);
+        }
+        // Built outside the lock: two threads may build the same plan once each.
+        let p = match Plan::for_value(self.w, s, x) {
+            Ok(p) => Some(std::sync::Arc::new(p)),
+            Err(PlanError::Overflow { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        self.built
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((s, x), p.clone());
+        Ok(p)
+    }
+
+    /// The tensors' peak at `x`.
+    fn peak(&self, s: Scenario, x: u64) -> Result<Option<u64>, PlanError> {
+        Ok(self.get(s, x)?.map(|p| p.peak_bytes()))
+    }
+
+    /// PyTorch's caching allocator serves the plan at `x` for two steps within `usable`.
+    fn serves(
+        &self,
+        s: Scenario,
+        x: u64,
+        conf: &crate::alloc::AllocConf,
+        usable: u64,
+    ) -> Result<bool, PlanError> {
+        Ok(match self.get(s, x)? {
+            // The tensors alone are a lower bound of what the allocator reserves.
+            Some(p) if p.peak_bytes() <= usable => crate::alloc::timeline::replay(
+                &p,
+                conf,
+                Some(usable),
+                crate::alloc::timeline::STEPS,
+                false,
+            )
+            .fits(),
+            _ => false,
+        })
+    }
 }
 
 /// `estimate --gpu all` as a table (or JSON).

@@ -1,7 +1,12 @@
 //! oomprobe: find the real out-of-memory boundary of deep-learning workloads on the GPU at hand.
 //!
-//! Layers, top to bottom (see README.md): `cli` -> `commands` -> `workload` / `plan` / `estimate`
-//! -> `search` -> `probe` -> `backend` (wgpu, cuda, mock) -> `report`.
+//! Layers, top to bottom (ARCHITECTURE.md); a module imports only the layers below it:
+//! `cli` -> `commands` -> `probe` / `snapshot` / `message_check` -> `diagnose` / `layouts` ->
+//! `estimate` / `search` / `serve` / `ops` -> `report` / `tensor` -> `backend` / `oom` ->
+//! `alloc` / `resolve` -> `plan` -> `workload`; beside them all, the leaves `units`, `error`,
+//! `input`, `scenario`, `term`, `help` and `kernels`. `scripts/import-cycles.py` checks that no
+//! files import each other in a circle. One exception remains at module level: `probe` reads
+//! types of `cli` and `commands`, and `snapshot` and `probe` use each other (ARCHITECTURE.md).
 
 pub mod alloc;
 pub mod backend;
@@ -20,6 +25,7 @@ pub mod ops;
 pub mod plan;
 pub mod probe;
 pub mod report;
+pub mod resolve;
 pub mod scenario;
 pub mod search;
 pub mod serve;

@@ -1,12 +1,13 @@
 //! What a person sees on a terminal: whether to use color (`NO_COLOR`, `CLICOLOR`,
-//! `CLICOLOR_FORCE`, a terminal or not) and the probe progress bar (drawn only on a terminal).
+//! `CLICOLOR_FORCE`, a terminal or not), writing a command's output to stdout (`out`), and the
+//! probe progress bar (drawn only on a terminal).
 
 use std::io::IsTerminal;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::report::ProbeRecord;
+use crate::error::{CliError, CliResult};
 
 /// An output stream a decision is made for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +69,18 @@ pub fn unicode_enabled() -> bool {
 /// Whether output on `stream` may use color, from this process's environment.
 pub fn color_enabled(stream: Stream) -> bool {
     color_choice(|k| std::env::var(k).ok(), stream.is_terminal())
+}
+
+/// Write to stdout; a closed pipe (`| head`) is not an error.
+pub fn out(s: &str) -> CliResult<()> {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    match o.write_all(s.as_bytes()).and_then(|_| o.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(CliError::run(format!("cannot write output: {e}")))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A probe session's progress on stderr: elapsed time, the run, the probe count and the value
@@ -134,10 +147,10 @@ impl Progress {
         self.bar.set_message(self.status(Some(value)));
     }
 
-    /// A probe has finished.
-    pub fn probe_finished(&mut self, rec: &ProbeRecord) {
+    /// A probe at `value` has finished with `outcome` (its name, e.g. `oom`).
+    pub fn probe_finished(&mut self, value: u64, outcome: &str) {
         self.bar.inc(1);
-        self.last = format!("{}={} {}", self.dimension, rec.value, rec.outcome.name());
+        self.last = format!("{}={value} {outcome}", self.dimension);
         self.bar.set_message(self.status(None));
     }
 

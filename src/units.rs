@@ -172,7 +172,9 @@ fn finish(input: &str, v: u128) -> Result<u64, UnitError> {
     u64::try_from(v).map_err(|_| UnitError::Overflow(input.to_string()))
 }
 
-/// Bytes for people: `1.50 GiB`, `512.00 MiB`, `12.00 KiB`, `100 B`.
+/// Bytes for people, the one byte format every command prints: binary units with two decimals,
+/// as PyTorch's own OOM messages print them (`1.50 GiB`, `512.00 MiB`, `12.00 KiB`), whole
+/// bytes below 1 KiB (`100 B`).
 pub fn fmt_bytes(bytes: u64) -> String {
     const UNITS: [(&str, u64); 4] = [
         ("TiB", 1 << 40),
@@ -261,12 +263,20 @@ mod tests {
         assert!(msg.contains("'abc'"), "{msg}");
     }
 
+    /// The user-facing byte and count formats (every table, report and message uses these two).
     #[test]
     fn formatting() {
         assert_eq!(fmt_bytes(3 << 29), "1.50 GiB");
+        assert_eq!(fmt_bytes(40 << 30), "40.00 GiB");
+        assert_eq!(fmt_bytes(200 << 30), "200.00 GiB");
         assert_eq!(fmt_bytes(512 << 20), "512.00 MiB");
+        assert_eq!(fmt_bytes(1536), "1.50 KiB");
+        assert_eq!(fmt_bytes(1023), "1023 B");
         assert_eq!(fmt_bytes(100), "100 B");
+        assert_eq!(fmt_bytes(3 << 40), "3.00 TiB");
         assert_eq!(fmt_count(124_439_808), "124.44M");
+        assert_eq!(fmt_count(7_000_000_000), "7.00B");
+        assert_eq!(fmt_count(1_500), "1.50k");
         assert_eq!(fmt_count(999), "999");
     }
 }

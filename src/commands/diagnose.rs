@@ -1,10 +1,11 @@
 //! `oomprobe diagnose`: which of the four causes of an OOM dominates, and what each remedy buys.
 
 use crate::cli::DiagnoseArgs;
-use crate::commands::estimate::{case_memory, memory_arg, out, plan_error};
+use crate::commands::estimate::{case_memory, memory_arg, plan_error};
 use crate::diagnose::{diagnose, render};
 use crate::error::{CliError, CliResult};
-use crate::workload::overrides::resolve;
+use crate::resolve::resolve;
+use crate::term::out;
 
 /// The card `--gpu` names (an unknown one exits 2, with `--oom` too).
 fn card_arg(args: &DiagnoseArgs) -> CliResult<Option<&'static crate::alloc::cards::Card>> {
@@ -57,12 +58,12 @@ pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
         },
     };
     if r.workload.mode == crate::workload::Mode::Serve {
-        let d = crate::serve::render::diagnose(&r.workload, memory).map_err(plan_error)?;
+        let d = crate::serve::text::diagnose(&r.workload, memory).map_err(plan_error)?;
         if args.json {
             let s = serde_json::to_string_pretty(&d).map_err(|e| CliError::run(e.to_string()))?;
             return out(&format!("{s}\n"));
         }
-        return out(&crate::serve::render::diagnosis_text(&d));
+        return out(&crate::serve::text::diagnosis_text(&d));
     }
     let d = match card {
         Some(c) => crate::diagnose::diagnose_on(&r.workload, memory, Some(c)),
@@ -158,7 +159,7 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
             .enumerate()
             .map(|(i, (m, j))| {
                 let mut v =
-                    serde_json::to_value(crate::oom::render::entry(m, j)).unwrap_or_default();
+                    serde_json::to_value(crate::oom::explain::entry(m, j)).unwrap_or_default();
                 if let (Some(Some(c)), Some(o)) = (checks.get(i), v.as_object_mut()) {
                     o.insert(
                         "workload_check".into(),
@@ -183,7 +184,7 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
         return out(&format!("{s}\n"));
     }
     let mut text = String::new();
-    let shown = crate::oom::render::TEXT_MESSAGES;
+    let shown = crate::oom::explain::TEXT_MESSAGES;
     if judged.len() > 1 {
         text += &format!(
             "{} distinct out-of-memory messages in {name}{}\n\n",
@@ -213,7 +214,7 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
         if let Some(Some(x)) = matches.get(i) {
             extra.extend(x.lines.iter().cloned());
         }
-        text += &crate::oom::render::text(m, j, &extra);
+        text += &crate::oom::explain::text(m, j, &extra);
     }
     out(&text)
 }

@@ -11,8 +11,9 @@ use crate::estimate::{
 };
 use crate::plan::build::{param_count, PlanError};
 use crate::plan::Plan;
+use crate::resolve::resolve;
+use crate::term::out;
 use crate::units::{fmt_bytes, fmt_count, parse_size};
-use crate::workload::overrides::resolve;
 use crate::workload::Workload;
 
 /// `estimate --json` (contract: schema_version, workload, breakdown, boundaries).
@@ -67,29 +68,17 @@ pub fn plan_error(e: PlanError) -> CliError {
     CliError::usage(e.to_string())
 }
 
-/// Write to stdout; a closed pipe (`| head`) is not an error.
-pub fn out(s: &str) -> CliResult<()> {
-    use std::io::Write;
-    let mut o = std::io::stdout().lock();
-    match o.write_all(s.as_bytes()).and_then(|_| o.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(CliError::run(format!("cannot write output: {e}")))
-        }
-        _ => Ok(()),
-    }
-}
-
 /// The card memory a case file names, when `--config` is one (used when `--memory` is absent).
-pub fn case_memory(args: &crate::cli::WorkloadArgs) -> CliResult<Option<u64>> {
+pub fn case_memory(args: &crate::workload::args::WorkloadArgs) -> CliResult<Option<u64>> {
     let Some(path) = &args.config else {
         return Ok(None);
     };
-    if !crate::commands::replay::is_case_file(path) {
+    if !crate::commands::case::is_case_file(path) {
         return Ok(None);
     }
-    match crate::workload::config::load_config(path).map_err(|e| CliError::usage(e.to_string()))? {
-        crate::workload::config::LoadedConfig::Case(c) => Ok(c.memory),
-        crate::workload::config::LoadedConfig::Hf(_) => Ok(None),
+    match crate::resolve::load_config(path).map_err(|e| CliError::usage(e.to_string()))? {
+        crate::resolve::LoadedConfig::Case(c) => Ok(c.memory),
+        crate::resolve::LoadedConfig::Hf(_) => Ok(None),
     }
 }
 
@@ -320,12 +309,9 @@ fn serve(w: Workload, memory: u64, detected: Option<String>, json: bool) -> CliR
         return out(&format!("{s}\n"));
     }
     let on = detected.map_or(String::new(), |n| format!(" (detected: {n})"));
-    let mut text = format!(
-        "{}{on}\n",
-        crate::serve::render::model_line(&report.workload)
-    );
+    let mut text = format!("{}{on}\n", crate::serve::text::model_line(&report.workload));
     if let Some(z) = &report.serving {
-        text.push_str(&crate::serve::render::text(z));
+        text.push_str(&crate::serve::text::text(z));
     }
     out(&text)
 }

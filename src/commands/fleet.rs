@@ -28,7 +28,7 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         );
     }
     // A parallel layout without --rank: each device probes its own rank's plan.
-    let world = crate::workload::overrides::resolve(&args.workload, "gpt2")
+    let world = crate::resolve::resolve(&args.workload, "gpt2")
         .ok()
         .map(|r| r.workload)
         .filter(|w| !w.parallel.is_single() && w.parallel.rank.is_none())

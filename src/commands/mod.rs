@@ -1,5 +1,7 @@
-//! Command implementations, one module per subcommand.
+//! Command implementations, one module per subcommand (`case`: `probe --config CASE.toml`, a
+//! case file replayed on this device).
 
+pub mod case;
 pub mod compare;
 pub mod completions;
 pub mod devices;
@@ -7,7 +9,6 @@ pub mod diagnose;
 pub mod estimate;
 pub mod fleet;
 pub mod probe;
-pub mod replay;
 pub mod snapshot;
 
 use crate::cli::Command;

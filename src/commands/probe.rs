@@ -48,8 +48,8 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         return crate::commands::fleet::run(args);
     }
     if let Some(path) = &args.workload.config {
-        if crate::commands::replay::is_case_file(path) {
-            return crate::commands::replay::run(args, budget, timeout);
+        if crate::commands::case::is_case_file(path) {
+            return crate::commands::case::run(args, budget, timeout);
         }
     }
     let workload = user_workload(args)?;
@@ -143,14 +143,14 @@ fn user_workload(args: &ProbeArgs) -> CliResult<Option<crate::workload::Workload
         }
         return Ok(None);
     }
-    let resolved = crate::workload::overrides::resolve(&args.workload, "gpt2")?;
+    let resolved = crate::resolve::resolve(&args.workload, "gpt2")?;
     for w in &resolved.warnings {
         eprintln!("oomprobe: warning: {w}");
     }
     Ok(Some(resolved.workload))
 }
 
-fn has_overrides(w: &crate::cli::WorkloadArgs) -> bool {
+fn has_overrides(w: &crate::workload::args::WorkloadArgs) -> bool {
     [
         &w.batch,
         &w.seq,

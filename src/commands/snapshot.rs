@@ -13,10 +13,10 @@ use crate::probe::child::{ChildRunner, ProbeTimeout};
 use crate::snapshot::replay::{self, Replayer};
 use crate::snapshot::report::DeviceSelect;
 use crate::snapshot::verdict::{self, third};
-use crate::snapshot::{load_device, render, Granularity, SnapshotError, Source, Trace};
+use crate::snapshot::{describe, load_device, Granularity, SnapshotError, Source, Trace};
 use crate::units::fmt_bytes;
 
-use super::estimate::out;
+use crate::term::out;
 
 /// True when the command was given `--snapshot`.
 pub fn wanted(args: &SnapshotArgs) -> bool {
@@ -165,7 +165,7 @@ pub fn probe(args: &ProbeArgs, budget: Option<u64>, timeout: ProbeTimeout) -> Cl
         if args.json {
             return json(&wrapped(&info, cap.budget, &run));
         }
-        return out(&render::scaled(&run));
+        return out(&describe::scaled(&run));
     }
     // One file: each selected device replayed in turn, the default (the OOM's) first.
     let devices: Vec<usize> = match src.device {
@@ -191,7 +191,7 @@ pub fn probe(args: &ProbeArgs, budget: Option<u64>, timeout: ProbeTimeout) -> Cl
             )));
         }
         if !args.json {
-            out(&render::replay(&rep, cap.budget))?;
+            out(&describe::replay(&rep, cap.budget))?;
         }
         reps.push(rep);
     }
@@ -255,7 +255,7 @@ pub fn estimate(
     if as_json {
         return json(&e);
     }
-    out(&render::estimate(&e))
+    out(&describe::estimate(&e))
 }
 
 /// `diagnose --snapshot`: judged against the card recorded at the OOM, or `--memory`.
@@ -265,7 +265,7 @@ pub fn diagnose(args: &SnapshotArgs, memory: Option<u64>, as_json: bool) -> CliR
     if as_json {
         return json(&d);
     }
-    out(&render::diagnose(&d))
+    out(&describe::diagnose(&d))
 }
 
 /// The OOMs a snapshot recorded, one per device that has one.

@@ -123,6 +123,17 @@ pub struct Conv2dParams {
     pub _pad: [u32; 3],
 }
 
+/// A convolution's output height and width (`h_out`, `w_out` above); None when the kernel does
+/// not fit the padded input or the stride is 0. The one formula the reference and `ops` share.
+pub fn conv_out_hw(h: u64, w: u64, kernel: u64, stride: u64, pad: u64) -> Option<(u64, u64)> {
+    if stride == 0 || kernel == 0 {
+        return None;
+    }
+    let hp = (h + 2 * pad).checked_sub(kernel)?;
+    let wp = (w + 2 * pad).checked_sub(kernel)?;
+    Some((hp / stride + 1, wp / stride + 1))
+}
+
 /// `flash_attention` (bindings 1 = Q, 2 = K, 3 = V, 4 = O, 5 = S). Head h of the dispatch:
 /// Q/O at `<t>_off + h*seq*head_dim` ([seq][head_dim]), K/V at `<t>_off +
 /// (h / kv_group)*seq*head_dim` (grouped-query attention; `kv_group` 0 reads as 1), stats S at `s_off + h*seq*2`

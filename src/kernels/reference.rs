@@ -153,12 +153,15 @@ impl ConvShape {
     /// Output height and width; None when the kernel does not fit the padded input or the
     /// stride is 0.
     pub fn out_hw(&self) -> Option<(usize, usize)> {
-        if self.stride == 0 || self.kernel == 0 {
-            return None;
-        }
-        let hp = (self.h + 2 * self.pad).checked_sub(self.kernel)?;
-        let wp = (self.w + 2 * self.pad).checked_sub(self.kernel)?;
-        Some((hp / self.stride + 1, wp / self.stride + 1))
+        let u = |v: usize| v as u64;
+        let (ho, wo) = super::params::conv_out_hw(
+            u(self.h),
+            u(self.w),
+            u(self.kernel),
+            u(self.stride),
+            u(self.pad),
+        )?;
+        Some((ho as usize, wo as usize))
     }
 }
 

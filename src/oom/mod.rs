@@ -5,9 +5,9 @@
 //! [`Message`] is the one type every part reads. This floor imports only `alloc::cards` (the card
 //! a total capacity names) and `units`.
 
+pub mod explain;
 pub mod judge;
 pub mod parse;
-pub mod render;
 pub mod scan;
 
 use std::ops::{Add, Sub};

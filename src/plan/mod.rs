@@ -5,6 +5,7 @@
 
 pub mod autocast;
 pub mod build;
+pub mod builder;
 pub mod params;
 pub mod ranks;
 pub mod resnet;

@@ -18,7 +18,7 @@
 //! ((P+G+K)Ψ/N). A shard holds ⌈Ψ/N⌉ elements.
 
 use super::autocast::Autocast;
-use super::build::{Builder, PlanError};
+use super::builder::{Builder, PlanError};
 use super::{DType, Phase, Role, Step, TensorIx};
 use crate::workload::{Grads, Optimizer, OptimizerImpl, Precision, StepKind, Workload};
 

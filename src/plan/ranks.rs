@@ -2,7 +2,7 @@
 //! when none is named, and a pipeline stage's schedule of micro-batches built from the stage's
 //! plan of one micro-batch.
 
-use super::build::PlanError;
+use super::builder::PlanError;
 use super::{Event, EventKind, Phase, Plan, Role, Step, TensorIx};
 use crate::workload::parallel::{self, Schedule, Stage};
 use crate::workload::Workload;

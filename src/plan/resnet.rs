@@ -32,7 +32,7 @@
 //! the in-place ReLUs, the max-pool and the residual adds have no kernel.
 
 use super::autocast::Device;
-use super::build::{prod, sum, Builder, PlanError};
+use super::builder::{prod, sum, Builder, PlanError};
 use super::params::{compute_dtype, Piece, States};
 use super::{DType, Phase, Role, Step, TensorIx};
 use crate::workload::{Checkpoint, Workload};

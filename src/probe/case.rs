@@ -7,7 +7,7 @@ use crate::plan::Plan;
 use crate::report::SCHEMA_VERSION;
 use crate::scenario::Scenario;
 use crate::units::fmt_bytes;
-use crate::workload::config::{CaseFile, Verdict};
+use crate::workload::case::{CaseFile, Verdict};
 use crate::workload::Arch;
 
 use super::capacity::{self, Capacity};
@@ -17,7 +17,7 @@ use super::session::{isolation, select_device};
 use super::suite::RunSpec;
 use super::Compute;
 
-pub use crate::report::replay::{ReplayReport, ReplayRun};
+pub use crate::report::case_replay::{ReplayReport, ReplayRun};
 
 /// Where and how to replay a case.
 #[derive(Debug, Clone)]

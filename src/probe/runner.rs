@@ -168,6 +168,19 @@ impl RunContext {
             _ => None,
         };
         let mut notes = spec.notes.clone();
+        if self.compute == Compute::Full {
+            if let Some(m) = spec
+                .workload
+                .model
+                .as_ref()
+                .and_then(|m| m.recurrent_mixer())
+            {
+                notes.push(format!(
+                    "{} layers ran touch-only: their scans have no WGSL/CUDA kernel yet, so their tensors were written and read back; the projections, norms, attention and MLPs around them ran their kernels",
+                    m.name()
+                ));
+            }
+        }
         let mut found = found;
         let repeats = self.repeat_boundary(spec, space, &mut found, &mut notes);
         for (x, again) in &verify {

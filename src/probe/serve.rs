@@ -10,7 +10,7 @@ use crate::error::{CliError, CliResult};
 use crate::report::model::{ProbeRecord, ToolInfo, SCHEMA_VERSION};
 use crate::scenario::Scenario;
 use crate::serve::pool::{probe_plan, Pool};
-use crate::serve::render::{gib, thousands};
+use crate::serve::text::{gib, thousands};
 use crate::serve::{concurrency, ServeSizing};
 use crate::workload::Workload;
 
@@ -122,9 +122,9 @@ pub fn run(
     };
     if args.json {
         let s = serde_json::to_string_pretty(&report).map_err(|e| CliError::run(e.to_string()))?;
-        crate::commands::estimate::out(&format!("{s}\n"))?;
+        crate::term::out(&format!("{s}\n"))?;
     } else {
-        crate::commands::estimate::out(&text(&report))?;
+        crate::term::out(&text(&report))?;
     }
     let o = report.probe.outcome;
     if !report.measured.profile_fit || (!o.is_fit() && !is_refusal(o)) {
@@ -158,7 +158,7 @@ fn text(r: &ServeProbeReport) -> String {
         } else {
             ""
         },
-        crate::serve::render::model_line(&r.workload)
+        crate::serve::text::model_line(&r.workload)
     );
     t.push_str(&format!(
         "  profiling forward ({} tokens, {} sampled rows): {}\n",
@@ -198,7 +198,7 @@ fn text(r: &ServeProbeReport) -> String {
         z.concurrency,
         m.concurrency
     ));
-    if let Some(l) = crate::serve::render::refusal_line(z) {
+    if let Some(l) = crate::serve::text::refusal_line(z) {
         t.push_str(&format!("{l}\n"));
     }
     for n in &r.notes {

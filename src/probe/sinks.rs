@@ -58,7 +58,9 @@ impl Sink for Progress {
                 self.start_run(&label, spec.scenario.dimension());
             }
             SessionEvent::ProbeStarted { value } => self.probe_started(*value),
-            SessionEvent::ProbeFinished { record, .. } => self.probe_finished(record),
+            SessionEvent::ProbeFinished { record, .. } => {
+                self.probe_finished(record.value, record.outcome.name())
+            }
             SessionEvent::Finished { .. } => self.finish(),
         }
         Ok(())

@@ -29,9 +29,8 @@ use crate::scenario::Scenario;
 
 use super::model::{Outcome, ProbeReport, RunResult, ToolInfo, SCHEMA_VERSION};
 use super::throughput::{best_throughput, Throughput};
-use super::{
-    fmt_bytes, fmt_pct, fmt_signed_pct, prediction_error, run_capacity, ReportError, ValueFormat,
-};
+use super::{fmt_pct, fmt_signed_pct, prediction_error, run_capacity, ReportError, ValueFormat};
+use crate::units::fmt_bytes;
 
 /// Version of the `compare --format json` object.
 pub const COMPARE_SCHEMA_VERSION: u32 = 1;

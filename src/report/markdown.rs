@@ -3,7 +3,8 @@
 use super::model::{ProbeReport, RunResult};
 use super::table::{is_numeric_column, notes, summary_row, SUMMARY_COLUMNS};
 use super::throughput::{best_throughput, fmt_rate, rate_at};
-use super::{device_line, fmt_bytes, fmt_seconds, fmt_value, run_label, sorted_probes};
+use super::{device_line, fmt_seconds, fmt_value, run_label, sorted_probes};
+use crate::units::fmt_bytes;
 
 /// Escape a table cell: pipes and line breaks would break the row.
 pub fn cell(s: &str) -> String {

@@ -12,14 +12,14 @@
 //! - [`compare`]: several probe files side by side (`oomprobe compare`).
 //! - [`throughput`]: samples (or tokens) per second from the fitting probes' step times.
 
+#[doc(hidden)]
+pub mod case_replay;
 pub mod compare;
 pub mod csv;
 pub mod html;
 pub mod json;
 pub mod markdown;
 pub mod model;
-#[doc(hidden)]
-pub mod replay;
 pub mod sample;
 pub mod svg;
 pub mod table;
@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 use crate::error::CliError;
+use crate::units::fmt_bytes;
 
 /// A results format (`--format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -243,34 +244,10 @@ pub fn write_output(path: &Path, contents: &str) -> Result<(), ReportError> {
 
 // ---- small formatting helpers shared by the exporters ----
 
-/// Bytes in binary units with three significant digits: `512 B`, `1.50 KiB`, `40.0 GiB`.
-pub fn fmt_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut v = bytes as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if v >= 100.0 {
-        format!("{v:.0} {}", UNITS[i])
-    } else if v >= 10.0 {
-        format!("{v:.1} {}", UNITS[i])
-    } else {
-        format!("{v:.2} {}", UNITS[i])
-    }
-}
-
-/// A count in a compact human form: 48, 12.3k, 7.00M, 13.0B (params scenario values).
-pub fn fmt_count(v: u64) -> String {
-    fmt_count_with(v, 0)
-}
-
-/// [`fmt_count`] with `extra` more decimals (never more than make the value exact).
-fn fmt_count_with(v: u64, extra: usize) -> String {
+/// A value of the params dimension, compact with three significant digits (48, 12.3k, 7.00M,
+/// 13.0B) and `extra` more decimals (never more than make the value exact): how `ValueFormat`
+/// prints a column of parameter counts. Counts in sentences use `units::fmt_count`.
+fn fmt_compact_with(v: u64, extra: usize) -> String {
     if v < 10_000 {
         return v.to_string();
     }
@@ -337,7 +314,7 @@ impl ValueFormat {
 
     pub fn fmt(self, v: u64) -> String {
         if self.compact {
-            fmt_count_with(v, self.extra)
+            fmt_compact_with(v, self.extra)
         } else {
             v.to_string()
         }
@@ -489,13 +466,10 @@ mod tests {
     }
 
     #[test]
-    fn bytes_are_human() {
-        assert_eq!(fmt_bytes(512), "512 B");
-        assert_eq!(fmt_bytes(1536), "1.50 KiB");
-        assert_eq!(fmt_bytes(40 << 30), "40.0 GiB");
-        assert_eq!(fmt_bytes(200 << 30), "200 GiB");
-        assert_eq!(fmt_count(7_000_000_000), "7.00B");
-        assert_eq!(fmt_count(48), "48");
+    fn params_values_are_compact() {
+        assert_eq!(fmt_value("params", 7_000_000_000), "7.00B");
+        assert_eq!(fmt_value("params", 13_000_000_000), "13.0B");
+        assert_eq!(fmt_value("params", 48), "48");
     }
 
     #[test]

@@ -18,8 +18,9 @@
 
 use super::model::{ProbeReport, RunResult};
 use super::throughput::best_throughput;
-use super::{fmt_bytes, fmt_value, run_capacity, run_label, sorted_probes};
+use super::{fmt_value, run_capacity, run_label, sorted_probes};
 use crate::plan::Plan;
+use crate::units::fmt_bytes;
 
 /// Chart size in pixels.
 pub const WIDTH: f64 = 820.0;

@@ -7,9 +7,8 @@ use comfy_table::{
 
 use super::model::{ProbeReport, RunResult, IN_PROGRESS_NOTE};
 use super::throughput::best_throughput;
-use super::{
-    device_line, fmt_bytes, fmt_pct, fmt_seconds, fmt_signed_pct, prediction_error, ValueFormat,
-};
+use super::{device_line, fmt_pct, fmt_seconds, fmt_signed_pct, prediction_error, ValueFormat};
+use crate::units::fmt_bytes;
 
 /// Column titles of [`summary_row`] (shared by the table, Markdown and HTML).
 pub const SUMMARY_COLUMNS: [&str; 13] = [
@@ -108,7 +107,7 @@ pub fn notes(report: &ProbeReport) -> Vec<String> {
                 .filter(|b| b.saturating_sub(m) > 1);
             let lo = fmt_bytes(m);
             let range = match below.map(|b| (b, fmt_bytes(b))) {
-                // Ends that print alike ("256 MiB-256 MiB") print once, with the width.
+                // Ends that print alike ("256.00 MiB-256.00 MiB") print once, with the width.
                 Some((b, hi)) if hi == lo => format!("{lo} (to within {})", fmt_bytes(b - m)),
                 Some((_, hi)) => format!("{lo}-{hi}"),
                 None => lo,
@@ -240,7 +239,7 @@ mod tests {
         let n = notes(&report).join("\n");
         assert!(
             n.contains(
-                "measured capacity 506 MiB-514 MiB, the memory predicted against lies within it"
+                "measured capacity 506.00 MiB-514.00 MiB, the memory predicted against lies within it"
             ),
             "{n}"
         );
@@ -248,17 +247,17 @@ mod tests {
         run.measured_capacity_below = Some(510 << 20);
         let n = notes(&report).join("\n");
         assert!(
-            n.contains("506 MiB-510 MiB, 6.00 MiB less than predicted"),
+            n.contains("506.00 MiB-510.00 MiB, 6.00 MiB less than predicted"),
             "{n}"
         );
-        // A budget's capacity, measured to 104 KiB: both ends print as 256 MiB.
+        // A budget's capacity, measured to 4 KiB: both ends print as 256.00 MiB.
         let run = &mut report.runs[0];
         run.capacity_bytes = Some(256 << 20);
-        run.measured_capacity_bytes = Some((256 << 20) - (104 << 10));
+        run.measured_capacity_bytes = Some((256 << 20) - (4 << 10));
         run.measured_capacity_below = Some(256 << 20);
         let n = notes(&report).join("\n");
         assert!(
-            n.contains("measured capacity 256 MiB (to within 104 KiB)"),
+            n.contains("measured capacity 256.00 MiB (to within 4.00 KiB)"),
             "{n}"
         );
     }

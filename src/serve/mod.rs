@@ -14,7 +14,7 @@
 pub mod cache;
 pub mod engines;
 pub mod pool;
-pub mod render;
+pub mod text;
 
 use serde::Serialize;
 
@@ -379,13 +379,13 @@ pub fn size_with(
         if non_torch == NON_TORCH_GROWTH {
             format!(
                 "Δnon_torch {} GiB is modelled (cuBLAS and kernel growth during the profile run; V0 printed 0.03 to 0.35 GiB)",
-                render::gib(NON_TORCH_GROWTH as i64)
+                text::gib(NON_TORCH_GROWTH as i64)
             )
         } else {
             format!(
                 "Δnon_torch {} GiB (PyTorch's cuBLAS and kernel growth has no part in a probe; estimate models {} GiB)",
-                render::gib(non_torch as i64),
-                render::gib(NON_TORCH_GROWTH as i64)
+                text::gib(non_torch as i64),
+                text::gib(NON_TORCH_GROWTH as i64)
             )
         },
         "outside total × utilization (not charged by vLLM, but on the card): the CUDA context and NCCL buffers (before the snapshot) and CUDA graphs (captured after the KV cache is allocated, gpu_worker.py:449-451; not modelled: run with --enforce-eager or leave room)".to_string(),
@@ -417,8 +417,8 @@ pub fn size_with(
                 notes.push(format!(
                     "the largest forward ({} tokens) peaks at {} GiB above the weights, more than the {} GiB SGLang leaves outside the pool: it would run out of memory at run time",
                     limits.max_num_batched_tokens,
-                    render::gib(profile_peak as i64),
-                    render::gib(reserve as i64)
+                    text::gib(profile_peak as i64),
+                    text::gib(reserve as i64)
                 ));
             }
         }

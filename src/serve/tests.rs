@@ -142,8 +142,8 @@ fn llama3_8b() -> Workload {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/configs/llama3-8b.json"
     );
-    let mut w = match crate::workload::config::load_config(std::path::Path::new(path)).unwrap() {
-        crate::workload::config::LoadedConfig::Hf(w) => *w,
+    let mut w = match crate::resolve::load_config(std::path::Path::new(path)).unwrap() {
+        crate::resolve::LoadedConfig::Hf(w) => *w,
         _ => unreachable!(),
     };
     w.mode = Mode::Serve;

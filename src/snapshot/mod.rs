@@ -4,9 +4,9 @@
 //! opens. See docs/snapshots.md.
 
 pub mod allocator;
+pub mod describe;
 pub mod nesting;
 pub mod read;
-pub mod render;
 pub mod replay;
 pub mod report;
 pub mod scale;

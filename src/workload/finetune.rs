@@ -242,77 +242,9 @@ fn yes() -> bool {
     true
 }
 
-/// Bytes of one bitsandbytes-quantized `[out, in]` weight with `n = out·in` elements.
-///
-/// 4-bit (`quantize_4bit`, bitsandbytes 95f9af3 `functional.py:884-987`, `_ops.py:232-235`):
-/// the packed `uint8 [(n+1)/2, 1]`, one absmax per 64-element block (fp32; or with double
-/// quantization uint8 plus an fp32 absmax per 256 blocks, an fp32 offset and the 256-entry fp32
-/// code table copied per weight, `functional.py:677, 939-940`), and the 16-entry fp32 code of
-/// the 4-bit type (`get_4bit_type`, `:854`). 8-bit (`Int8Params._quantize`,
-/// `nn/modules.py:737-747`): int8 `[out, in]` plus an fp32 scale per output row.
-///
-/// A checkpoint's own formats: `super::stored::weight_bytes`.
-pub fn quantized_bytes(kind: QuantKind, double_quant: bool, out: u64, inp: u64) -> u64 {
-    let n = out.saturating_mul(inp);
-    match kind {
-        QuantKind::Int8 => n.saturating_add(out.saturating_mul(4)),
-        QuantKind::Nf4 | QuantKind::Fp4 => {
-            let blocks = n.div_ceil(64);
-            let packed = n.div_ceil(2);
-            let code = 16 * 4;
-            let stats = if double_quant {
-                // uint8 absmax + fp32 offset + fp32 absmax per 256 blocks + the fp32 map.
-                blocks + 4 + 4 * blocks.div_ceil(256) + 256 * 4
-            } else {
-                4 * blocks
-            };
-            packed.saturating_add(stats).saturating_add(code)
-        }
-        _ => super::stored::weight_bytes(kind, out, inp),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quantized_layout_follows_bitsandbytes_source() {
-        // Measured on this CPU (tests/fixtures/finetune/RESEARCH.md §b): a 256×256 nf4 weight
-        // with double quantization is [32768, 1] uint8 + absmax [1024] uint8 + code [16] fp32
-        // + offset [] fp32 + state2.absmax [4] fp32 + state2.code [256] fp32.
-        assert_eq!(
-            quantized_bytes(QuantKind::Nf4, true, 256, 256),
-            32768 + 1024 + 64 + 4 + 16 + 1024
-        );
-        // Without double quantization: fp32 absmax per 64.
-        assert_eq!(
-            quantized_bytes(QuantKind::Nf4, false, 256, 256),
-            32768 + 4096 + 64
-        );
-        // The 28 linears of the 4-layer measured model (h 256, kv 64, ffn 688): quant state
-        // (everything but the packed weights) 74,528 B.
-        let shapes = [
-            (256, 256),
-            (64, 256),
-            (64, 256),
-            (256, 256),
-            (688, 256),
-            (688, 256),
-            (256, 688),
-        ];
-        let state: u64 = shapes
-            .iter()
-            .map(|&(o, i)| quantized_bytes(QuantKind::Nf4, true, o, i) - (o * i).div_ceil(2))
-            .sum::<u64>()
-            * 4;
-        assert_eq!(state, 74_528);
-        // LLM.int8(): int8 weight + fp32 row scale.
-        assert_eq!(
-            quantized_bytes(QuantKind::Int8, false, 4096, 4096),
-            4096 * 4096 + 4096 * 4
-        );
-    }
 
     #[test]
     fn targets_parse_as_peft_names() {

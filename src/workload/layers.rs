@@ -132,7 +132,7 @@ impl Mamba2 {
 
 /// What mixes positions in a layer.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "mixer")]
+#[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Mixer {
     Attention(Attn),
     Mla(Mla),
@@ -155,6 +155,17 @@ impl Mixer {
             Mixer::GatedDeltaNet(_) => "Gated DeltaNet",
             Mixer::Mamba2(_) => "Mamba-2",
             Mixer::None => "no mixer",
+        }
+    }
+
+    /// The kernels the plan follows for a recurrent mixer (None for the others).
+    pub fn kernels(&self) -> Option<&'static str> {
+        match self {
+            Mixer::GatedDeltaNet(_) => Some(
+                "flash-linear-attention's chunk_gated_delta_rule, causal-conv1d and FusedRMSNormGated",
+            ),
+            Mixer::Mamba2(_) => Some("mamba_ssm's mamba_split_conv1d_scan_combined"),
+            _ => None,
         }
     }
 }
@@ -210,7 +221,7 @@ pub struct MoeSpec {
 
 /// The feed-forward part of a layer.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "mlp")]
+#[serde(rename_all = "snake_case", tag = "kind")]
 pub enum MlpSpec {
     Dense {
         ffn: u64,
@@ -243,13 +254,12 @@ impl NormKind {
     }
 }
 
-/// One layer.
+/// One layer. The mixer and the MLP are objects of their own (`{"kind": "mla", ...}`): flattened,
+/// their fields collide (MLA's `bias` beside a dense MLP's).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LayerSpec {
-    #[serde(flatten)]
     pub mixer: Mixer,
     pub block: BlockForm,
-    #[serde(flatten)]
     pub mlp: MlpSpec,
 }
 
@@ -565,14 +575,21 @@ impl ModelSpec {
         v
     }
 
-    /// A layer whose mixer the step planner has no op sequence for yet (MLA, the linear and
-    /// state-space mixers), if any.
-    pub fn unplanned_mixer(&self) -> Option<&'static str> {
+    /// The first recurrent mixer (Gated DeltaNet, Mamba-2), if any: the plan follows its CUDA
+    /// kernels, which the CPU harness cannot measure.
+    pub fn recurrent_mixer(&self) -> Option<Mixer> {
         self.layers
             .iter()
-            .map(|l| &l.mixer)
-            .find(|m| !matches!(m, Mixer::Attention(_) | Mixer::None))
-            .map(Mixer::name)
+            .map(|l| l.mixer)
+            .find(|m| matches!(m, Mixer::GatedDeltaNet(_) | Mixer::Mamba2(_)))
+    }
+
+    /// The first multi-head latent attention layer, if any.
+    pub fn first_mla(&self) -> Option<&Mla> {
+        self.layers.iter().find_map(|l| match &l.mixer {
+            Mixer::Mla(m) => Some(m),
+            _ => None,
+        })
     }
 
     /// Layer runs: (first index, count, the layer) for each stretch of identical layers.

@@ -1,8 +1,11 @@
 //! Workloads: the model and training setup a plan is built from (presets, HF config.json,
 //! oomprobe TOML case files, command-line overrides).
 
+pub mod args;
+pub mod case;
 pub mod config;
 pub mod finetune;
+pub mod flags;
 pub mod hf;
 pub mod hub;
 pub mod layers;

@@ -1,22 +1,18 @@
 //! Apply command-line overrides to a workload, with checked parsing (exit 2 on bad input).
 //!
-//! Order: `--config FILE` (a Hugging Face config.json or an oomprobe case file), else `--model`,
-//! else `--params` alone (a bare "dense" parameter count), else the caller's default preset; then
-//! every override, each parsed and checked; then the shape is validated as a whole. Every error is
-//! a `CliError::Usage` naming the flag. Things that are allowed but worth a word (a `--seq` longer
-//! than the preset's context, ZeRO on one GPU) come back as warnings for the caller to print.
+//! The flag parsers (`count`, `parse_precision`, ..., also used by the config readers and the
+//! layout and serving flags), and [`apply`]: every override over the base the caller loaded, each
+//! parsed and checked. Every error is a `CliError::Usage` naming the flag. Things that are allowed
+//! but worth a word (a `--seq` longer than the preset's context, ZeRO on one GPU) come back as
+//! warnings for the caller to print. Loading the base and checking the result as a whole is
+//! `crate::resolve`'s job.
 
-use crate::cli::WorkloadArgs;
 use crate::error::CliError;
-use crate::plan::build::validate;
-use crate::units::parse_count;
 
-use super::config::{load_config, LoadedConfig};
-use super::presets::{self, vit_tokens};
-use super::{
-    Arch, Attention, Checkpoint, DropoutMask, Gelu, Grads, Mode, Optimizer, OptimizerImpl, Outputs,
-    Precision, StepKind, Workload,
-};
+use super::args::WorkloadArgs;
+use super::flags::*;
+use super::presets::vit_tokens;
+use super::{Arch, Attention, Checkpoint, Mode, Optimizer, Precision, Workload};
 
 /// A resolved workload and the warnings a person should see.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,290 +21,10 @@ pub struct Resolved {
     pub warnings: Vec<String>,
 }
 
-fn usage(flag: &str, msg: impl std::fmt::Display) -> CliError {
-    CliError::usage(format!("--{flag}: {msg}"))
-}
-
-/// Parse a positive count for `--flag`, within the flag's limit (see [`limit`]).
-pub fn count(flag: &str, v: &str) -> Result<u64, CliError> {
-    let n = parse_count(v).map_err(|e| usage(flag, e))?;
-    check_limit(flag, n).map_err(|e| usage(flag, e))
-}
-
-/// The most micro-batches a pipeline step may have (`--microbatches`).
-pub const MAX_MICROBATCHES: u64 = 4096;
-
-/// The largest value a size may take, by its flag name (a config field maps to the same
-/// size): anything above is a typo (the deepest published models have ~130 layers). They also
-/// bound the cost of a plan, which holds a few tensors and events per layer: `estimate
-/// --memory` of 2,048 layers takes under a second and ~50 MB (10,000 took 11 s and 200 MB).
-pub fn limit(size: &str) -> Option<u64> {
-    Some(match size {
-        "layers" => 2048,
-        "hidden" | "patch" => 1 << 20,
-        "image" => 1 << 16,
-        "heads" => 1 << 16,
-        "experts" => 1 << 12,
-        "ffn" => 1 << 24,
-        "vocab" | "seq" | "batch" | "gpus" => 1 << 24,
-        "params" => 1 << 50,
-        // Layout degrees: a stage holds at least one layer, heads split over --tp, the
-        // sequence over 2·--cp; the data-parallel degree within --gpus.
-        "pp" | "chunks" => 2048,
-        "tp" | "cp" => 1 << 16,
-        "dp" => 1 << 24,
-        // A pipeline's plan holds a copy of the stage's micro-batch per micro-batch
-        // (Megatron's largest published runs use a few thousand).
-        "microbatches" => MAX_MICROBATCHES,
-        // DDP's bucket_cap_mb, in MiB: 1 TiB is past any card.
-        "ddp" => 1 << 20,
-        _ => return None,
-    })
-}
-
-/// `n` if it is within the limit of `size`, else why not.
-pub fn check_limit(size: &str, n: u64) -> Result<u64, String> {
-    match limit(size) {
-        Some(max) if n > max => Err(format!("{n} is absurd for {size} (at most {max})")),
-        _ => Ok(n),
-    }
-}
-
-pub fn parse_precision(v: &str) -> Result<Precision, CliError> {
-    match v.to_ascii_lowercase().as_str() {
-        "fp32" | "f32" | "float32" => Ok(Precision::Fp32),
-        "fp16" | "f16" | "float16" => Ok(Precision::Fp16),
-        "bf16" | "bfloat16" => Ok(Precision::Bf16),
-        "mixed" | "deepspeed-fp16" | "megatron-fp16" => Ok(Precision::Mixed),
-        "amp-fp16" | "autocast-fp16" => Ok(Precision::AmpFp16),
-        "amp-bf16" | "autocast-bf16" => Ok(Precision::AmpBf16),
-        "amp" | "autocast" => Err(usage(
-            "precision",
-            format!(
-                "'{v}' is ambiguous: torch.autocast is amp-fp16 or amp-bf16; DeepSpeed/Megatron fp16 is mixed"
-            ),
-        )),
-        _ => Err(usage(
-            "precision",
-            format!("unknown precision '{v}' (fp32, fp16, bf16, mixed, amp-fp16, amp-bf16)"),
-        )),
-    }
-}
-
-pub fn parse_optimizer(v: &str) -> Result<Optimizer, CliError> {
-    match v.to_ascii_lowercase().as_str() {
-        "adam" | "adamw" => Ok(Optimizer::Adam),
-        "sgd" => Ok(Optimizer::Sgd),
-        "sgd-momentum" | "momentum" => Ok(Optimizer::SgdMomentum),
-        "adamw-8bit" | "adamw8bit" | "adam-8bit" | "adamw_8bit" | "adamw_bnb_8bit" => {
-            Ok(Optimizer::AdamW8bit)
-        }
-        "paged-adamw-8bit" | "paged_adamw_8bit" | "pagedadamw8bit" => {
-            Ok(Optimizer::PagedAdamW8bit)
-        }
-        "lion" => Ok(Optimizer::Lion),
-        "adafactor" => Ok(Optimizer::Adafactor),
-        "none" | "inference" => Ok(Optimizer::None),
-        _ => Err(usage(
-            "optimizer",
-            format!("unknown optimizer '{v}' (adam, sgd, sgd-momentum, adamw-8bit, paged-adamw-8bit, lion, adafactor, none)"),
-        )),
-    }
-}
-
-pub fn parse_attention(v: &str) -> Result<Attention, CliError> {
-    match v.to_ascii_lowercase().as_str() {
-        "eager" | "naive" => Ok(Attention::Naive),
-        "sdpa" => Ok(Attention::Sdpa),
-        "flash" | "flash_attention_2" | "flash-attention-2" => Ok(Attention::Flash),
-        _ => Err(usage(
-            "attention",
-            format!("unknown attention '{v}' (eager, sdpa, flash; naive = eager)"),
-        )),
-    }
-}
-
-pub fn parse_autocast_device(v: &str) -> Result<crate::plan::autocast::Device, CliError> {
-    use crate::plan::autocast::Device;
-    choice(
-        "autocast-device",
-        v,
-        &[("cuda", Device::Cuda), ("cpu", Device::Cpu)],
-    )
-}
-
-pub fn parse_checkpoint(v: &str) -> Result<Checkpoint, CliError> {
-    let l = v.to_ascii_lowercase();
-    match l.as_str() {
-        "none" | "off" => Ok(Checkpoint::None),
-        "full" => Ok(Checkpoint::Full),
-        "sqrt" => Ok(Checkpoint::Sqrt),
-        _ => match l.strip_prefix("every:") {
-            Some(k) => {
-                let k = parse_count(k)
-                    .map_err(|e| usage("checkpoint", format!("every:K needs K >= 1 ({e})")))?;
-                let k = u32::try_from(k).map_err(|_| {
-                    usage("checkpoint", format!("every:K: K = {k} is absurdly large"))
-                })?;
-                Ok(Checkpoint::Every(k))
-            }
-            None => Err(usage(
-                "checkpoint",
-                format!("unknown mode '{v}' (none, full, sqrt, every:K)"),
-            )),
-        },
-    }
-}
-
-pub fn parse_dropout(v: &str) -> Result<bool, CliError> {
-    on_off("dropout", v)
-}
-
-/// An on/off value of `--flag` (also true/false, yes/no, 1/0).
-pub(crate) fn on_off(flag: &str, v: &str) -> Result<bool, CliError> {
-    match v.to_ascii_lowercase().as_str() {
-        "on" | "true" | "yes" | "1" => Ok(true),
-        "off" | "false" | "no" | "0" => Ok(false),
-        _ => Err(usage(flag, format!("expected on or off, not '{v}'"))),
-    }
-}
-
-pub fn parse_zero(v: &str) -> Result<u8, CliError> {
-    match v.trim() {
-        "0" => Ok(0),
-        "1" => Ok(1),
-        "2" => Ok(2),
-        "3" => Ok(3),
-        _ => Err(usage(
-            "zero",
-            format!("ZeRO stage must be 0, 1, 2 or 3, not '{v}'"),
-        )),
-    }
-}
-
-/// Parse one of a flag's named values.
-pub(crate) fn choice<T: Copy>(flag: &str, v: &str, values: &[(&str, T)]) -> Result<T, CliError> {
-    let l = v.to_ascii_lowercase();
-    values
-        .iter()
-        .find(|(n, _)| *n == l)
-        .map(|&(_, t)| t)
-        .ok_or_else(|| {
-            let names: Vec<&str> = values.iter().map(|(n, _)| *n).collect();
-            usage(flag, format!("unknown value '{v}' ({})", names.join(", ")))
-        })
-}
-
-pub fn parse_mode(v: &str) -> Result<Mode, CliError> {
-    choice(
-        "mode",
-        v,
-        &[
-            ("train", Mode::Train),
-            ("inference", Mode::Inference),
-            ("serve", Mode::Serve),
-        ],
-    )
-}
-
-pub fn parse_grads(v: &str) -> Result<Grads, CliError> {
-    choice(
-        "grads",
-        v,
-        &[
-            ("free", Grads::Free),
-            ("keep", Grads::Keep),
-            ("until-backward", Grads::UntilBackward),
-        ],
-    )
-}
-
-pub fn parse_dropout_mask(v: &str) -> Result<DropoutMask, CliError> {
-    choice(
-        "dropout-mask",
-        v,
-        &[("bool", DropoutMask::Bool), ("input", DropoutMask::Input)],
-    )
-}
-
-pub fn parse_outputs(v: &str) -> Result<Outputs, CliError> {
-    choice(
-        "outputs",
-        v,
-        &[("kept", Outputs::Kept), ("dropped", Outputs::Dropped)],
-    )
-}
-
-pub fn parse_step(v: &str) -> Result<StepKind, CliError> {
-    choice(
-        "step",
-        v,
-        &[("steady", StepKind::Steady), ("first", StepKind::First)],
-    )
-}
-
-pub fn parse_optimizer_impl(v: &str) -> Result<OptimizerImpl, CliError> {
-    choice(
-        "optimizer-impl",
-        v,
-        &[
-            ("foreach", OptimizerImpl::Foreach),
-            ("fused", OptimizerImpl::Fused),
-            ("for-loop", OptimizerImpl::ForLoop),
-        ],
-    )
-}
-
-pub fn parse_gelu(v: &str) -> Result<Gelu, CliError> {
-    choice(
-        "gelu",
-        v,
-        &[("fused", Gelu::Fused), ("unfused", Gelu::Unfused)],
-    )
-}
-
-/// Resolve the workload of `args` (see the module doc), with warnings.
-pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, CliError> {
+/// Apply `args`'s overrides to `w` (the preset or config the caller loaded), each parsed and
+/// checked, with warnings. The shape as a whole is checked by the caller (`resolve`).
+pub fn apply(args: &WorkloadArgs, mut w: Workload) -> Result<Resolved, CliError> {
     let mut warnings = Vec::new();
-    let mut w = if let Some(path) = &args.config {
-        if args.model.is_some() {
-            return Err(CliError::usage(
-                "--model and --config cannot be used together",
-            ));
-        }
-        match load_config(path).map_err(|e| CliError::usage(e.to_string()))? {
-            LoadedConfig::Hf(w) => *w,
-            LoadedConfig::Case(c) => c.workload.clone(),
-        }
-    } else if let Some(m) = args
-        .model
-        .as_deref()
-        .filter(|m| super::hub::is_id_or_path(m))
-    {
-        // A Hugging Face id (from the local cache, offline) or a folder with a config.json.
-        let path =
-            super::hub::config_path(m, args.revision.as_deref()).map_err(|e| usage("model", e))?;
-        match load_config(&path).map_err(|e| CliError::usage(e.to_string()))? {
-            LoadedConfig::Hf(w) => {
-                let mut w = *w;
-                w.name = m.trim_end_matches('/').to_string();
-                w
-            }
-            LoadedConfig::Case(c) => c.workload.clone(),
-        }
-    } else if let Some(m) = &args.model {
-        presets::get(m).map_err(|e| usage("model", e))?
-    } else if args.params.is_some() {
-        presets::get("dense").map_err(|e| usage("model", e))?
-    } else {
-        presets::get(default_preset).map_err(|e| usage("model", e))?
-    };
-    if args.revision.is_some() && !args.model.as_deref().is_some_and(super::hub::is_id_or_path) {
-        return Err(usage(
-            "revision",
-            "goes with --model ORG/NAME (a model in the local Hugging Face cache)",
-        ));
-    }
     let name = w.name.clone();
     let arch = w.arch;
     let text = w.is_text_transformer();
@@ -529,7 +245,6 @@ pub fn resolve(args: &WorkloadArgs, default_preset: &str) -> Result<Resolved, Cl
     if let Some(note) = super::layers::resync(&mut w, shape_before) {
         warnings.push(note);
     }
-    validate(&w).map_err(|e| CliError::usage(format!("invalid workload {name}: {e}")))?;
     if text && w.max_positions > 0 && w.seq > w.max_positions {
         warnings.push(format!(
             "seq {} is longer than {name}'s context of {} tokens (allowed: a preset's context is a default, not a cap)",
@@ -740,75 +455,4 @@ fn stored_base(w: &Workload, kind: crate::workload::QuantKind) -> Result<(), Cli
         if w.lora.is_some() { "lora" } else { "mode" },
         format!("training a checkpoint stored as {m} is not modelled: use --mode inference or serve, or the unquantized model's config (with --lora, or --quant nf4 for QLoRA)"),
     ))
-}
-
-/// Resolve the workload and print its warnings to stderr (`log::warn`).
-pub fn resolve_workload(args: &WorkloadArgs, default_preset: &str) -> Result<Workload, CliError> {
-    let r = resolve(args, default_preset)?;
-    for w in &r.warnings {
-        log::warn!("{w}");
-    }
-    Ok(r.workload)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn args() -> WorkloadArgs {
-        WorkloadArgs::default()
-    }
-
-    #[test]
-    fn overrides_apply_and_check() {
-        let mut a = args();
-        a.model = Some("gpt2".into());
-        a.batch = Some("8".into());
-        a.seq = Some("2048".into());
-        a.checkpoint = Some("every:4".into());
-        let r = resolve(&a, "gpt2").unwrap();
-        assert_eq!(r.workload.batch, 8);
-        assert_eq!(r.workload.seq, 2048);
-        assert_eq!(r.workload.checkpoint, Checkpoint::Every(4));
-        assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
-
-        let mut a = args();
-        a.heads = Some("7".into());
-        let e = resolve(&a, "gpt2").unwrap_err().to_string();
-        assert!(e.contains("heads (7) must divide hidden (768)"), "{e}");
-
-        let mut a = args();
-        a.checkpoint = Some("every:0".into());
-        let e = resolve(&a, "gpt2").unwrap_err().to_string();
-        assert!(e.starts_with("--checkpoint"), "{e}");
-
-        let mut a = args();
-        a.batch = Some("0".into());
-        assert!(resolve(&a, "gpt2")
-            .unwrap_err()
-            .to_string()
-            .starts_with("--batch"));
-
-        let mut a = args();
-        a.model = Some("resnet50".into());
-        a.seq = Some("10".into());
-        assert!(resolve(&a, "gpt2")
-            .unwrap_err()
-            .to_string()
-            .starts_with("--seq"));
-
-        let mut a = args();
-        a.params = Some("7B".into());
-        let r = resolve(&a, "gpt2").unwrap();
-        assert_eq!(r.workload.arch, Arch::Dense);
-        assert_eq!(r.workload.params, Some(7_000_000_000));
-    }
-
-    #[test]
-    fn vit_image_sets_tokens() {
-        let mut a = args();
-        a.model = Some("vit-b16".into());
-        a.image = Some("384".into());
-        assert_eq!(resolve(&a, "gpt2").unwrap().workload.seq, 577);
-    }
 }

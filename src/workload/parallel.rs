@@ -632,7 +632,7 @@ pub fn apply(
     tp: Option<&str>,
     gpus_given: bool,
 ) -> Result<(), crate::error::CliError> {
-    use super::overrides::{choice, count, on_off};
+    use super::flags::{choice, count, on_off};
     let p = &mut w.parallel;
     if let Some(v) = tp {
         p.tp = count("tp", v)?;

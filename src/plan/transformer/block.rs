@@ -4,13 +4,15 @@
 use super::{decoder, fsdp_layer, lora, Block, Frame, Mlp, T};
 use crate::plan::build::PlanError;
 use crate::plan::{Phase, Role, TensorIx};
-use crate::workload::layers::{BlockForm, MlpSpec};
+use crate::workload::layers::{BlockForm, Mixer, MlpSpec};
 use crate::workload::Target;
 
 impl T<'_> {
-    /// One layer's forward reading `x`: its two frames and its output (a new tensor). `owned`:
-    /// nothing outside the layer keeps `x` (it goes after the residual add unless saved). Not
-    /// `saving` (no_grad), each intermediate goes once its last reader ran.
+    /// One layer's forward reading `x`: its frames (the mixer's and the MLP's; a hybrid's
+    /// layer has one of the two, Nemotron-H's `M`/`*` a mixer, its `-`/`E` an MLP) and its
+    /// output (a new tensor). `owned`: nothing outside the layer keeps `x` (it goes after the
+    /// residual add unless saved). Not `saving` (no_grad), each intermediate goes once its last
+    /// reader ran.
     fn layer(
         &mut self,
         i: u64,
@@ -19,14 +21,22 @@ impl T<'_> {
         out_name: &str,
         saving: bool,
         owned: bool,
-    ) -> Result<(Frame, Frame, TensorIx), PlanError> {
+    ) -> Result<(Vec<Frame>, TensorIx), PlanError> {
         self.saving = saving;
         self.live_in = self.live;
         self.enter_layer(i);
         self.unshard_layer(i)?;
+        let (has_mixer, has_mlp) = self.layer.map_or((true, true), |l| {
+            (l.mixer != Mixer::None, l.mlp != MlpSpec::None)
+        });
         let (pa, pm) = (format!("L{i}.attn"), format!("L{i}.mlp"));
+        let mut frames = Vec::with_capacity(2);
         let mut sa = Vec::new();
-        let (n1, x2) = self.attn_block(p, &pa, x, &mut sa)?;
+        let (n1, x2) = if has_mixer {
+            self.attn_block(p, &pa, x, &mut sa)?
+        } else {
+            (x, x)
+        };
         // The residual add was the input's last reader, but the model's loop variable keeps it
         // until the layer returns: an owned input goes then, unless a norm saved it (not
         // saving, nothing is kept).
@@ -34,23 +44,30 @@ impl T<'_> {
             let done: Vec<TensorIx> = sa.drain(..).filter(|&t| t != x).collect();
             self.b.free_all(done);
         }
-        if owned && !sa.contains(&x) {
-            if self.w.is_decoder_llm() {
-                self.layer_tail.push(x);
-            } else {
-                self.b.free(x);
-            }
+        if has_mixer && owned && !sa.contains(&x) {
+            self.input_done(x);
         }
         let mut sm = Vec::new();
-        let out = self.mlp_block(p, &pm, x2, n1, out_name, &mut sm)?;
-        if !sm.contains(&x2) {
+        let out = if has_mlp {
+            self.mlp_block(p, &pm, x2, n1, out_name, &mut sm)?
+        } else {
+            x2
+        };
+        if !has_mixer {
+            // An MLP-only layer: its input is the loop variable (not saving, a norm's hold on
+            // it ends with the layer).
+            if owned && (!saving || !sm.contains(&x)) {
+                self.input_done(x);
+            }
+        } else if has_mlp && !sm.contains(&x2) {
             self.b.free(x2);
         }
         if self.parallel_block() && !saving {
             self.b.free(n1);
         }
         if !saving {
-            let done = std::mem::take(&mut sm);
+            // What the MLP saved goes, but the layer's input is the caller's.
+            let done: Vec<TensorIx> = sm.drain(..).filter(|&t| t != x).collect();
             self.b.free_all(done);
         }
         let tail = std::mem::take(&mut self.layer_tail);
@@ -59,19 +76,31 @@ impl T<'_> {
         if self.b.current_phase() != Phase::Backward && !self.w.parallel.keeps_unsharded() {
             self.reshard(&format!("L{i}"));
         }
-        Ok((
-            Frame {
+        if has_mixer {
+            frames.push(Frame {
                 block: Block::Attn,
                 piece: pa,
                 saved: sa,
-            },
-            Frame {
+            });
+        }
+        if has_mlp {
+            frames.push(Frame {
                 block: Block::Mlp,
                 piece: pm,
                 saved: sm,
-            },
-            out,
-        ))
+            });
+        }
+        Ok((frames, out))
+    }
+
+    /// A layer's owned input after its last reader: the decoder LLMs' loop variable keeps it
+    /// until the layer returns; elsewhere it goes now.
+    fn input_done(&mut self, x: TensorIx) {
+        if self.w.is_decoder_llm() {
+            self.layer_tail.push(x);
+        } else {
+            self.b.free(x);
+        }
     }
 
     /// The attention block over `x`, saving into `sa`: its norm's output (which a parallel
@@ -86,7 +115,16 @@ impl T<'_> {
         let saving = self.saving;
         self.use_piece(pa)?;
         let n1 = self.norm(&format!("{p}.ln1"), x, sa)?;
-        let readers = if self.spec.fused_qkv { 1 } else { 3 };
+        let readers = if let Some(Mixer::Mamba2(_)) = self.recurrent() {
+            1
+        } else if self.mla().is_some() || self.recurrent().is_some() {
+            // q_a_proj (or q_proj) and kv_a_proj_with_mqa; in_proj_qkvz and in_proj_ba.
+            2
+        } else if self.spec.fused_qkv {
+            1
+        } else {
+            3
+        };
         let n1 = self.sp_gather(n1, readers, false, sa)?;
         // A parallel block (Cohere: `x + attn(ln(x)) + mlp(ln(x))`): the MLP reads the same
         // normalised input, which stays until both branches ran.
@@ -98,7 +136,15 @@ impl T<'_> {
         if dead {
             self.saving = false;
         }
-        let ctx = if self.w.is_decoder_llm() {
+        let ctx = if let Some(m) = self.mla() {
+            self.attention_mla(p, pa, n1, m, sa)?
+        } else if let Some(r) = self.recurrent() {
+            match r {
+                Mixer::GatedDeltaNet(m) => self.gated_delta_net(p, pa, n1, m, sa)?,
+                Mixer::Mamba2(m) => self.mamba2(p, pa, n1, m, sa)?,
+                _ => unreachable!("recurrent() is one of the two"),
+            }
+        } else if self.w.is_decoder_llm() {
             self.attention_llm(p, pa, n1, sa)?
         } else {
             self.attention_gpt(p, pa, n1, sa)?
@@ -110,6 +156,13 @@ impl T<'_> {
         let ctx = self.matmul_input(ctx, 1, false, sa)?;
         self.mask(&format!("{p}.proj.drop_mask"), sa)?;
         let x2 = self.attn_output(p, pa, ctx, n1, sa)?;
+        if let Some(Mixer::Mamba2(_)) = self.recurrent() {
+            // The fused out_proj saves nothing of its input (recomputed in backward).
+            if let Some(i) = sa.iter().position(|&t| t == ctx) {
+                sa.remove(i);
+                self.b.free(ctx);
+            }
+        }
         if dead {
             self.saving = saving;
         }
@@ -258,13 +311,11 @@ impl T<'_> {
         let mut cur = x;
         for i in from..to {
             let owned = i > from || x_owned;
-            let (fa, fm, out) =
-                self.layer(i, &format!("L{i}"), cur, &out_name(i), saving, owned)?;
+            let (fr, out) = self.layer(i, &format!("L{i}"), cur, &out_name(i), saving, owned)?;
             if saving {
-                frames.push(fa);
-                frames.push(fm);
+                frames.extend(fr);
             } else {
-                for t in fa.saved.into_iter().chain(fm.saved) {
+                for t in fr.into_iter().flat_map(|f| f.saved) {
                     if t != x {
                         self.b.free(t);
                     }
@@ -282,6 +333,24 @@ impl T<'_> {
             return;
         };
         self.layer = Some(*l);
+        (self.d, self.qw, self.kvw) = match l.mixer {
+            // MLA: the core's output (and so the context and the output projection's input)
+            // is at the value width; q and k at the query/key width.
+            Mixer::Mla(m) => (
+                m.v_head_dim,
+                self.a.saturating_mul(m.v_head_dim),
+                self.a
+                    .saturating_mul(m.qk_nope_head_dim.saturating_add(m.qk_rope_head_dim)),
+            ),
+            // Gated DeltaNet and Mamba-2: out_proj reads the gated norm's output.
+            Mixer::GatedDeltaNet(m) => (
+                m.head_v_dim,
+                m.v_heads.saturating_mul(m.head_v_dim),
+                self.widths.2,
+            ),
+            Mixer::Mamba2(m) => (m.head_dim, m.inner(), self.widths.2),
+            _ => self.widths,
+        };
         self.spec.mlp = decoder::mlp_kind(&l.mlp);
         match l.mlp {
             MlpSpec::Dense { ffn, .. } => self.f = ffn,
@@ -444,7 +513,7 @@ impl T<'_> {
                     self.b.free(g1);
                     last = g2;
                 }
-                let width = self.qw + 2 * self.kvw;
+                let width = self.mixer_grad_width();
                 let gqkv = self.rows_t(&format!("{p}.grad_qkv"), Role::Workspace, c, width)?;
                 self.b.free(last);
                 self.b.free_all(grad_v);

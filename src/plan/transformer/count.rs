@@ -6,8 +6,8 @@ use super::spec_of;
 use crate::plan::build::{prod, sum, PlanError};
 use crate::plan::params::Piece;
 use crate::plan::DType;
-use crate::workload::finetune::quantized_bytes;
 use crate::workload::layers::ModelSpec;
+use crate::workload::stored::quantized_bytes;
 use crate::workload::{presets::vit_tokens, Target, Workload};
 
 /// Attention widths: (query width a·d, key/value width g·d, head width d).

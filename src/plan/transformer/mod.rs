@@ -101,6 +101,7 @@ mod mlp;
 mod moe;
 mod phi3;
 mod qwen;
+mod recurrent;
 mod sample;
 pub mod spec;
 mod step;
@@ -161,6 +162,9 @@ struct T<'a> {
     /// Query width a·d and key/value width g·d.
     qw: u64,
     kvw: u64,
+    /// (d, qw, kvw) of the model's reference attention: an MLA layer sets its own
+    /// (`enter_layer`), any other layer gets these back.
+    widths: (u64, u64, u64),
     /// The compute type: matmul outputs (autocast's lower-precision type under `amp-*`).
     c: DType,
     /// The residual stream's type: fp32 under autocast (fp32 embeddings plus 16-bit block

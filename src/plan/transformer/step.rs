@@ -142,6 +142,7 @@ impl<'a> T<'a> {
             d,
             qw,
             kvw,
+            widths: (d, qw, kvw),
             c,
             r: if ac.is_some() { DType::F32 } else { c },
             ac,
@@ -166,10 +167,20 @@ impl<'a> T<'a> {
     /// What the plan counts but does not plan layer by layer.
     fn notes(&mut self) {
         let model = self.w.model.as_ref();
-        if let Some(mixer) = model.and_then(|m| m.unplanned_mixer()) {
+        if let Some(mixer) = model.and_then(|m| m.recurrent_mixer()) {
             self.b.note(format!(
-                "the forward of its {mixer} layers is planned as softmax attention of the model's head widths (modelled, not measured); their weights and serving cache are their own"
+                "its {} layers are planned with what {} save on CUDA (modelled, not measured); transformers' torch fallback (the CPU, or without those packages) saves more",
+                mixer.name(),
+                mixer.kernels().unwrap_or("their kernels")
             ));
+        }
+        if model
+            .and_then(|m| m.first_mla())
+            .is_some_and(|m| m.indexer.is_some())
+        {
+            self.b.note(
+                "DeepSeek sparse attention: its lightning indexer's weights are counted, its activations are not planned, and attention is planned dense over the whole sequence (modelled, not measured)",
+            );
         }
         if let Some(v) = model.and_then(|m| m.vision.as_ref()) {
             self.b.note(format!(
@@ -306,7 +317,10 @@ impl<'a> T<'a> {
         // RoPE cos and sin [1, s, d], in the embeddings' type: made once, read (and saved) by
         // every layer's rotation.
         if self.spec.rope {
-            let (r, s, d) = (self.r, self.s, self.d);
+            // MLA rotates only each head's rope part (`qk_rope_head_dim` wide).
+            let mla = self.w.model.as_ref().and_then(|m| m.first_mla());
+            let d = mla.map_or(self.d, |m| m.qk_rope_head_dim);
+            let (r, s) = (self.r, self.s);
             self.rope =
                 Some(
                     self.b

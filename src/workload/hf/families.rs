@@ -234,13 +234,6 @@ pub struct Family {
     pub logit_scale: bool,
 }
 
-pub use super::table::{FAMILIES, NOT_MODELLED};
-
-/// The family of a `model_type`.
-pub fn family(t: &str) -> Option<&'static Family> {
-    FAMILIES.iter().find(|f| f.types.contains(&t))
-}
-
 /// Typed reads over a config object with a family's defaults.
 pub struct Cfg<'a> {
     pub path: &'a str,
@@ -283,7 +276,7 @@ impl Cfg<'_> {
                         None
                     });
                 let max = size
-                    .and_then(crate::workload::overrides::limit)
+                    .and_then(crate::workload::flags::limit)
                     .unwrap_or(1 << 16);
                 if n > max {
                     return Err(field_err(
@@ -841,22 +834,4 @@ pub fn model(c: &Cfg, model_type: &str) -> Result<ModelSpec, ConfigError> {
         layers: layers(c, hidden, n)?,
         vision: None,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_type_is_one_row() {
-        let mut seen = std::collections::HashSet::new();
-        for f in FAMILIES {
-            for t in f.types {
-                assert!(seen.insert(*t), "{t} twice");
-            }
-        }
-        for (t, _) in NOT_MODELLED {
-            assert!(family(t).is_none(), "{t} is a row and refused");
-        }
-    }
 }

@@ -6,7 +6,7 @@
 //!   (null → 4·n_embd), `resid_pdrop` (dropout when > 0).
 //! - BERT (`"bert"`): `hidden_size`, `num_hidden_layers`, `num_attention_heads`,
 //!   `intermediate_size`, `max_position_embeddings`, `vocab_size`, `hidden_dropout_prob`.
-//! - The decoder LLMs: each `model_type` is a row of `families::FAMILIES` (field names and the
+//! - The decoder LLMs: each `model_type` is a row of `table::FAMILIES` (field names and the
 //!   transformers config class's defaults); the layers come from the fields transformers reads.
 //! - ViT (`"vit"`): as BERT plus `image_size`, `patch_size`, `num_channels` (3), classes from
 //!   `id2label` (default 1000).
@@ -23,11 +23,8 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use crate::plan::build::PlanError;
-use crate::plan::Plan;
-
 use super::config::{field_err, ConfigError};
-use super::overrides::check_limit;
+use super::flags::check_limit;
 use super::presets::{self, vit_tokens};
 use super::{Arch, Workload};
 
@@ -62,8 +59,15 @@ fn gelu_of(
     }
 }
 
-/// Read a Hugging Face config.json.
+/// Read a Hugging Face config.json. Sizes each within their limit can still overflow the plan
+/// together: that check is the caller's (`resolve::load_config`), with [`read`]'s fields.
 pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
+    read(path, text).map(|(w, _)| w)
+}
+
+/// Read a Hugging Face config.json into its workload and the fields that size it
+/// (comma-separated), for the caller to name when the sizes overflow the plan together.
+pub fn read(path: &str, text: &str) -> Result<(Workload, String), ConfigError> {
     let text = python_json(text);
     let v: Json = serde_json::from_str(&text).map_err(|e| ConfigError::Syntax {
         path: path.to_string(),
@@ -222,20 +226,12 @@ pub fn load_hf(path: &str, text: &str) -> Result<Workload, ConfigError> {
             ),
         ));
     }
-    // Sizes each within their limit can still overflow together: name the fields.
-    if let Err(e @ PlanError::Overflow { .. }) = Plan::for_workload(&w) {
-        let fields: Vec<&str> = HF_SIZES
-            .iter()
-            .map(|(k, _)| *k)
-            .filter(|k| obj.get(*k).is_some_and(|v| v.is_u64()))
-            .collect();
-        return Err(field_err(
-            path,
-            &fields.join(", "),
-            format!("together too large: {e}"),
-        ));
-    }
-    Ok(w)
+    let fields: Vec<&str> = HF_SIZES
+        .iter()
+        .map(|(k, _)| *k)
+        .filter(|k| obj.get(*k).is_some_and(|v| v.is_u64()))
+        .collect();
+    Ok((w, fields.join(", ")))
 }
 
 /// JSON as Python's `json` writes it: the bare tokens `Infinity`, `-Infinity` and `NaN` (which
@@ -285,11 +281,7 @@ fn python_json(text: &str) -> std::borrow::Cow<'_, str> {
 /// Every `model_type` a config.json may have: GPT-2, BERT, ViT and each family's types.
 pub fn model_types() -> Vec<&'static str> {
     let mut v = vec!["gpt2", "bert", "vit"];
-    v.extend(
-        families::FAMILIES
-            .iter()
-            .flat_map(|f| f.types.iter().copied()),
-    );
+    v.extend(table::FAMILIES.iter().flat_map(|f| f.types.iter().copied()));
     v
 }
 
@@ -297,12 +289,12 @@ pub fn model_types() -> Vec<&'static str> {
 /// modelled, or that it is unknown. Never another family's name: a look-alike plans the wrong
 /// model without a word.
 fn refusal(t: &str) -> String {
-    if let Some((_, why)) = families::NOT_MODELLED.iter().find(|(k, _)| *k == t) {
+    if let Some((_, why)) = table::NOT_MODELLED.iter().find(|(k, _)| *k == t) {
         return format!("model_type '{t}' is not modelled yet: it needs {why}");
     }
     format!(
         "unsupported model_type '{t}': oomprobe models the layers of {} families ({}); a family whose layers it cannot read is refused rather than planned as another",
-        families::FAMILIES.len() + 3,
+        table::FAMILIES.len() + 3,
         model_types().join(", ")
     )
 }
@@ -354,7 +346,7 @@ fn load_llm(
     root: &serde_json::Map<String, Json>,
     model_type: &str,
     name: &str,
-) -> Result<Workload, ConfigError> {
+) -> Result<(Workload, String), ConfigError> {
     // A multimodal wrapper keeps its language model in `text_config` (its own `model_type`, or
     // the wrapper's text type when the file leaves it to transformers) and a vision tower in
     // `vision_config`.
@@ -365,8 +357,8 @@ fn load_llm(
         }
         _ => (root, model_type),
     };
-    let fam = families::family(text_type)
-        .or_else(|| families::family(model_type))
+    let fam = table::family(text_type)
+        .or_else(|| table::family(model_type))
         .ok_or_else(|| field_err(path, "model_type", refusal(text_type)))?;
     let c = families::Cfg { path, obj, fam };
     if let Some(Json::Number(n)) = fam.mlp.moe.and_then(|m| obj.get(m.experts)) {
@@ -442,15 +434,8 @@ fn load_llm(
         w.attention = a;
     }
     w.model = Some(Box::new(model));
-    // Sizes each within their limit can still overflow together: name the fields.
-    if let Err(e @ PlanError::Overflow { .. }) = Plan::for_workload(&w) {
-        return Err(field_err(
-            path,
-            "hidden_size, num_hidden_layers, intermediate_size, vocab_size",
-            format!("together too large: {e}"),
-        ));
-    }
-    Ok(w)
+    let fields = "hidden_size, num_hidden_layers, intermediate_size, vocab_size";
+    Ok((w, fields.to_string()))
 }
 
 /// The text model type a wrapper's `text_config` stands for when it names none (the wrapper

@@ -9,6 +9,11 @@ use super::families::{
 use crate::workload::layers::{BlockForm, Gating, NormKind, QkNorm};
 use crate::workload::Arch;
 
+/// The family of a `model_type`.
+pub fn family(t: &str) -> Option<&'static Family> {
+    FAMILIES.iter().find(|f| f.types.contains(&t))
+}
+
 const LLAMA_DEFAULTS: &[(&str, Def)] = &[
     ("tie_word_embeddings", Def::B(false)),
     ("attention_bias", Def::B(false)),
@@ -738,3 +743,21 @@ pub const NOT_MODELLED: &[(&str, &str)] = &[
     ("mamba", "Mamba-1 mixers"),
     ("rwkv", "RWKV time-mixing"),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_type_is_one_row() {
+        let mut seen = std::collections::HashSet::new();
+        for f in FAMILIES {
+            for t in f.types {
+                assert!(seen.insert(*t), "{t} twice");
+            }
+        }
+        for (t, _) in NOT_MODELLED {
+            assert!(family(t).is_none(), "{t} is a row and refused");
+        }
+    }
+}

@@ -42,7 +42,7 @@ fn table_has_a_column_per_file_and_ratios() {
         .stdout
         .clone();
     let text = String::from_utf8(out).expect("utf8");
-    assert!(text.contains("budget 512 MiB"));
+    assert!(text.contains("budget 512.00 MiB"));
     assert!(text.contains("budget 1.00 GiB"));
     for m in oomprobe::report::compare::MEASURES {
         assert!(text.contains(m), "missing measure {m}");
@@ -411,5 +411,5 @@ fn the_table_fits_100_columns_and_wide_heads_columns_by_label() {
     assert!(header.contains("[1]") && header.contains("[2]"), "{header}");
     let wide = run(true);
     let header = wide.lines().find(|l| l.contains("scenario")).unwrap();
-    assert!(header.contains("budget 512 MiB"), "{header}");
+    assert!(header.contains("budget 512.00 MiB"), "{header}");
 }

@@ -178,7 +178,7 @@ fn adapters_and_quantized_bases_hold_their_closed_forms() {
     ];
     let quantized: u64 = layer_linears
         .iter()
-        .map(|&(o, i)| oomprobe::workload::finetune::quantized_bytes(QuantKind::Nf4, true, o, i))
+        .map(|&(o, i)| oomprobe::workload::stored::quantized_bytes(QuantKind::Nf4, true, o, i))
         .sum::<u64>()
         * 32;
     let linear_elems: u64 = layer_linears.iter().map(|&(o, i)| o * i).sum::<u64>() * 32;

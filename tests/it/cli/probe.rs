@@ -789,3 +789,66 @@ fn a_timed_out_probe_records_its_limit() {
     assert_eq!(p["outcome"], "timeout", "{p}");
     assert_eq!(p["time_limit_seconds"], 2.0, "{p}");
 }
+
+/// Today's mixers replayed on the device to an exact boundary under a budget: MLA runs its
+/// matmuls and attention; Gated DeltaNet and Mamba-2 have no scan kernel yet, so their layers
+/// run touch-only and the record says so. Each boundary is the plan's prediction, and every
+/// fit checked its bytes (verified against their pattern, or checksummed after a kernel).
+#[test]
+fn todays_mixers_probe_to_the_predicted_boundary() {
+    require_adapter();
+    for (family, touch_only) in [
+        ("deepseek_v3", None),
+        ("qwen3_next", Some("Gated DeltaNet layers ran touch-only")),
+        ("nemotron_h", Some("Mamba-2 layers ran touch-only")),
+    ] {
+        let config = format!(
+            "{}/tests/fixtures/validation_families/{family}.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let report = probe_json(&[
+            "--config",
+            &config,
+            "--scenario",
+            "batch",
+            "--seq",
+            "64",
+            "--budget",
+            "96MiB",
+            "--compute",
+            "full",
+        ]);
+        let run = only_run(&report);
+        let max = run["max_fit"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{family}: {run}"));
+        assert_eq!(run["first_fail"].as_u64(), Some(max + 1), "{family}: {run}");
+        assert_eq!(run["fail_reason"], "budget", "{family}");
+        assert_eq!(run["predicted_max"].as_u64(), Some(max), "{family}: {run}");
+        for p in run["probes"].as_array().unwrap() {
+            if p["outcome"] == "fit" {
+                // Full compute: each tensor verified against its pattern, or checksummed once
+                // a kernel wrote it, folded into one word.
+                let c = p["checksum"].as_str().unwrap_or("");
+                assert!(
+                    c.len() == 16 && c.chars().all(|d| d.is_ascii_hexdigit()),
+                    "{family}: {p}"
+                );
+            }
+        }
+        let notes: Vec<&str> = run["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|n| n.as_str())
+            .collect();
+        let said = notes.iter().any(|n| n.contains("touch-only"));
+        match touch_only {
+            Some(words) => assert!(
+                notes.iter().any(|n| n.starts_with(words)),
+                "{family}: {notes:?}"
+            ),
+            None => assert!(!said, "{family}: {notes:?}"),
+        }
+    }
+}

@@ -458,13 +458,16 @@ fn extents(s: &Step) -> Vec<(usize, u64)> {
             batch_heads,
             seq,
             head_dim,
+            kv_group,
             ..
         } => {
             let e = batch_heads * seq * head_dim;
+            // Grouped heads: k and v at the key/value heads.
+            let kv = e / kv_group.max(1);
             vec![
                 (q, e),
-                (k, e),
-                (v, e),
+                (k, kv),
+                (v, kv),
                 (out, e),
                 (stats, batch_heads * seq * 2),
             ]
@@ -517,6 +520,103 @@ fn variants() -> Vec<Workload> {
             v.checkpoint = ck;
             v.zero = zero;
             v.gpus = 4;
+            out.push(v);
+        }
+    }
+    out.extend(layer_spec_variants());
+    out
+}
+
+/// Today's mixers read from config files: multi-head latent attention with the query's
+/// low-rank path (DeepSeek-V3's tiny validation config) and without (DeepSeek-V2-Lite), Gated
+/// DeltaNet beside gated attention (Qwen3-Next) and Mamba-2 with MLP-only layers (Nemotron-H's
+/// tiny and 8B configs), through every attention core they can take: eager, SDPA's math path (CPU) and
+/// memory-efficient kernel (CUDA), flash_attention_2 (MLA's padded value), with checkpointing
+/// and under autocast, and inference with the cache.
+fn layer_spec_variants() -> Vec<Workload> {
+    use oomprobe::plan::autocast::Device;
+    use oomprobe::workload::Mode;
+    let mut out = Vec::new();
+    for file in [
+        "validation_families/deepseek_v3.json",
+        "configs/deepseek-v2-lite.json",
+        "validation_families/qwen3_next.json",
+        "validation_families/nemotron_h.json",
+        "configs/nemotron-h-8b.json",
+    ] {
+        let path = format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut w = oomprobe::workload::hf::load_hf(&path, &text).unwrap();
+        w.batch = 2;
+        w.seq = 256;
+        w.kv_cache = false;
+        for (p, att, ck, dev, inference) in [
+            (
+                Precision::Fp32,
+                Attention::Naive,
+                Checkpoint::None,
+                Device::Cpu,
+                false,
+            ),
+            (
+                Precision::Fp32,
+                Attention::Sdpa,
+                Checkpoint::Full,
+                Device::Cpu,
+                false,
+            ),
+            (
+                Precision::Bf16,
+                Attention::Sdpa,
+                Checkpoint::None,
+                Device::Cuda,
+                false,
+            ),
+            (
+                Precision::Bf16,
+                Attention::Flash,
+                Checkpoint::Sqrt,
+                Device::Cuda,
+                false,
+            ),
+            (
+                Precision::AmpBf16,
+                Attention::Naive,
+                Checkpoint::None,
+                Device::Cuda,
+                false,
+            ),
+            (
+                Precision::AmpBf16,
+                Attention::Flash,
+                Checkpoint::None,
+                Device::Cuda,
+                false,
+            ),
+            (
+                Precision::Bf16,
+                Attention::Sdpa,
+                Checkpoint::None,
+                Device::Cuda,
+                true,
+            ),
+            (
+                Precision::Bf16,
+                Attention::Naive,
+                Checkpoint::None,
+                Device::Cuda,
+                true,
+            ),
+        ] {
+            let mut v = w.clone();
+            v.precision = p;
+            v.attention = att;
+            v.checkpoint = ck;
+            v.autocast_device = dev;
+            if inference {
+                v.mode = Mode::Inference;
+                v.kv_cache = true;
+            }
             out.push(v);
         }
     }

@@ -121,7 +121,7 @@ fn interleaved(r: &Value) -> bool {
 
 fn plan(args: &[String]) -> Plan {
     let a = Flags::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    let w = oomprobe::workload::overrides::resolve(&a.w, "gpt2")
+    let w = oomprobe::resolve::resolve(&a.w, "gpt2")
         .unwrap_or_else(|e| panic!("{args:?}: {e}"))
         .workload;
     let p = Plan::for_workload(&w).unwrap();

@@ -195,7 +195,7 @@ fn svg_is_well_formed_with_a_point_per_probe() {
     assert_eq!(count(&svg, "class=\"predicted\""), r.runs.len());
     assert_eq!(count(&svg, "class=\"capacity\""), r.runs.len());
     assert_eq!(count(&svg, "class=\"boundary\""), r.runs.len());
-    assert!(svg.contains("capacity 512 MiB"));
+    assert!(svg.contains("capacity 512.00 MiB"));
     preview("report.svg", &svg);
 }
 
@@ -250,7 +250,7 @@ fn table_shows_device_and_a_row_per_run() {
     let r = sample();
     let t = render(&r, OutputFormat::Table);
     assert!(t.starts_with("device: llvmpipe"));
-    assert!(t.contains("budget 512 MiB"));
+    assert!(t.contains("budget 512.00 MiB"));
     for col in report::table::SUMMARY_COLUMNS {
         assert!(t.contains(col), "missing column {col}");
     }

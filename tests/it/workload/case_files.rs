@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use oomprobe::diagnose::diagnose;
 use oomprobe::estimate::breakdown;
 use oomprobe::plan::Plan;
-use oomprobe::workload::config::{load_config, CaseFile, LoadedConfig, Verdict};
+use oomprobe::resolve::{load_config, LoadedConfig};
+use oomprobe::workload::case::{CaseFile, Verdict};
 
 fn case_paths() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");

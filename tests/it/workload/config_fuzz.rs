@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use oomprobe::plan::Plan;
-use oomprobe::workload::config::load_case;
+use oomprobe::resolve::load_case;
 use oomprobe::workload::hf::load_hf;
 use proptest::prelude::*;
 use serde_json::{json, Value};

@@ -478,3 +478,26 @@ fn layer_counts_match_transformers_for_held_out_configs() {
     let bad = check_counts(rows);
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
+
+/// A workload read from any config crosses the process boundary intact: the probe child gets
+/// it as JSON (`probe-child`), so every family's layers round-trip (a flattened layer once
+/// wrote MLA's `bias` beside a dense MLP's, and the child refused DeepSeek's request).
+#[test]
+fn every_config_round_trips_through_json() {
+    let mut rows = counted(&dir(), "configs");
+    rows.extend(counted(&dir(), "defaults"));
+    rows.extend(counted(&dir().join("holdout"), "configs"));
+    let mut read = 0;
+    for (name, path, _) in rows {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let Ok(w) = load_hf(&path.display().to_string(), &text) else {
+            continue;
+        };
+        let json = serde_json::to_string(&w).unwrap();
+        let back: Workload =
+            serde_json::from_str(&json).unwrap_or_else(|e| panic!("{name}: {e}\n{json}"));
+        assert_eq!(back, w, "{name}");
+        read += 1;
+    }
+    assert!(read >= 40, "{read} configs read");
+}

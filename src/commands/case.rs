@@ -8,8 +8,8 @@ use crate::error::{CliError, CliResult};
 use crate::probe::case::{replay, CaseOptions};
 use crate::probe::child::ProbeTimeout;
 use crate::probe::session::NO_ISOLATE_WARNING;
+use crate::resolve::{load_config, LoadedConfig};
 use crate::units::fmt_bytes;
-use crate::workload::config::{load_config, LoadedConfig};
 
 /// True when `--config` names an oomprobe case file (TOML) rather than a config.json.
 pub fn is_case_file(path: &Path) -> bool {
@@ -62,7 +62,7 @@ pub fn run(args: &ProbeArgs, budget: Option<u64>, timeout: ProbeTimeout) -> CliR
             serde_json::to_string_pretty(&report).map_err(|e| CliError::run(e.to_string()))?;
         println!("{text}");
     } else {
-        print!("{}", crate::report::replay::render(&report));
+        print!("{}", crate::report::case_replay::render(&report));
     }
     Ok(())
 }

@@ -6,7 +6,7 @@ use serde::Serialize;
 use super::ProbeRecord;
 use crate::backend::DeviceInfo;
 use crate::units::fmt_bytes;
-use crate::workload::config::Verdict;
+use crate::workload::case::Verdict;
 
 /// One expectation's replay.
 #[derive(Debug, Clone, Serialize)]

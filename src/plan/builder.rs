@@ -1,0 +1,193 @@
+//! The plan's builder: tensors with their alloc/free events and kernel steps, appended in
+//! order, with checked u64 arithmetic (`prod`, `sum`); an overflow is a `PlanError`. Every
+//! architecture's planner writes into one.
+
+use thiserror::Error;
+
+use super::{DType, Event, EventKind, Phase, Plan, Role, Step, TensorIx, TensorSpec};
+use crate::scenario::Scenario;
+use crate::workload::Workload;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PlanError {
+    /// A size does not fit in 64 bits.
+    #[error("{what} is too large: its size overflows 64 bits")]
+    Overflow { what: String },
+    /// The scenario does not apply to this workload (e.g. `seq` on a CNN).
+    #[error("{0}")]
+    Unsupported(String),
+    /// The workload's shape is inconsistent (zero sizes, heads not dividing hidden, ...).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Checked product of `dims`; `what` names the quantity in the error.
+pub fn prod(dims: &[u64], what: &str) -> Result<u64, PlanError> {
+    dims.iter().try_fold(1u64, |acc, &d| {
+        acc.checked_mul(d).ok_or_else(|| PlanError::Overflow {
+            what: what.to_string(),
+        })
+    })
+}
+
+/// Checked sum of `terms`.
+pub fn sum(terms: &[u64], what: &str) -> Result<u64, PlanError> {
+    terms.iter().try_fold(0u64, |acc, &d| {
+        acc.checked_add(d).ok_or_else(|| PlanError::Overflow {
+            what: what.to_string(),
+        })
+    })
+}
+
+/// Builds a timeline: tensors with their alloc/free events in the current phase, kernel steps
+/// (each a `Kernel` event at the point it runs) and notes. The running live total is checked, so
+/// a peak that overflows 64 bits is an error naming the tensor that crossed it.
+#[derive(Debug)]
+pub struct Builder {
+    pub(crate) tensors: Vec<TensorSpec>,
+    pub(crate) steps: Vec<Step>,
+    pub(crate) events: Vec<Event>,
+    pub(crate) notes: Vec<String>,
+    phase: Phase,
+    live: u64,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            tensors: Vec::new(),
+            steps: Vec::new(),
+            events: Vec::new(),
+            notes: Vec::new(),
+            phase: Phase::Setup,
+            live: 0,
+        }
+    }
+}
+
+impl Builder {
+    /// Events from now on belong to `phase`.
+    pub fn phase(&mut self, phase: Phase) {
+        self.phase = phase;
+    }
+    /// The phase events belong to now.
+    pub fn current_phase(&self) -> Phase {
+        self.phase
+    }
+    /// Allocate a tensor of `shape` (elements) now and return its index.
+    pub fn push(
+        &mut self,
+        name: &str,
+        role: Role,
+        dtype: DType,
+        shape: &[u64],
+        row_elems: u64,
+    ) -> Result<TensorIx, PlanError> {
+        let what = || {
+            let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+            format!("tensor '{name}' [{}]", dims.join(" x "))
+        };
+        let elems = prod(shape, "").map_err(|_| PlanError::Overflow { what: what() })?;
+        let bytes = elems
+            .checked_mul(dtype.bytes())
+            .ok_or_else(|| PlanError::Overflow { what: what() })?;
+        self.live = self
+            .live
+            .checked_add(bytes)
+            .ok_or_else(|| PlanError::Overflow {
+                what: format!("the live total (at {})", what()),
+            })?;
+        self.tensors.push(TensorSpec {
+            name: name.to_string(),
+            role,
+            dtype,
+            shape: shape.to_vec(),
+            bytes,
+            row_elems: row_elems.max(1),
+        });
+        let ix = self.tensors.len() - 1;
+        self.events.push(Event {
+            phase: self.phase,
+            kind: EventKind::Alloc(ix),
+        });
+        Ok(ix)
+    }
+    /// Free a live tensor now.
+    pub fn free(&mut self, ix: TensorIx) {
+        self.live = self.live.saturating_sub(self.tensors[ix].bytes);
+        self.events.push(Event {
+            phase: self.phase,
+            kind: EventKind::Free(ix),
+        });
+    }
+    /// Free several tensors now, in order.
+    pub fn free_all(&mut self, ixs: impl IntoIterator<Item = TensorIx>) {
+        for ix in ixs {
+            self.free(ix);
+        }
+    }
+    /// The loss's log-softmax over `logits` ([rows, cols]): an fp32 copy of the logits first
+    /// when `fp32_copy` (freed once the log-probabilities exist), then the log-probabilities in
+    /// `dtype`, which the loss's backward keeps. Returns the log-probabilities.
+    pub fn loss_log_softmax(
+        &mut self,
+        logits: TensorIx,
+        rows: u64,
+        cols: u64,
+        fp32_copy: bool,
+        dtype: DType,
+    ) -> Result<TensorIx, PlanError> {
+        let shape = [rows, cols];
+        let copy = if fp32_copy {
+            Some(self.push("loss.logits_f32", Role::Workspace, DType::F32, &shape, cols)?)
+        } else {
+            None
+        };
+        let logprobs = self.push("logprobs", Role::Activations, dtype, &shape, cols)?;
+        self.step(Step::Softmax {
+            x: copy.unwrap_or(logits),
+            y: logprobs,
+            rows,
+            cols,
+        });
+        self.free_all(copy);
+        Ok(logprobs)
+    }
+    pub fn tensor(&self, ix: TensorIx) -> &TensorSpec {
+        &self.tensors[ix]
+    }
+    /// Run a kernel now. A kernel over tensors of different floating types (an autocast op
+    /// that reads a 16-bit tensor and writes an fp32 one) has no WGSL/CUDA kernel: it is left
+    /// out (its tensors are still allocated, filled and freed in order).
+    pub fn step(&mut self, s: Step) {
+        let mut types = s
+            .tensors()
+            .into_iter()
+            .map(|t| self.tensors[t].dtype)
+            .filter(|d| !matches!(d, DType::U8 | DType::I64));
+        if let Some(first) = types.next() {
+            if types.any(|d| d != first) {
+                return;
+            }
+        }
+        self.steps.push(s);
+        self.events.push(Event {
+            phase: self.phase,
+            kind: EventKind::Kernel(self.steps.len() - 1),
+        });
+    }
+    pub fn note(&mut self, n: impl Into<String>) {
+        self.notes.push(n.into());
+    }
+    pub(crate) fn finish(self, workload: Workload, scenario: Scenario, value: u64) -> Plan {
+        Plan {
+            workload,
+            scenario,
+            value,
+            tensors: self.tensors,
+            steps: self.steps,
+            events: self.events,
+            notes: self.notes,
+        }
+    }
+}

@@ -96,6 +96,7 @@ mod decoder;
 mod gemma;
 mod gpt2;
 mod gpt_attention;
+mod head;
 mod llama;
 mod lora;
 mod mla;

@@ -87,8 +87,7 @@ pub fn memory_arg(v: &str) -> CliResult<u64> {
     parse_size(v).map_err(|e| CliError::usage(format!("--memory: {e}")))
 }
 
-/// `oomprobe estimate`: a snapshot's, the card list, every card's, a serving sizing, or the
-/// workload's breakdown and boundaries.
+/// `oomprobe estimate`: a snapshot, the card list, every card, a serving sizing, or the breakdown.
 pub fn run(args: &EstimateArgs) -> CliResult<()> {
     if crate::commands::snapshot::wanted(&args.snapshot) {
         let memory = args.memory.as_deref().map(memory_arg).transpose()?;
@@ -214,8 +213,7 @@ fn card_arg(args: &EstimateArgs) -> CliResult<Option<&'static crate::alloc::card
     Ok(card_arg)
 }
 
-/// The card's memory and where it was found: `--memory`, the `--gpu` card, a case file's, or
-/// the GPU in front of you (then its name).
+/// The card's memory (`--memory`, the `--gpu` card, a case file or the detected GPU) and name.
 fn card_memory(
     args: &EstimateArgs,
     card_arg: Option<&'static crate::alloc::cards::Card>,
@@ -236,8 +234,7 @@ fn card_memory(
     Ok((memory, detected))
 }
 
-/// The estimate as text: the workload and card, where the peak sits, the breakdown by role,
-/// notes, the allocator's summary and the predicted boundaries.
+/// The estimate as text: workload, peak, breakdown, notes, allocator summary and boundaries.
 #[allow(clippy::too_many_arguments)]
 fn render_text(
     report: &EstimateReport,

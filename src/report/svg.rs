@@ -384,8 +384,7 @@ fn grid_and_ticks(o: &mut String, fr: &Frame, dimension: &str) {
     ));
 }
 
-/// The x axis's ticks: 1-2-5 decimal for parameter counts on a log axis, powers of two for
-/// batch and sequence on one, round steps on a linear axis.
+/// The x axis's ticks: 1-2-5 decimal for log parameter counts, else powers of two or round steps.
 fn x_ticks(xa: &Axis, log: bool, dimension: &str) -> Vec<f64> {
     if log && dimension == "params" {
         // Parameter counts: 1-2-5 decimal ticks (1M, 2M, 5M, 10M, ...).
@@ -425,8 +424,7 @@ fn x_ticks(xa: &Axis, log: bool, dimension: &str) -> Vec<f64> {
     }
 }
 
-/// One series' group: its boundary and predicted-max lines, capacity, predicted line, best
-/// throughput ring and probes.
+/// One series' group: boundary lines, capacity, predicted line, best-throughput ring and probes.
 fn series_marks(o: &mut String, s: &Series<'_>, fr: &Frame, dimension: &str) {
     let Frame { single, .. } = *fr;
     let color = s.color;
@@ -446,8 +444,7 @@ fn series_marks(o: &mut String, s: &Series<'_>, fr: &Frame, dimension: &str) {
     o.push_str("</g>\n");
 }
 
-/// The boundary band and line (max fit) and the predicted max, labelled on a single-series chart
-/// on the sides facing away from each other.
+/// The max-fit band and line and the predicted max (labelled apart on a single-series chart).
 fn boundary_marks(o: &mut String, run: &RunResult, color: &str, fr: &Frame, dimension: &str) {
     let Frame { xa, single, .. } = *fr;
     let (px0, px1) = (LEFT, WIDTH - RIGHT);

@@ -248,8 +248,7 @@ fn apply_layout(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The checks and notes on the result: an inference's optimizer dropped, Gemma 2 with sdpa
-/// refused, the shape resynced, a long `--seq` and ZeRO on one GPU noted.
+/// The result's last checks and notes: inference drops the optimizer, Gemma 2 refuses sdpa, etc.
 fn finish(
     args: &WorkloadArgs,
     w: &mut Workload,
@@ -442,8 +441,7 @@ fn apply_quant(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Whether the adapters or quantized base fit the rest of the workload (a stored format, serving,
-/// the family, precision, ZeRO), and PEFT's default gradient checkpointing for a k-bit base.
+/// Whether adapters or a quantized base fit the workload, and PEFT's k-bit gradient checkpointing.
 fn check_finetune(
     args: &WorkloadArgs,
     w: &mut Workload,

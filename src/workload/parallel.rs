@@ -282,8 +282,7 @@ pub fn check(w: &Workload) -> Result<(), LayoutError> {
     Ok(())
 }
 
-/// The sharding flags against each other, `--rank` against the GPUs, and the families that
-/// tensor, pipeline and context parallelism are modelled for.
+/// The sharding flags against each other, `--rank` against the GPUs, and the modelled families.
 fn check_sharding(w: &Workload) -> Result<(), LayoutError> {
     let p = &w.parallel;
     if p.offload {
@@ -337,8 +336,7 @@ fn check_sharding(w: &Workload) -> Result<(), LayoutError> {
     Ok(())
 }
 
-/// Tensor parallelism: `--tp` divides the heads and widths; sequence parallelism and `--tp-head`
-/// need it.
+/// Tensor parallelism: `--tp` divides heads and widths; `--sequence-parallel`/`--tp-head` need it.
 fn check_tp(w: &Workload) -> Result<(), LayoutError> {
     let p = &w.parallel;
     if p.tp > 1 {
@@ -402,8 +400,7 @@ fn check_tp(w: &Workload) -> Result<(), LayoutError> {
     Ok(())
 }
 
-/// Pipeline parallelism: the stages (and virtual stages) divide the layers, and the
-/// micro-batches fit a plan and have a pipeline.
+/// Pipeline parallelism: the (virtual) stages divide the layers; micro-batches need a pipeline.
 fn check_pp(w: &Workload) -> Result<(), LayoutError> {
     let p = &w.parallel;
     if p.pp > 1 {

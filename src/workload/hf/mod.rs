@@ -214,8 +214,7 @@ fn gpt2_fields(fields: &Fields, w: &mut Workload) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// BERT's and ViT's sizes (`hidden_size`, ...), dropout and activation, then BERT's vocabulary and
-/// context or ViT's image, patch and labels.
+/// BERT's and ViT's sizes, dropout and activation, then BERT's vocabulary or ViT's image.
 fn encoder_fields(fields: &Fields, w: &mut Workload, arch: Arch) -> Result<(), ConfigError> {
     let (path, obj) = (fields.path, fields.obj);
     let get_u = |key: &str| fields.u(key);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the PTX embedded in the binary (shaders/ptx/<op>_<storage>.ptx) from shaders/*.cu.
 # Run after editing any .cu file, and commit the result; CI fails while the files are stale
-# (tests/cuda_nvrtc.rs, committed_ptx_is_what_the_sources_compile_to).
+# (tests/it/backend/cuda/nvrtc.rs, committed_ptx_is_what_the_sources_compile_to).
 #
 # Needs NVRTC, the release the files were generated with (another release emits other code):
 #   pip install nvidia-cuda-nvrtc-cu12==12.9.86

@@ -4,16 +4,16 @@
 #
 #   scripts/gpu-check.sh OUT_DIR [BIN_DIR]      (BIN_DIR default: target/gpu-pack)
 #
-# Carried to the GPU machine: BIN_DIR (the stripped release `oomprobe` and the release test
-# executables kernels, backend_alloc, cuda_kernels, cuda_ptx: 27 MiB measured on 2026-11-30,
-# under the 64 MiB a device run may carry) and this script; nothing else. No NVRTC and no CUDA
+# Carried to the GPU machine: BIN_DIR (the stripped release `oomprobe` and the release
+# integration-test executable `tests/it`, whose device tests are picked by name below; under
+# the 64 MiB a device run may carry) and this script; nothing else. No NVRTC and no CUDA
 # toolkit: the CUDA kernels are inside the binaries as PTX (shaders/ptx, compute_50, PTX ISA
 # 7.0) and the NVIDIA driver JIT-compiles them, so the machine needs only its driver (libcuda,
 # CUDA 11.2 / r460 or newer). The CUDA runs set OOMPROBE_CUDA_EMBEDDED=1 so that they use the
 # embedded PTX even where an NVRTC happens to be installed: the driver-only path is checked.
 #
 # Time budget: every step runs under `timeout`, and the limits add up to 550 s (about 9 min):
-# devices 2×15 s, cuda_ptx 10 s, kernel tests 3×60 s, the default suite 100 s on Vulkan and
+# devices 2×15 s, the PTX check 10 s, kernel tests 3×60 s, the default suite 100 s on Vulkan and
 # 120 s on CUDA (there tensors go through the caching allocator model, two steps a probe), the
 # batch scenario with --allocator direct 60 s beside it (on an H200
 # each probe writes and verifies at most ~140 GB at several TB/s: the cost is the child's start,
@@ -43,12 +43,13 @@ run devices-json 15 "$exe" devices --json
 
 # The embedded PTX parses and lists every kernel (no device needed), then the kernel tests on
 # wgpu's adapter and on CUDA through the driver's JIT.
-[ -x "$bin/tests/cuda_ptx" ] && run test-cuda_ptx 10 "$bin/tests/cuda_ptx"
-for t in kernels backend_alloc; do
-  [ -x "$bin/tests/$t" ] && run "test-$t" 60 "$bin/tests/$t" --test-threads=1
-done
-[ -x "$bin/tests/cuda_kernels" ] &&
-  run test-cuda_kernels 60 "$bin/tests/cuda_kernels" --include-ignored --test-threads=1
+it="$bin/tests/it"
+if [ -x "$it" ]; then
+  run test-cuda_ptx 10 "$it" backend::cuda::ptx:: --test-threads=1
+  run test-kernels 60 "$it" backend::wgpu::kernels:: --test-threads=1
+  run test-backend_alloc 60 "$it" backend::wgpu::alloc:: --test-threads=1
+  run test-cuda_kernels 60 "$it" backend::cuda::kernels:: --include-ignored --test-threads=1
+fi
 
 # The default suite on each backend the card offers: prediction error and fill ratio per row
 # are in the JSON (predicted_max, max_fit, fill_ratio) and the table.

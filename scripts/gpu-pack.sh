@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Build what scripts/gpu-check.sh carries to a GPU machine, here (no GPU, no CUDA toolkit
-# needed): the release `oomprobe` binary and the release test executables that touch a device,
-# stripped, in one folder.
+# needed): the release `oomprobe` binary and the release integration-test executable (which
+# holds the tests that touch a device: gpu-check.sh picks them by name), stripped, in one
+# folder.
 #
 #   scripts/gpu-pack.sh [DIR]        (default: target/gpu-pack)
 #
-# DIR/oomprobe and DIR/tests/{kernels,backend_alloc,cuda_kernels,cuda_ptx}. Measured on
-# 2026-11-30: 26 MiB in all (oomprobe 10.0 MiB, each wgpu test 6.2 MiB, cuda_kernels 1.9 MiB,
-# cuda_ptx 1.4 MiB), well under the 64 MiB a device run may carry. Prints the total.
+# DIR/oomprobe and DIR/tests/it. Measured on 2026-11-30, when each test file was its own
+# executable: 26 MiB in all for oomprobe and four of them; the one `it` executable holds the
+# crate and wgpu once, well under the 64 MiB a device run may carry. Prints the total.
 set -euo pipefail
 dir=${1:-target/gpu-pack}
-tests=(kernels backend_alloc cuda_kernels cuda_ptx)
+tests=(it)
 args=()
 for t in "${tests[@]}"; do args+=(--test "$t"); done
 cargo build --release --bin oomprobe

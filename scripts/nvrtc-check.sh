@@ -10,4 +10,4 @@ nvrtc_lib=$(python3 -c 'import nvidia.cuda_nvrtc as m; print(list(m.__path__)[0]
 if [ -n "${nvrtc_lib}" ] && [ -d "${nvrtc_lib}" ]; then
   export LD_LIBRARY_PATH="${nvrtc_lib}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
 fi
-exec nice -n 10 cargo test --test cuda_nvrtc "$@" -- --nocapture --test-threads=1
+exec nice -n 10 cargo test --test it "$@" -- backend::cuda::nvrtc:: --nocapture --test-threads=1

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write small snapshot files in each layout PyTorch (and its viewer) has produced, for
-tests/snapshot_real.rs, with the totals validation/snapshot_totals.py computes from each.
+tests/it/snapshot/real_files.rs, with the totals validation/snapshot_totals.py computes from each.
 
 Usage: python3 validation/snapshot_variants.py [OUT_DIR]
        (default tests/fixtures/snapshots/variants; needs no torch)

@@ -362,7 +362,7 @@ mod tests {
     #[test]
     fn pattern_known_values_pin_the_definition() {
         // Pinned so a change to the host or WGSL pattern is deliberate (WGSL is checked
-        // against this function on a device in tests/backend_alloc.rs).
+        // against this function on a device in tests/it/backend/wgpu/alloc.rs).
         let k = fmix32(0x7f4a_7c15);
         assert_eq!(pattern(0, 0), fmix32(k) ^ (k >> 7));
         assert_eq!(fmix32(0), 0);

@@ -2,8 +2,9 @@
 //! needs only the NVIDIA driver, and a small reader of PTX headers and entry signatures.
 //!
 //! The files are generated from `shaders/*.cu` by `scripts/gen-ptx.sh` (NVRTC, see
-//! [`generate`]) and committed; `tests/cuda_nvrtc.rs` checks they are byte-identical to what the
-//! current sources compile to, `tests/cuda_ptx.rs` (no NVRTC) parses every one.
+//! [`generate`]) and committed; `tests/it/backend/cuda/nvrtc.rs` checks they are byte-identical
+//! to what the current sources compile to, `tests/it/backend/cuda/ptx.rs` (no NVRTC) parses every
+//! one.
 //!
 //! Target and version:
 //! - `.target sm_50` ([`EMBED_ARCH`], compute_50, Maxwell): PTX is JIT-compiled forward by the
@@ -14,10 +15,10 @@
 //! - `.version 7.0` ([`EMBED_ISA`]): NVRTC writes the newest PTX ISA it knows (8.8 for 12.9),
 //!   which a driver older than that NVRTC refuses (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`). The
 //!   line is rewritten to 7.0 (CUDA 11.0, driver r450), which is safe because every instruction
-//!   in the files exists since an older ISA ([`OPCODE_ISA`], checked by `tests/cuda_ptx.rs`,
-//!   which fails on any opcode it does not know) and 7.0 is past 6.0, where the memory
-//!   consistency model NVVM 12 assumes for plain `ld`/`st`/`atom` was defined. The backend's
-//!   own floor is a little higher: cudarc's context creation asks for
+//!   in the files exists since an older ISA ([`OPCODE_ISA`], checked by
+//!   `tests/it/backend/cuda/ptx.rs`, which fails on any opcode it does not know) and 7.0 is
+//!   past 6.0, where the memory consistency model NVVM 12 assumes for plain `ld`/`st`/`atom`
+//!   was defined. The backend's own floor is a little higher: cudarc's context creation asks for
 //!   `CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`, which drivers know since CUDA 11.2 (r460).
 
 use crate::kernels::{KernelId, Op, Storage};
@@ -287,7 +288,7 @@ pub fn opcodes(ptx: &str) -> Vec<String> {
 /// PTX instructions with the ISA version that introduced the newest form of each this file
 /// relies on (PTX ISA manual, "PTX ISA Notes" of each instruction; e.g. `ld` counts as 3.1 for
 /// `ld.global.nc`, `fma` as 2.0 for `fma.rn.f32`). An opcode missing here fails
-/// `tests/cuda_ptx.rs`: look it up and add it before relying on the `.version` rewrite.
+/// `tests/it/backend/cuda/ptx.rs`: look it up and add it before relying on the `.version` rewrite.
 pub const OPCODE_ISA: &[(&str, (u32, u32))] = &[
     ("abs", (1, 0)),
     ("add", (1, 0)),

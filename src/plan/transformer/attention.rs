@@ -1,6 +1,6 @@
 //! The attention cores: eager (scores materialized), SDPA with the kernel PyTorch picks,
-//! flash-attention, grouped-query heads and the KV cache, for the decoder LLMs and for GPT-2,
-//! BERT and ViT.
+//! flash-attention, grouped-query heads and the KV cache, for the decoder LLMs (MLA's own
+//! projections in `mla`, GPT-2/BERT/ViT's in `gpt_attention`).
 
 use super::lora::Proj;
 use super::T;
@@ -8,7 +8,7 @@ use crate::plan::autocast;
 use crate::plan::build::{prod, PlanError};
 use crate::plan::params::residual_dtype;
 use crate::plan::{DType, Role, Step, TensorIx};
-use crate::workload::layers::{Attn, Mixer, Mla, QkNorm, Window};
+use crate::workload::layers::{Attn, Mixer, QkNorm, Window};
 use crate::workload::{Attention, Checkpoint, Target, Workload};
 
 /// The kernels PyTorch's `scaled_dot_product_attention` dispatches to (which decides what its
@@ -88,16 +88,16 @@ pub fn attention_summary(w: &Workload) -> String {
 /// The query, key and value an attention core reads ([b, heads, s, d]); `cached`: the key and
 /// value are the KV cache's copies, which the output holds (not freed, not saved).
 #[derive(Debug, Clone, Copy)]
-struct Qkv {
-    q: TensorIx,
-    k: TensorIx,
-    v: TensorIx,
+pub(super) struct Qkv {
+    pub(super) q: TensorIx,
+    pub(super) k: TensorIx,
+    pub(super) v: TensorIx,
     /// `k` and `v` are the KV cache's (held), not attention's own.
-    cached: bool,
+    pub(super) cached: bool,
     /// SDPA is passed a mask (a window the sequence reaches).
-    masked: bool,
+    pub(super) masked: bool,
     /// The heads `k` and `v` have (the query heads once repeated).
-    kv_heads: u64,
+    pub(super) kv_heads: u64,
 }
 
 impl T<'_> {
@@ -105,14 +105,6 @@ impl T<'_> {
     fn attn_layer(&self) -> Option<Attn> {
         match self.layer?.mixer {
             Mixer::Attention(a) => Some(a),
-            _ => None,
-        }
-    }
-
-    /// The layer's multi-head latent attention, where the model is described layer by layer.
-    pub(super) fn mla(&self) -> Option<Mla> {
-        match self.layer?.mixer {
-            Mixer::Mla(m) => Some(m),
             _ => None,
         }
     }
@@ -221,7 +213,7 @@ impl T<'_> {
 
     /// Not saving, what an attention core pushed into `saved` from `from` on goes once the
     /// context exists.
-    fn attention_done(&mut self, saved: &mut Vec<TensorIx>, from: usize) {
+    pub(super) fn attention_done(&mut self, saved: &mut Vec<TensorIx>, from: usize) {
         if !self.saving {
             let done: Vec<TensorIx> = saved.drain(from..).collect();
             self.b.free_all(done);
@@ -442,228 +434,6 @@ impl T<'_> {
         Ok(out)
     }
 
-    /// Multi-head latent attention (transformers 5.24 `DeepseekV3Attention.forward`, which
-    /// Kimi K2 and GLM-5 load too). Measured on the CPU (`deepseek_v3` rows of
-    /// `tests/fixtures/validation_families.json`), per layer:
-    /// - the query through `q_a_proj`, its RMSNorm and `q_b_proj` (or one `q_proj`); each saves
-    ///   its input, the norm its own tensors;
-    /// - `kv_a_proj_with_mqa`'s output is the latent and one rotary key shared by the heads
-    ///   (two slices of one storage: an fp32 norm that saves the latent keeps the rotary key's
-    ///   bytes too); the latent's RMSNorm, then `kv_b_proj` to each head's key part and value;
-    /// - the rotated parts (`apply_rotary_pos_emb_interleave`: saves only cos and sin) joined
-    ///   to the passed-through ones by `torch.cat`: q and k [b, a, s, qk], new tensors;
-    /// - the core reads q, k and the value (a slice of `kv_b_proj`'s output). With the query
-    ///   width ≠ the value width, SDPA's CPU flash kernel is not taken: the math path saves as
-    ///   eager does (measured). On CUDA flash is not taken either and the memory-efficient
-    ///   kernel is (PyTorch's `check_head_dim_size_flash`; modelled). flash_attention_2 pads
-    ///   the value to the query width and slices the output (modelled).
-    ///
-    /// Returns the context [b, s, a·v] the output projection reads.
-    pub(super) fn attention_mla(
-        &mut self,
-        p: &str,
-        piece: &str,
-        x: TensorIx,
-        m: Mla,
-        saved: &mut Vec<TensorIx>,
-    ) -> Result<TensorIx, PlanError> {
-        let (a, c, bsz, s) = (self.a, self.c, self.bsz, self.s);
-        let qk = m.qk_nope_head_dim.saturating_add(m.qk_rope_head_dim);
-        let dv = m.v_head_dim;
-        let (q_full, kv, k_rot_in, latent_saved) = self.mla_projections(p, piece, x, m, saved)?;
-        let (q, k) = self.mla_joined(p, m, q_full, k_rot_in, latent_saved, saved)?;
-        let rt = self.dtype(q);
-        let ckpt = self.train && self.w.checkpoint != Checkpoint::None;
-        let cached = self.w.kv_cache && !ckpt;
-        let (k, v) = if cached {
-            // DynamicCache keeps the joined key and the value, at every head.
-            let kc = self.b.push(
-                &format!("{p}.kv_cache.k"),
-                Role::Activations,
-                rt,
-                &[bsz, a, s, qk],
-                qk,
-            )?;
-            let vc = self.heads_t(&format!("{p}.kv_cache.v"), a, c, Role::Activations)?;
-            self.b.free(k);
-            self.held.extend([kc, vc]);
-            (kc, vc)
-        } else {
-            (k, kv)
-        };
-        let dev = self.w.autocast_device;
-        let backend = match self.w.attention {
-            Attention::Naive => SdpaBackend::Math,
-            Attention::Flash => SdpaBackend::Flash,
-            Attention::Sdpa if qk != dv => match dev {
-                autocast::Device::Cpu => SdpaBackend::Math,
-                autocast::Device::Cuda => SdpaBackend::Efficient,
-            },
-            Attention::Sdpa => {
-                let qt = self.out("scaled_dot_product_attention", &[rt]);
-                sdpa_backend(dev, qt, qk, false, self.dropout)
-            }
-        };
-        let from = saved.len();
-        let qkv = Qkv {
-            q,
-            k,
-            v,
-            cached,
-            masked: false,
-            kv_heads: a,
-        };
-        let padded = backend == SdpaBackend::Flash && qk != dv && !cached;
-        let ctx = match backend {
-            SdpaBackend::Math => {
-                let eager = self.w.attention == Attention::Naive;
-                self.attention_scores(p, qkv, eager, saved)?
-            }
-            _ if padded => self.mla_flash_padded(p, qkv, kv, qk, saved)?,
-            _ => self.attention_fused(p, qkv, backend, saved)?,
-        };
-        let kv_saved = saved.contains(&kv);
-        self.attention_done(saved, from);
-        if !kv_saved && !padded {
-            self.b.free(kv);
-        }
-        self.consumed(x, saved);
-        Ok(ctx)
-    }
-
-    /// MLA's projections of `x`: the query (through its low-rank path, or one q_proj), the
-    /// latent's norm and kv_b_proj's output (each head's key part and value). Returns the
-    /// query, kv_b's output, the shared rotary key (kv_a's other slice) and whether the latent
-    /// is saved (then the rotary key's bytes, one storage with it, stay too).
-    fn mla_projections(
-        &mut self,
-        p: &str,
-        piece: &str,
-        x: TensorIx,
-        m: Mla,
-        saved: &mut Vec<TensorIx>,
-    ) -> Result<(TensorIx, TensorIx, TensorIx, bool), PlanError> {
-        let (h, a) = (self.h, self.a);
-        let (nope, rot, dv) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
-        let e = "the MLA width";
-        let q_width = prod(&[a, nope.saturating_add(rot)], e)?;
-        let named =
-            |n: &str, t: &'static [Target], width| Proj::named(format!("{p}.{n}"), t, width);
-        let first_q = match m.q_lora_rank {
-            Some(r) => named("q_a_proj", &[Target::Q], r),
-            None => named("q_proj", &[Target::Q], q_width),
-        };
-        let kv_a = named(
-            "kv_a_proj_with_mqa",
-            &[Target::K, Target::V],
-            m.kv_lora_rank,
-        );
-        let kv_a_rope = named("kv_a_proj_with_mqa.rope", &[Target::K], rot);
-        let o = self.projections(piece, x, h, &[first_q, kv_a, kv_a_rope], saved)?;
-        let (q0, latent, k_rot_in) = (o[0], o[1], o[2]);
-        let q_full = match m.q_lora_rank {
-            Some(r) => {
-                let qn = self.norm_over(&format!("{p}.q_a_layernorm"), q0, r, saved)?;
-                if !saved.contains(&q0) {
-                    self.b.free(q0);
-                }
-                let qn = self.matmul_input(qn, 1, false, saved)?;
-                let proj = named("q_b_proj", &[Target::Q], q_width);
-                let q = self.projections(piece, qn, r, &[proj], saved)?[0];
-                self.consumed(qn, saved);
-                q
-            }
-            None => q0,
-        };
-        let kv_rank = m.kv_lora_rank;
-        let kn = self.norm_over(&format!("{p}.kv_a_layernorm"), latent, kv_rank, saved)?;
-        let latent_saved = saved.contains(&latent);
-        if !latent_saved {
-            self.b.free(latent);
-        }
-        let kn = self.matmul_input(kn, 1, false, saved)?;
-        let kv_width = prod(&[a, nope.saturating_add(dv)], e)?;
-        let proj = named("kv_b_proj", &[Target::K, Target::V], kv_width);
-        let kv = self.projections(piece, kn, kv_rank, &[proj], saved)?[0];
-        self.consumed(kn, saved);
-        Ok((q_full, kv, k_rot_in, latent_saved))
-    }
-
-    /// The rotation of the query's and the shared key's rotary parts (in the promoted type of
-    /// the projection and the tables), joined to the passed-through parts by `torch.cat`
-    /// (which promotes: fp32 under autocast): q and k [b, a, s, qk].
-    fn mla_joined(
-        &mut self,
-        p: &str,
-        m: Mla,
-        q_full: TensorIx,
-        k_rot_in: TensorIx,
-        latent_saved: bool,
-        saved: &mut Vec<TensorIx>,
-    ) -> Result<(TensorIx, TensorIx), PlanError> {
-        let (a, bsz, s) = (self.a, self.bsz, self.s);
-        let rot = m.qk_rope_head_dim;
-        let qk = m.qk_nope_head_dim.saturating_add(rot);
-        let rt = autocast::promote(self.c, self.r);
-        let push = |t: &mut Self, n: &str, heads: u64, width: u64| {
-            t.b.push(
-                &format!("{p}.{n}"),
-                Role::Activations,
-                rt,
-                &[bsz, heads, s, width],
-                width,
-            )
-        };
-        let q_rot = push(self, "q_rot", a, rot)?;
-        let k_rot = push(self, "k_rot", 1, rot)?;
-        if latent_saved && self.saving {
-            // One storage with the saved latent.
-            saved.push(k_rot_in);
-        } else {
-            self.b.free(k_rot_in);
-        }
-        let q = push(self, "q", a, qk)?;
-        self.b.free_all([q_rot, q_full]);
-        let k = push(self, "k", a, qk)?;
-        self.b.free(k_rot);
-        Ok((q, k))
-    }
-
-    /// flash_attention_2 under MLA: the value padded to the query/key width (kv_b's output
-    /// goes), the kernel's output at that width (which it saves), sliced and copied for o_proj.
-    fn mla_flash_padded(
-        &mut self,
-        p: &str,
-        qkv: Qkv,
-        kv: TensorIx,
-        qk: u64,
-        saved: &mut Vec<TensorIx>,
-    ) -> Result<TensorIx, PlanError> {
-        let (a, c, bsz, s) = (self.a, self.c, self.bsz, self.s);
-        let q_width = prod(&[a, qk], "the MLA width")?;
-        let vp = self.b.push(
-            &format!("{p}.v_pad"),
-            Role::Activations,
-            c,
-            &[bsz, a, s, qk],
-            qk,
-        )?;
-        self.b.free(kv);
-        let (d, qw) = (self.d, self.qw);
-        (self.d, self.qw) = (qk, q_width);
-        let out = self.attention_fused(p, Qkv { v: vp, ..qkv }, SdpaBackend::Flash, saved);
-        (self.d, self.qw) = (d, qw);
-        let out = out?;
-        if self.saving && !saved.contains(&out) {
-            saved.push(out);
-        }
-        let copy = self.rows_t(&format!("{p}.ctx_slice"), Role::Activations, c, qw)?;
-        if !self.saving {
-            self.b.free(out);
-        }
-        Ok(copy)
-    }
-
     /// K and V as probs·V reads them: `repeat_kv`'s copies at the query heads when grouped
     /// (expand + reshape), or a copy of a value that is a slice of a fused projection.
     fn repeated_kv(
@@ -722,7 +492,7 @@ impl T<'_> {
     /// repeated to the query heads when grouped (saved copies), the scores, the softmax (fp32
     /// in eager for the LLaMA families, cast back), probs·V; returns the context copy
     /// [b, s, a·d]. `k` and `v` are the cache's (held) when `cached`.
-    fn attention_scores(
+    pub(super) fn attention_scores(
         &mut self,
         p: &str,
         qkv: Qkv,
@@ -868,7 +638,7 @@ impl T<'_> {
     /// Attention without scores (SDPA's flash or memory-efficient kernels, flash-attn): q, k
     /// and v at their own head counts, the output (in the context's layout: its
     /// `transpose(1, 2).contiguous()` is the same tensor) and the per-row statistics.
-    fn attention_fused(
+    pub(super) fn attention_fused(
         &mut self,
         p: &str,
         qkv: Qkv,
@@ -967,177 +737,5 @@ impl T<'_> {
             saved.push(ctx);
         }
         Ok(ctx)
-    }
-
-    /// The attention core of GPT-2, BERT and ViT (see `attention_gpt_core`). Not saving, q, k,
-    /// v, the probabilities and the attention's input go once the context exists.
-    pub(super) fn attention_gpt(
-        &mut self,
-        p: &str,
-        piece: &str,
-        x: TensorIx,
-        saved: &mut Vec<TensorIx>,
-    ) -> Result<TensorIx, PlanError> {
-        let from = saved.len();
-        let ctx = self.attention_gpt_core(p, piece, x, saved)?;
-        if !self.saving {
-            saved.retain(|&t| t != ctx);
-            self.attention_done(saved, from);
-            self.consumed(x, saved);
-            saved.push(ctx);
-        }
-        Ok(ctx)
-    }
-
-    /// The attention core of GPT-2, BERT and ViT: q, k, v, the probabilities (eager; the
-    /// pre-softmax scores are a temporary) or the softmax statistics (SDPA's fused kernels,
-    /// flash), and the context.
-    fn attention_gpt_core(
-        &mut self,
-        p: &str,
-        piece: &str,
-        x: TensorIx,
-        saved: &mut Vec<TensorIx>,
-    ) -> Result<TensorIx, PlanError> {
-        // The heads' width: the hidden size, or one tensor-parallel rank's share of it.
-        let (h, qw, c0) = (self.h, self.qw, self.c);
-        let q = self.rows_t(&format!("{p}.q"), Role::Activations, c0, qw)?;
-        let k = self.rows_t(&format!("{p}.k"), Role::Activations, c0, qw)?;
-        let v = self.rows_t(&format!("{p}.v"), Role::Activations, c0, qw)?;
-        for t in [q, k, v] {
-            self.matmul(piece, x, t, qw, h);
-        }
-        // use_cache: the returned cache (DynamicCache, `torch.cat` copies) keeps this layer's
-        // key and value until the caller drops the output. In training with batch ≥ 2 the 4-D
-        // matmuls copy q, k and v anyway and the saved k, v are the cache's copies (held, not
-        // freed by backward); with batch 1 q·kᵀ saves views of the fused projection, so the
-        // cache's copies come on top (measured, validation/saved_breakdown.md).
-        // transformers turns use_cache off under gradient checkpointing.
-        let ckpt = self.train && self.w.checkpoint != Checkpoint::None;
-        let cache = self.w.kv_cache && self.spec.causal && !ckpt;
-        if cache && self.train && self.bsz > 1 {
-            saved.push(q);
-            self.held.extend([k, v]);
-        } else {
-            saved.extend([q, k, v]);
-        }
-        if cache && (!self.train || self.bsz == 1) {
-            let (bsz, s, c) = (self.bsz, self.s, self.c);
-            let kv = self.b.push(
-                &format!("{p}.kv_cache"),
-                Role::Activations,
-                c,
-                &[2, bsz, s, qw],
-                qw,
-            )?;
-            self.held.push(kv);
-        }
-        let (bsz, s, a, c) = (self.bsz, self.s, self.a, self.c);
-        let bh = bsz.saturating_mul(a);
-        let head_dim = self.d;
-        let causal = self.spec.causal;
-        let fused = match self.w.attention {
-            Attention::Naive => false,
-            Attention::Flash => true,
-            Attention::Sdpa => {
-                let dev = self.w.autocast_device;
-                let qt = self.out("scaled_dot_product_attention", &[c]);
-                sdpa_backend(dev, qt, head_dim, false, self.dropout) != SdpaBackend::Math
-            }
-        };
-        if fused {
-            let stats = self.b.push(
-                &format!("{p}.attn.stats"),
-                Role::Attention,
-                DType::F32,
-                &[bsz, a, s, 2],
-                2,
-            )?;
-            let ctx = self.rows_t(&format!("{p}.ctx"), Role::Activations, c, qw)?;
-            saved.extend([stats, ctx]);
-            self.b.step(Step::FlashAttention {
-                q,
-                k,
-                v,
-                out: ctx,
-                stats,
-                batch_heads: bh,
-                seq: s,
-                head_dim,
-                causal,
-                kv_group: 1,
-            });
-            Ok(ctx)
-        } else {
-            let scores = self.scores(&format!("{p}.attn.scores"), Role::Workspace, c)?;
-            // The probabilities' type: the model's own softmax call and autocast's lists.
-            let sm = self.spec.softmax;
-            let pt = if sm.fp32 {
-                DType::F32
-            } else {
-                let input = if sm.mask_promotes {
-                    autocast::promote(c, self.r)
-                } else {
-                    c
-                };
-                self.out("softmax", &[input])
-            };
-            // Softmax's backward saves its output.
-            let probs = self.scores(&format!("{p}.attn.probs"), Role::Attention, pt)?;
-            saved.push(probs);
-            let mut cur = probs;
-            let mut cur_saved = true;
-            if sm.cast_back && pt != c {
-                cur = self.scores(&format!("{p}.attn.probs16"), Role::Attention, c)?;
-                cur_saved = false;
-            }
-            if self.dropout {
-                // native_dropout saves its 1-byte mask (the CPU's dropout its noise); its input
-                // is not saved.
-                let dt = self.dtype(cur);
-                let m = self.scores(
-                    &format!("{p}.attn.drop_mask"),
-                    Role::Attention,
-                    self.mask_type(dt),
-                )?;
-                saved.push(m);
-                let o = self.scores(&format!("{p}.attn.drop_out"), Role::Attention, dt)?;
-                if !cur_saved {
-                    self.b.free(cur);
-                }
-                cur = o;
-                cur_saved = false;
-            }
-            // probs·V saves its first input; under autocast in the 16-bit type (a cast copy
-            // when the probabilities are still fp32, e.g. BERT's on CUDA).
-            let pv = if self.dtype(cur) != c {
-                let t = self.scores(&format!("{p}.attn.probs_cast"), Role::Attention, c)?;
-                if !cur_saved {
-                    self.b.free(cur);
-                }
-                t
-            } else {
-                cur
-            };
-            if pv != probs {
-                saved.push(pv);
-            }
-            let ctx = self.rows_t(&format!("{p}.ctx"), Role::Activations, c, qw)?;
-            saved.push(ctx);
-            self.b.step(Step::Attention {
-                q,
-                k,
-                v,
-                scores,
-                probs: pv,
-                out: ctx,
-                batch_heads: bh,
-                seq: s,
-                head_dim,
-                causal,
-            });
-            self.b.free(scores);
-            Ok(ctx)
-        }
     }
 }

@@ -64,6 +64,27 @@ impl T<'_> {
         }
     }
 
+    /// A gated RMSNorm's fp32 rstd (one per row and group, `groups` a row) and its output
+    /// [b·s, width] in the compute type.
+    fn gated_norm(
+        &mut self,
+        p: &str,
+        groups: u64,
+        width: u64,
+    ) -> Result<(TensorIx, TensorIx), PlanError> {
+        let rows = prod(&[self.rows(), groups], "the gated norm's rows")?;
+        let rstd = self.b.push(
+            &format!("{p}.norm_rstd"),
+            Role::Activations,
+            DType::F32,
+            &[rows],
+            1,
+        )?;
+        let c = self.c;
+        let y = self.tokens_t(&format!("{p}.ctx"), c, width)?;
+        Ok((rstd, y))
+    }
+
     /// Gated DeltaNet (transformers 5.24 `Qwen3NextGatedDeltaNet.forward` with
     /// flash-linear-attention and causal-conv1d installed). Per layer it saves:
     /// - `in_proj_qkvz`'s and `in_proj_ba`'s input (the block norm's output, by the caller);
@@ -145,15 +166,7 @@ impl T<'_> {
         let core = self.tokens_t(&format!("{p}.core_out"), c, value)?;
         self.b.free_all([w, u, states, v_new]);
         // FusedRMSNormGated over each head's d_v with the SiLU gate z.
-        let rows = prod(&[self.rows(), hv], e)?;
-        let rstd = self.b.push(
-            &format!("{p}.norm_rstd"),
-            Role::Activations,
-            DType::F32,
-            &[rows],
-            1,
-        )?;
-        let y = self.tokens_t(&format!("{p}.ctx"), c, value)?;
+        let (rstd, y) = self.gated_norm(p, hv, value)?;
         let own = vec![
             conv_in, z, beta, a32, sp, qn, q_rstd, kn, k_rstd, v, gc, a, core, rstd,
         ];
@@ -182,7 +195,6 @@ impl T<'_> {
         saved: &mut Vec<TensorIx>,
     ) -> Result<TensorIx, PlanError> {
         let (h, c, bsz) = (self.h, self.c, self.bsz);
-        let e = "the Mamba-2 width";
         let inner = m.inner();
         let proj = Proj::named(format!("{p}.in_proj"), &[], mamba_in_width(&m));
         let zxbcdt = self.projections(piece, x, h, &[proj], saved)?[0];
@@ -204,15 +216,7 @@ impl T<'_> {
         )?;
         let out_x = self.tokens_t(&format!("{p}.scan_out"), c, inner)?;
         self.b.free_all([xbc, cumsum, states]);
-        let rows = prod(&[self.rows(), m.groups.max(1)], e)?;
-        let rstd = self.b.push(
-            &format!("{p}.norm_rstd"),
-            Role::Activations,
-            DType::F32,
-            &[rows],
-            1,
-        )?;
-        let y = self.tokens_t(&format!("{p}.ctx"), c, inner)?;
+        let (rstd, y) = self.gated_norm(p, m.groups.max(1), inner)?;
         self.keep_or_free(vec![zxbcdt, out_x, rstd], saved);
         self.consumed(x, saved);
         Ok(y)

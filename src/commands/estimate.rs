@@ -87,6 +87,7 @@ pub fn memory_arg(v: &str) -> CliResult<u64> {
     parse_size(v).map_err(|e| CliError::usage(format!("--memory: {e}")))
 }
 
+/// `oomprobe estimate`: a snapshot, the card list, every card, a serving sizing, or the breakdown.
 pub fn run(args: &EstimateArgs) -> CliResult<()> {
     if crate::commands::snapshot::wanted(&args.snapshot) {
         let memory = args.memory.as_deref().map(memory_arg).transpose()?;
@@ -100,15 +101,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
     if args.gpu.as_deref() == Some("list") {
         return out(&crate::estimate::card_list(args.json));
     }
-    let card_arg = match args.gpu.as_deref() {
-        None | Some("all") => None,
-        Some(id) => Some(crate::alloc::cards::get(id).ok_or_else(|| {
-            CliError::usage(format!(
-                "--gpu: no card '{id}' (one of: {}; or list, all)",
-                crate::alloc::cards::ids()
-            ))
-        })?),
-    };
+    let card_arg = card_arg(args)?;
     let r = resolve(&args.workload, "gpt2")?;
     let w = r.workload;
     if args.gpu.as_deref() == Some("all") {
@@ -119,19 +112,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         let rows = crate::estimate::all_cards(&w, &conf).map_err(plan_error)?;
         return out(&crate::estimate::all_cards_text(&w, &rows, args.json));
     }
-    let mut detected = card_arg.map(|c| format!("{} (oomprobe's card table)", c.name));
-    let memory = match args.memory.as_deref().map(memory_arg).transpose()? {
-        Some(m) => Some(m),
-        None if card_arg.is_some() => card_arg.map(|c| c.total),
-        None => match case_memory(&args.workload)? {
-            Some(m) => Some(m),
-            // The GPU in front of you, when there is one (never a CPU adapter's heap).
-            None => crate::backend::open::detected_gpu().map(|(name, m)| {
-                detected = Some(name);
-                m
-            }),
-        },
-    };
+    let (memory, detected) = card_memory(args, card_arg)?;
     if w.mode == crate::workload::Mode::Serve {
         let m = memory.ok_or_else(|| {
             CliError::usage(
@@ -206,6 +187,65 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         let s = serde_json::to_string_pretty(&report).map_err(|e| CliError::run(e.to_string()))?;
         return out(&format!("{s}\n"));
     }
+    out(&render_text(
+        &report,
+        &detected,
+        memory,
+        card_arg,
+        &conf,
+        conf_from,
+        card.as_ref(),
+        non_pytorch,
+    ))
+}
+
+/// `--gpu ID`: the card from oomprobe's table (none for `all` or no `--gpu`).
+fn card_arg(args: &EstimateArgs) -> CliResult<Option<&'static crate::alloc::cards::Card>> {
+    let card_arg = match args.gpu.as_deref() {
+        None | Some("all") => None,
+        Some(id) => Some(crate::alloc::cards::get(id).ok_or_else(|| {
+            CliError::usage(format!(
+                "--gpu: no card '{id}' (one of: {}; or list, all)",
+                crate::alloc::cards::ids()
+            ))
+        })?),
+    };
+    Ok(card_arg)
+}
+
+/// The card's memory (`--memory`, the `--gpu` card, a case file or the detected GPU) and name.
+fn card_memory(
+    args: &EstimateArgs,
+    card_arg: Option<&'static crate::alloc::cards::Card>,
+) -> CliResult<(Option<u64>, Option<String>)> {
+    let mut detected = card_arg.map(|c| format!("{} (oomprobe's card table)", c.name));
+    let memory = match args.memory.as_deref().map(memory_arg).transpose()? {
+        Some(m) => Some(m),
+        None if card_arg.is_some() => card_arg.map(|c| c.total),
+        None => match case_memory(&args.workload)? {
+            Some(m) => Some(m),
+            // The GPU in front of you, when there is one (never a CPU adapter's heap).
+            None => crate::backend::open::detected_gpu().map(|(name, m)| {
+                detected = Some(name);
+                m
+            }),
+        },
+    };
+    Ok((memory, detected))
+}
+
+/// The estimate as text: workload, peak, breakdown, notes, allocator summary and boundaries.
+#[allow(clippy::too_many_arguments)]
+fn render_text(
+    report: &EstimateReport,
+    detected: &Option<String>,
+    memory: Option<u64>,
+    card_arg: Option<&'static crate::alloc::cards::Card>,
+    conf: &crate::alloc::AllocConf,
+    conf_from: &'static str,
+    card: Option<&crate::estimate::Card>,
+    non_pytorch: Option<u64>,
+) -> String {
     let tl = &report.timeline;
     let at = match (&tl.peak_phase, &tl.peak_tensor) {
         (Some(p), Some(t)) => format!(
@@ -231,12 +271,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         text.push_str(&format!("note: {n}\n"));
     }
     if let Some(r) = &report.allocator {
-        text.push_str(&crate::alloc::render::summary(
-            r,
-            &conf,
-            conf_from,
-            card.as_ref(),
-        ));
+        text.push_str(&crate::alloc::render::summary(r, conf, conf_from, card));
         if card_arg.is_some() && non_pytorch.is_none() && report.workload.gpus > 1 {
             let n = report.workload.communicators();
             text.push_str(&format!(
@@ -272,7 +307,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
             ));
         }
     }
-    out(&text)
+    text
 }
 
 /// The allocator's settings in force (`--alloc-conf`, else the environment) and where they came

@@ -16,7 +16,7 @@
 //! embeds one `<svg>` per run instead ([`run_svg`]). `compare` draws one chart per scenario and
 //! variant with one series per file ([`chart_svg`]).
 
-use super::model::{ProbeReport, RunResult};
+use super::model::{ProbeRecord, ProbeReport, RunResult};
 use super::throughput::best_throughput;
 use super::{fmt_value, run_capacity, run_label, sorted_probes};
 use crate::plan::Plan;
@@ -197,8 +197,6 @@ pub fn chart_svg(title: &str, dimension: &str, series: &[Series<'_>]) -> String 
 /// One chart's elements (no `<svg>` wrapper), drawn in a `WIDTH` x `HEIGHT` box at the origin.
 pub fn chart_body(title: &str, dimension: &str, series: &[Series<'_>]) -> String {
     let mut o = String::new();
-    let (px0, px1) = (LEFT, WIDTH - RIGHT);
-    let (py0, py1) = (HEIGHT - BOTTOM, TOP);
     o.push_str(&format!(
         "<rect class=\"background\" x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"#ffffff\"/>\n",
         WIDTH, HEIGHT
@@ -217,6 +215,30 @@ pub fn chart_body(title: &str, dimension: &str, series: &[Series<'_>]) -> String
         ));
         return o;
     }
+    let fr = frame(&xs, series);
+    grid_and_ticks(&mut o, &fr, dimension);
+    for s in series {
+        series_marks(&mut o, s, &fr, dimension);
+    }
+    o.push_str(&legend(series));
+    o
+}
+
+/// A chart's frame: its axes (log2 x for a wide range), the y axis's top and where marks clip.
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    xa: Axis,
+    ya: Axis,
+    log: bool,
+    ytop: f64,
+    clip_top: f64,
+    single: bool,
+}
+
+/// The frame for these x values and series: the axes' ranges from the probes and capacities.
+fn frame(xs: &[f64], series: &[Series<'_>]) -> Frame {
+    let (px0, px1) = (LEFT, WIDTH - RIGHT);
+    let (py0, py1) = (HEIGHT - BOTTOM, TOP);
     // X axis: log2 when the values span a wide range (doubling search), linear otherwise.
     let xmin = xs.iter().cloned().fold(f64::INFINITY, f64::min);
     let xmax = xs.iter().cloned().fold(0.0, f64::max);
@@ -259,7 +281,25 @@ pub fn chart_body(title: &str, dimension: &str, series: &[Series<'_>]) -> String
         p0: py0,
         p1: py1,
     };
+    let single = series.len() == 1;
+    let clip_top = ytop / 1.08;
+    Frame {
+        xa,
+        ya,
+        log,
+        ytop,
+        clip_top,
+        single,
+    }
+}
 
+/// The grid, the axes, their tick labels and their titles.
+fn grid_and_ticks(o: &mut String, fr: &Frame, dimension: &str) {
+    let Frame {
+        xa, ya, log, ytop, ..
+    } = *fr;
+    let (px0, px1) = (LEFT, WIDTH - RIGHT);
+    let (py0, py1) = (HEIGHT - BOTTOM, TOP);
     // Grid and axes.
     let mut unit = 1f64;
     let mut uname = "B";
@@ -290,42 +330,7 @@ pub fn chart_body(title: &str, dimension: &str, series: &[Series<'_>]) -> String
             y = f(ya.map(t))
         ));
     }
-    let xticks: Vec<f64> = if log && dimension == "params" {
-        // Parameter counts: 1-2-5 decimal ticks (1M, 2M, 5M, 10M, ...).
-        let mut v = Vec::new();
-        let mut e = xa.lo.log10().floor() as i32;
-        while 10f64.powi(e) <= xa.hi && v.len() < 40 {
-            for m in [1.0, 2.0, 5.0] {
-                let t = m * 10f64.powi(e);
-                if t >= xa.lo && t <= xa.hi {
-                    v.push(t);
-                }
-            }
-            e += 1;
-        }
-        if v.len() > 9 {
-            v.retain(|t| (t.log10() - t.log10().round()).abs() < 1e-9);
-        }
-        v
-    } else if log {
-        // Batch and sequence: powers of two (the doubling search probes them).
-        let a = xa.lo.log2().ceil() as i32;
-        let b = xa.hi.log2().floor() as i32;
-        let stride = ((b - a) / 8 + 1).max(1);
-        (a..=b)
-            .filter(|e| (e - a) % stride == 0)
-            .map(|e| 2f64.powi(e))
-            .collect()
-    } else {
-        let step = nice_step(xa.hi, 6.0).max(1.0);
-        let mut v = Vec::new();
-        let mut t = 0.0;
-        while t <= xa.hi + 1e-9 && v.len() < 20 {
-            v.push(t);
-            t += step;
-        }
-        v
-    };
+    let xticks = x_ticks(&xa, log, dimension);
     for &t in &xticks {
         o.push_str(&format!(
             "<line x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\"/>\n",
@@ -377,178 +382,269 @@ pub fn chart_body(title: &str, dimension: &str, series: &[Series<'_>]) -> String
         "<text class=\"axis-title\" transform=\"translate(16 {}) rotate(-90)\" text-anchor=\"middle\" fill=\"#222\">memory (plan bytes)</text>\n",
         f((py0 + py1) / 2.0)
     ));
+}
 
-    let single = series.len() == 1;
-    let clip_top = ytop / 1.08;
-    for s in series {
-        let color = s.color;
-        let fail_color = if single { FAIL_RED } else { color };
-        let cap_color = if single { CAPACITY_RED } else { color };
-        let run = s.run;
-        let probes = sorted_probes(run);
-        o.push_str(&format!(
-            "<g class=\"series\" data-label=\"{}\">\n",
-            esc(&s.label)
-        ));
-        // Boundary band and line; labels on the sides facing away from each other.
-        let pred_right = match (run.max_fit, run.predicted_max) {
-            (Some(m), Some(p)) => p >= m,
-            _ => true,
-        };
-        if let Some(m) = run.max_fit {
-            let xm = xa.map(m as f64);
-            if let Some(ff) = run.first_fail {
-                let xf = xa.map(ff as f64);
-                o.push_str(&format!(
-                    "<rect class=\"boundary-band\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{color}\" fill-opacity=\"0.12\"/>\n",
-                    f(xm.min(xf)),
-                    f(py1),
-                    f((xf - xm).abs().max(1.0)),
-                    f(py0 - py1)
-                ));
+/// The x axis's ticks: 1-2-5 decimal for log parameter counts, else powers of two or round steps.
+fn x_ticks(xa: &Axis, log: bool, dimension: &str) -> Vec<f64> {
+    if log && dimension == "params" {
+        // Parameter counts: 1-2-5 decimal ticks (1M, 2M, 5M, 10M, ...).
+        let mut v = Vec::new();
+        let mut e = xa.lo.log10().floor() as i32;
+        while 10f64.powi(e) <= xa.hi && v.len() < 40 {
+            for m in [1.0, 2.0, 5.0] {
+                let t = m * 10f64.powi(e);
+                if t >= xa.lo && t <= xa.hi {
+                    v.push(t);
+                }
             }
-            o.push_str(&format!(
-                "<line class=\"boundary\" x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\" stroke=\"{color}\" stroke-width=\"1.5\"><title>max fit {}</title></line>\n",
-                f(py0),
-                f(py1),
-                esc(&fmt_value(dimension, m)),
-                x = f(xm)
-            ));
-            if single {
-                let text = format!("max fit {}", fmt_value(dimension, m));
-                let (lx, anchor) = label_place(xm, &text, !pred_right, px0, px1);
-                o.push_str(&format!(
-                    "<text class=\"boundary-label\" x=\"{}\" y=\"{}\" text-anchor=\"{anchor}\" fill=\"{color}\" font-size=\"11\">{}</text>\n",
-                    f(lx),
-                    f(py0 - 22.0),
-                    esc(&text)
-                ));
-            }
+            e += 1;
         }
-        if let Some(p) = run.predicted_max {
-            let xp = xa.map(p as f64);
-            o.push_str(&format!(
-                "<line class=\"predicted-max\" x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"1\" stroke-dasharray=\"1 3\"><title>predicted max {}</title></line>\n",
-                f(py0),
-                f(py1),
-                if single { "#555" } else { color },
-                esc(&fmt_value(dimension, p)),
-                x = f(xp)
-            ));
-            if single {
-                let text = format!("predicted {}", fmt_value(dimension, p));
-                let (lx, anchor) = label_place(xp, &text, pred_right, px0, px1);
-                o.push_str(&format!(
-                    "<text class=\"predicted-max-label\" x=\"{}\" y=\"{}\" text-anchor=\"{anchor}\" fill=\"#555\" font-size=\"11\">{}</text>\n",
-                    f(lx),
-                    f(py0 - 8.0),
-                    esc(&text)
-                ));
-            }
+        if v.len() > 9 {
+            v.retain(|t| (t.log10() - t.log10().round()).abs() < 1e-9);
         }
-        // Capacity.
-        if let Some(c) = s.capacity {
-            let y = ya.map(c as f64);
-            o.push_str(&format!(
-                "<line class=\"capacity\" x1=\"{}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"{cap_color}\" stroke-width=\"1.5\" stroke-dasharray=\"8 3 2 3\"><title>capacity {}</title></line>\n",
-                f(px0),
-                f(px1),
-                esc(&fmt_bytes(c)),
-                y = f(y)
-            ));
-            o.push_str(&format!(
-                "<text class=\"capacity-label\" x=\"{}\" y=\"{}\" fill=\"{cap_color}\" font-size=\"11\">capacity {}</text>\n",
-                f(px0 + 6.0),
-                f(y - 4.0),
-                esc(&fmt_bytes(c))
-            ));
+        v
+    } else if log {
+        // Batch and sequence: powers of two (the doubling search probes them).
+        let a = xa.lo.log2().ceil() as i32;
+        let b = xa.hi.log2().floor() as i32;
+        let stride = ((b - a) / 8 + 1).max(1);
+        (a..=b)
+            .filter(|e| (e - a) % stride == 0)
+            .map(|e| 2f64.powi(e))
+            .collect()
+    } else {
+        let step = nice_step(xa.hi, 6.0).max(1.0);
+        let mut v = Vec::new();
+        let mut t = 0.0;
+        while t <= xa.hi + 1e-9 && v.len() < 20 {
+            v.push(t);
+            t += step;
         }
-        // The plan's predicted line: rebuilt from the run's workload across the whole axis when
-        // the plan reproduces every probe's recorded bytes, else through the probes' bytes.
-        let (line, source) = match plan_curve(run, &xa) {
-            Some(c) => (c, "plan"),
-            None => (
-                probes.iter().map(|p| (p.value, p.bytes)).collect(),
-                "probes",
-            ),
-        };
-        // Stop the line where it leaves the top of the chart (the plan grows with x).
-        let line: Vec<(u64, u64)> = match line.iter().position(|&(_, b)| b as f64 > clip_top) {
-            Some(i) if source == "plan" => line[..=i].to_vec(),
-            _ => line,
-        };
-        if line.len() >= 2 {
-            let pts: Vec<String> = line
-                .iter()
-                .map(|&(x, b)| {
-                    format!(
-                        "{},{}",
-                        f(xa.map(x as f64)),
-                        f(ya.map((b as f64).min(clip_top)))
-                    )
-                })
-                .collect();
-            o.push_str(&format!(
-                "<polyline class=\"predicted\" data-source=\"{source}\" points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\" stroke-opacity=\"0.8\"/>\n",
-                pts.join(" ")
-            ));
-        }
-        // Best throughput ring.
-        if let Some(b) = best_throughput(run) {
-            if let Some(p) = probes
-                .iter()
-                .find(|p| p.value == b.value && p.outcome.is_fit())
-            {
-                o.push_str(&format!(
-                    "<circle class=\"best\" cx=\"{}\" cy=\"{}\" r=\"9\" fill=\"none\" stroke=\"{BEST}\" stroke-width=\"2.5\"><title>most throughput: {} = {} ({})</title></circle>\n",
-                    f(xa.map(p.value as f64)),
-                    f(ya.map((p.bytes as f64).min(clip_top))),
-                    esc(&run.dimension),
-                    p.value,
-                    esc(&b.rate())
-                ));
-            }
-        }
-        // Probes.
-        for p in &probes {
-            let clipped = p.bytes as f64 > clip_top;
-            let x = xa.map(p.value as f64);
-            let y = ya.map((p.bytes as f64).min(clip_top));
-            let tip = format!(
-                "{} {}: {}, plan {}{}",
-                run.dimension,
-                fmt_value(dimension, p.value),
-                p.outcome.name(),
-                fmt_bytes(p.bytes),
-                if clipped { " (above the chart)" } else { "" }
-            );
-            if p.outcome.is_fit() {
-                o.push_str(&format!(
-                    "<circle class=\"probe fit\" cx=\"{}\" cy=\"{}\" r=\"4.5\" fill=\"{color}\" stroke=\"#fff\" stroke-width=\"1\"><title>{}</title></circle>\n",
-                    f(x),
-                    f(y),
-                    esc(&tip)
-                ));
-            } else {
-                let d = 5.0;
-                o.push_str(&format!(
-                    "<path class=\"probe fail\" d=\"M{} {}L{} {}M{} {}L{} {}\" stroke=\"{fail_color}\" stroke-width=\"2.2\" fill=\"none\"><title>{}</title></path>\n",
-                    f(x - d),
-                    f(y - d),
-                    f(x + d),
-                    f(y + d),
-                    f(x - d),
-                    f(y + d),
-                    f(x + d),
-                    f(y - d),
-                    esc(&tip)
-                ));
-            }
-        }
-        o.push_str("</g>\n");
+        v
     }
-    o.push_str(&legend(series));
-    o
+}
+
+/// One series' group: boundary lines, capacity, predicted line, best-throughput ring and probes.
+fn series_marks(o: &mut String, s: &Series<'_>, fr: &Frame, dimension: &str) {
+    let Frame { single, .. } = *fr;
+    let color = s.color;
+    let fail_color = if single { FAIL_RED } else { color };
+    let cap_color = if single { CAPACITY_RED } else { color };
+    let run = s.run;
+    let probes = sorted_probes(run);
+    o.push_str(&format!(
+        "<g class=\"series\" data-label=\"{}\">\n",
+        esc(&s.label)
+    ));
+    boundary_marks(o, run, color, fr, dimension);
+    capacity_marks(o, s.capacity, cap_color, fr);
+    predicted_line(o, run, &probes, color, fr);
+    best_ring(o, run, &probes, fr);
+    probe_marks(o, run, &probes, color, fail_color, fr, dimension);
+    o.push_str("</g>\n");
+}
+
+/// The max-fit band and line and the predicted max (labelled apart on a single-series chart).
+fn boundary_marks(o: &mut String, run: &RunResult, color: &str, fr: &Frame, dimension: &str) {
+    let Frame { xa, single, .. } = *fr;
+    let (px0, px1) = (LEFT, WIDTH - RIGHT);
+    let (py0, py1) = (HEIGHT - BOTTOM, TOP);
+    // Boundary band and line; labels on the sides facing away from each other.
+    let pred_right = match (run.max_fit, run.predicted_max) {
+        (Some(m), Some(p)) => p >= m,
+        _ => true,
+    };
+    if let Some(m) = run.max_fit {
+        let xm = xa.map(m as f64);
+        if let Some(ff) = run.first_fail {
+            let xf = xa.map(ff as f64);
+            o.push_str(&format!(
+                "<rect class=\"boundary-band\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{color}\" fill-opacity=\"0.12\"/>\n",
+                f(xm.min(xf)),
+                f(py1),
+                f((xf - xm).abs().max(1.0)),
+                f(py0 - py1)
+            ));
+        }
+        o.push_str(&format!(
+            "<line class=\"boundary\" x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\" stroke=\"{color}\" stroke-width=\"1.5\"><title>max fit {}</title></line>\n",
+            f(py0),
+            f(py1),
+            esc(&fmt_value(dimension, m)),
+            x = f(xm)
+        ));
+        if single {
+            let text = format!("max fit {}", fmt_value(dimension, m));
+            let (lx, anchor) = label_place(xm, &text, !pred_right, px0, px1);
+            o.push_str(&format!(
+                "<text class=\"boundary-label\" x=\"{}\" y=\"{}\" text-anchor=\"{anchor}\" fill=\"{color}\" font-size=\"11\">{}</text>\n",
+                f(lx),
+                f(py0 - 22.0),
+                esc(&text)
+            ));
+        }
+    }
+    if let Some(p) = run.predicted_max {
+        let xp = xa.map(p as f64);
+        o.push_str(&format!(
+            "<line class=\"predicted-max\" x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"1\" stroke-dasharray=\"1 3\"><title>predicted max {}</title></line>\n",
+            f(py0),
+            f(py1),
+            if single { "#555" } else { color },
+            esc(&fmt_value(dimension, p)),
+            x = f(xp)
+        ));
+        if single {
+            let text = format!("predicted {}", fmt_value(dimension, p));
+            let (lx, anchor) = label_place(xp, &text, pred_right, px0, px1);
+            o.push_str(&format!(
+                "<text class=\"predicted-max-label\" x=\"{}\" y=\"{}\" text-anchor=\"{anchor}\" fill=\"#555\" font-size=\"11\">{}</text>\n",
+                f(lx),
+                f(py0 - 8.0),
+                esc(&text)
+            ));
+        }
+    }
+}
+
+/// The capacity line and its label.
+fn capacity_marks(o: &mut String, capacity: Option<u64>, cap_color: &str, fr: &Frame) {
+    let Frame { ya, .. } = *fr;
+    let (px0, px1) = (LEFT, WIDTH - RIGHT);
+    // Capacity.
+    if let Some(c) = capacity {
+        let y = ya.map(c as f64);
+        o.push_str(&format!(
+            "<line class=\"capacity\" x1=\"{}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"{cap_color}\" stroke-width=\"1.5\" stroke-dasharray=\"8 3 2 3\"><title>capacity {}</title></line>\n",
+            f(px0),
+            f(px1),
+            esc(&fmt_bytes(c)),
+            y = f(y)
+        ));
+        o.push_str(&format!(
+            "<text class=\"capacity-label\" x=\"{}\" y=\"{}\" fill=\"{cap_color}\" font-size=\"11\">capacity {}</text>\n",
+            f(px0 + 6.0),
+            f(y - 4.0),
+            esc(&fmt_bytes(c))
+        ));
+    }
+}
+
+/// The plan's predicted line, clipped where it leaves the top of the chart.
+fn predicted_line(
+    o: &mut String,
+    run: &RunResult,
+    probes: &[&ProbeRecord],
+    color: &str,
+    fr: &Frame,
+) {
+    let Frame {
+        xa, ya, clip_top, ..
+    } = *fr;
+    // The plan's predicted line: rebuilt from the run's workload across the whole axis when
+    // the plan reproduces every probe's recorded bytes, else through the probes' bytes.
+    let (line, source) = match plan_curve(run, &xa) {
+        Some(c) => (c, "plan"),
+        None => (
+            probes.iter().map(|p| (p.value, p.bytes)).collect(),
+            "probes",
+        ),
+    };
+    // Stop the line where it leaves the top of the chart (the plan grows with x).
+    let line: Vec<(u64, u64)> = match line.iter().position(|&(_, b)| b as f64 > clip_top) {
+        Some(i) if source == "plan" => line[..=i].to_vec(),
+        _ => line,
+    };
+    if line.len() >= 2 {
+        let pts: Vec<String> = line
+            .iter()
+            .map(|&(x, b)| {
+                format!(
+                    "{},{}",
+                    f(xa.map(x as f64)),
+                    f(ya.map((b as f64).min(clip_top)))
+                )
+            })
+            .collect();
+        o.push_str(&format!(
+            "<polyline class=\"predicted\" data-source=\"{source}\" points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\" stroke-opacity=\"0.8\"/>\n",
+            pts.join(" ")
+        ));
+    }
+}
+
+/// The ring on the probe with the most throughput.
+fn best_ring(o: &mut String, run: &RunResult, probes: &[&ProbeRecord], fr: &Frame) {
+    let Frame {
+        xa, ya, clip_top, ..
+    } = *fr;
+    // Best throughput ring.
+    if let Some(b) = best_throughput(run) {
+        if let Some(p) = probes
+            .iter()
+            .find(|p| p.value == b.value && p.outcome.is_fit())
+        {
+            o.push_str(&format!(
+                "<circle class=\"best\" cx=\"{}\" cy=\"{}\" r=\"9\" fill=\"none\" stroke=\"{BEST}\" stroke-width=\"2.5\"><title>most throughput: {} = {} ({})</title></circle>\n",
+                f(xa.map(p.value as f64)),
+                f(ya.map((p.bytes as f64).min(clip_top))),
+                esc(&run.dimension),
+                p.value,
+                esc(&b.rate())
+            ));
+        }
+    }
+}
+
+/// Each probe: a dot for a fit, a cross for a failure, with its value, outcome and plan bytes.
+fn probe_marks(
+    o: &mut String,
+    run: &RunResult,
+    probes: &[&ProbeRecord],
+    color: &str,
+    fail_color: &str,
+    fr: &Frame,
+    dimension: &str,
+) {
+    let Frame {
+        xa, ya, clip_top, ..
+    } = *fr;
+    // Probes.
+    for p in probes {
+        let clipped = p.bytes as f64 > clip_top;
+        let x = xa.map(p.value as f64);
+        let y = ya.map((p.bytes as f64).min(clip_top));
+        let tip = format!(
+            "{} {}: {}, plan {}{}",
+            run.dimension,
+            fmt_value(dimension, p.value),
+            p.outcome.name(),
+            fmt_bytes(p.bytes),
+            if clipped { " (above the chart)" } else { "" }
+        );
+        if p.outcome.is_fit() {
+            o.push_str(&format!(
+                "<circle class=\"probe fit\" cx=\"{}\" cy=\"{}\" r=\"4.5\" fill=\"{color}\" stroke=\"#fff\" stroke-width=\"1\"><title>{}</title></circle>\n",
+                f(x),
+                f(y),
+                esc(&tip)
+            ));
+        } else {
+            let d = 5.0;
+            o.push_str(&format!(
+                "<path class=\"probe fail\" d=\"M{} {}L{} {}M{} {}L{} {}\" stroke=\"{fail_color}\" stroke-width=\"2.2\" fill=\"none\"><title>{}</title></path>\n",
+                f(x - d),
+                f(y - d),
+                f(x + d),
+                f(y + d),
+                f(x - d),
+                f(y + d),
+                f(x + d),
+                f(y - d),
+                esc(&tip)
+            ));
+        }
+    }
 }
 
 fn legend(series: &[Series<'_>]) -> String {

@@ -246,6 +246,36 @@ pub fn read_case(
         format: "TOML",
         msg: e.to_string().lines().next().unwrap_or("").to_string(),
     })?;
+    let (name, description, memory) = case_header(path, &root)?;
+    let base = case_workload(path, &root)?;
+    let workload = check_args(path, "workload", &base)?;
+    let list = expect_list(path, &root)?;
+    let mut expects = Vec::new();
+    for (i, e) in list.iter().enumerate() {
+        let expect = read_expect(path, i, e)?;
+        check_args(
+            path,
+            &format!("expect[{i}]"),
+            &merge(&base, &expect.overrides),
+        )?;
+        expects.push(expect);
+    }
+    Ok(CaseFile {
+        path: file.to_path_buf(),
+        name,
+        description,
+        memory,
+        base,
+        workload,
+        expects,
+    })
+}
+
+/// The top-level keys checked, and the case's name, description and memory.
+fn case_header(
+    path: &str,
+    root: &toml::Table,
+) -> Result<(String, Option<String>, Option<u64>), ConfigError> {
     for key in root.keys() {
         if !["name", "description", "memory", "workload", "expect"].contains(&key.as_str()) {
             return Err(field_err(
@@ -282,6 +312,11 @@ pub fn read_case(
             ))
         }
     };
+    Ok((name, description, memory))
+}
+
+/// The `[workload]` table as command-line arguments (a model or a parameter count required).
+fn case_workload(path: &str, root: &toml::Table) -> Result<WorkloadArgs, ConfigError> {
     let wt = match root.get("workload") {
         None => return Err(field_err(path, "workload", "missing (required table)")),
         Some(toml::Value::Table(t)) => t,
@@ -307,7 +342,11 @@ pub fn read_case(
             "missing (required unless workload.params is given)",
         ));
     }
-    let workload = check_args(path, "workload", &base)?;
+    Ok(base)
+}
+
+/// The `[[expect]]` tables: at least one, at most `MAX_EXPECTS`.
+fn expect_list<'a>(path: &str, root: &'a toml::Table) -> Result<&'a [toml::Value], ConfigError> {
     let list = match root.get("expect") {
         None => {
             return Err(field_err(
@@ -338,75 +377,66 @@ pub fn read_case(
             ),
         ));
     }
-    let mut expects = Vec::new();
-    for (i, e) in list.iter().enumerate() {
-        let t = e.as_table().ok_or_else(|| {
-            field_err(
-                path,
-                &format!("expect[{i}]"),
-                format!("expected a table, found {}", e.type_str()),
-            )
-        })?;
-        let mut overrides = WorkloadArgs::default();
-        let mut verdict = None;
-        let mut cause = None;
-        for (k, v) in t {
-            let field = format!("expect[{i}].{k}");
-            match (k.as_str(), v) {
-                ("verdict", toml::Value::String(s)) => {
-                    verdict = Some(match s.as_str() {
-                        "oom" => Verdict::Oom,
-                        "fits" => Verdict::Fits,
-                        _ => {
-                            return Err(field_err(
-                                path,
-                                &field,
-                                format!("'{s}' is not a verdict (oom, fits)"),
-                            ))
-                        }
-                    })
-                }
-                ("cause", toml::Value::String(s)) => {
-                    if !CAUSES.contains(&s.as_str()) {
+    Ok(list)
+}
+
+/// One `[[expect]]` table: its verdict, cause and workload overrides (resolved by the caller).
+fn read_expect(path: &str, i: usize, e: &toml::Value) -> Result<Expectation, ConfigError> {
+    let t = e.as_table().ok_or_else(|| {
+        field_err(
+            path,
+            &format!("expect[{i}]"),
+            format!("expected a table, found {}", e.type_str()),
+        )
+    })?;
+    let mut overrides = WorkloadArgs::default();
+    let mut verdict = None;
+    let mut cause = None;
+    for (k, v) in t {
+        let field = format!("expect[{i}].{k}");
+        match (k.as_str(), v) {
+            ("verdict", toml::Value::String(s)) => {
+                verdict = Some(match s.as_str() {
+                    "oom" => Verdict::Oom,
+                    "fits" => Verdict::Fits,
+                    _ => {
                         return Err(field_err(
                             path,
                             &field,
-                            format!("'{s}' is not a cause ({})", CAUSES.join(", ")),
-                        ));
+                            format!("'{s}' is not a verdict (oom, fits)"),
+                        ))
                     }
-                    cause = Some(s.clone());
-                }
-                ("verdict" | "cause", v) => {
+                })
+            }
+            ("cause", toml::Value::String(s)) => {
+                if !CAUSES.contains(&s.as_str()) {
                     return Err(field_err(
                         path,
                         &field,
-                        format!("expected a string, found {}", v.type_str()),
-                    ))
+                        format!("'{s}' is not a cause ({})", CAUSES.join(", ")),
+                    ));
                 }
-                _ => {
-                    if !workload_key(path, &field, k, v, &mut overrides)? {
-                        return Err(field_err(path, &field, "unknown key"));
-                    }
+                cause = Some(s.clone());
+            }
+            ("verdict" | "cause", v) => {
+                return Err(field_err(
+                    path,
+                    &field,
+                    format!("expected a string, found {}", v.type_str()),
+                ))
+            }
+            _ => {
+                if !workload_key(path, &field, k, v, &mut overrides)? {
+                    return Err(field_err(path, &field, "unknown key"));
                 }
             }
         }
-        let verdict = verdict.ok_or_else(|| {
-            field_err(path, &format!("expect[{i}].verdict"), "missing (required)")
-        })?;
-        check_args(path, &format!("expect[{i}]"), &merge(&base, &overrides))?;
-        expects.push(Expectation {
-            overrides,
-            verdict,
-            cause,
-        });
     }
-    Ok(CaseFile {
-        path: file.to_path_buf(),
-        name,
-        description,
-        memory,
-        base,
-        workload,
-        expects,
+    let verdict = verdict
+        .ok_or_else(|| field_err(path, &format!("expect[{i}].verdict"), "missing (required)"))?;
+    Ok(Expectation {
+        overrides,
+        verdict,
+        cause,
     })
 }

@@ -25,12 +25,24 @@ pub struct Resolved {
 /// checked, with warnings. The shape as a whole is checked by the caller (`resolve`).
 pub fn apply(args: &WorkloadArgs, mut w: Workload) -> Result<Resolved, CliError> {
     let mut warnings = Vec::new();
-    let name = w.name.clone();
-    let arch = w.arch;
     let text = w.is_text_transformer();
     let shape_before = super::layers::Shape::of(&w);
-    let not_for = |flag: &str, why: &str| usage(flag, format!("does not apply to {name}: {why}"));
+    apply_shape(args, &mut w, text)?;
+    apply_numerics(args, &mut w, &mut warnings)?;
+    apply_finetune(args, &mut w, &mut warnings)?;
+    apply_layout(args, &mut w)?;
+    finish(args, &mut w, &mut warnings, text, shape_before)?;
+    Ok(Resolved {
+        workload: w,
+        warnings,
+    })
+}
 
+/// The shape flags (`--batch` through `--params`), each refused where the model has no such part.
+fn apply_shape(args: &WorkloadArgs, w: &mut Workload, text: bool) -> Result<(), CliError> {
+    let name = w.name.clone();
+    let arch = w.arch;
+    let not_for = |flag: &str, why: &str| usage(flag, format!("does not apply to {name}: {why}"));
     if let Some(v) = &args.batch {
         w.batch = count("batch", v)?;
     }
@@ -110,6 +122,17 @@ pub fn apply(args: &WorkloadArgs, mut w: Workload) -> Result<Resolved, CliError>
         }
         w.params = Some(count("params", v)?);
     }
+    Ok(())
+}
+
+/// The numerics and training-step flags (`--precision` through `--kv-cache`), with warnings.
+fn apply_numerics(
+    args: &WorkloadArgs,
+    w: &mut Workload,
+    warnings: &mut Vec<String>,
+) -> Result<(), CliError> {
+    let name = w.name.clone();
+    let not_for = |flag: &str, why: &str| usage(flag, format!("does not apply to {name}: {why}"));
     if let Some(v) = &args.precision {
         w.precision = parse_precision(v)?;
     }
@@ -202,8 +225,12 @@ pub fn apply(args: &WorkloadArgs, mut w: Workload) -> Result<Resolved, CliError>
         w.kv_cache = parse_dropout(v)
             .map_err(|_| usage("kv-cache", format!("expected on or off, not '{v}'")))?;
     }
-    apply_finetune(args, &mut w, &mut warnings)?;
-    super::serve::apply(&mut w, &args.serve, args.config.as_deref())?;
+    Ok(())
+}
+
+/// The serving flags, then the training layout flags (refused when serving, which splits by `--tp`).
+fn apply_layout(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
+    super::serve::apply(w, &args.serve, args.config.as_deref())?;
     if w.mode == Mode::Serve {
         if args.parallel != Default::default() {
             return Err(CliError::usage(
@@ -212,12 +239,24 @@ pub fn apply(args: &WorkloadArgs, mut w: Workload) -> Result<Resolved, CliError>
         }
     } else {
         super::parallel::apply(
-            &mut w,
+            w,
             &args.parallel,
             args.serve.tp.as_deref(),
             args.gpus.is_some(),
         )?;
     }
+    Ok(())
+}
+
+/// The result's last checks and notes: inference drops the optimizer, Gemma 2 refuses sdpa, etc.
+fn finish(
+    args: &WorkloadArgs,
+    w: &mut Workload,
+    warnings: &mut Vec<String>,
+    text: bool,
+    shape_before: super::layers::Shape,
+) -> Result<(), CliError> {
+    let name = w.name.clone();
     // An inference forward steps no optimizer: the workload says none, in the text and the JSON.
     if w.inference() && w.optimizer != Optimizer::None {
         if let Some(o) = &args.optimizer {
@@ -242,7 +281,7 @@ pub fn apply(args: &WorkloadArgs, mut w: Workload) -> Result<Resolved, CliError>
              in the kernel)"
         )));
     }
-    if let Some(note) = super::layers::resync(&mut w, shape_before) {
+    if let Some(note) = super::layers::resync(w, shape_before) {
         warnings.push(note);
     }
     if text && w.max_positions > 0 && w.seq > w.max_positions {
@@ -257,10 +296,7 @@ pub fn apply(args: &WorkloadArgs, mut w: Workload) -> Result<Resolved, CliError>
             w.zero
         ));
     }
-    Ok(Resolved {
-        workload: w,
-        warnings,
-    })
+    Ok(())
 }
 
 /// A probability in [0, 1).
@@ -281,7 +317,14 @@ fn apply_finetune(
     w: &mut Workload,
     warnings: &mut Vec<String>,
 ) -> Result<(), CliError> {
-    use crate::workload::{Lora, Quant, QuantKind, Target};
+    apply_lora(args, w)?;
+    apply_quant(args, w)?;
+    check_finetune(args, w, warnings)
+}
+
+/// `--lora` and its `--lora-*` companions (refused without `--lora RANK`).
+fn apply_lora(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
+    use crate::workload::{Lora, Target};
     let lora_flags = [
         ("lora-targets", &args.lora_targets),
         ("lora-alpha", &args.lora_alpha),
@@ -339,6 +382,12 @@ fn apply_finetune(
     } else if let Some((flag, _)) = lora_flags.iter().find(|(_, v)| v.is_some()) {
         return Err(usage(flag, "needs --lora RANK"));
     }
+    Ok(())
+}
+
+/// `--quant`, `--kbit-prep`, `--double-quant` and `--quant-compute`: the bitsandbytes base.
+fn apply_quant(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
+    use crate::workload::{Quant, QuantKind};
     if let Some(v) = &args.quant {
         let kind = choice(
             "quant",
@@ -389,6 +438,15 @@ fn apply_finetune(
             None => return Err(usage("quant-compute", "needs --quant nf4|fp4")),
         }
     }
+    Ok(())
+}
+
+/// Whether adapters or a quantized base fit the workload, and PEFT's k-bit gradient checkpointing.
+fn check_finetune(
+    args: &WorkloadArgs,
+    w: &mut Workload,
+    warnings: &mut Vec<String>,
+) -> Result<(), CliError> {
     if let Some(q) = w.quant.filter(|q| !q.kind.is_bnb()) {
         return stored_base(w, q.kind);
     }

@@ -272,6 +272,19 @@ pub fn check(w: &Workload) -> Result<(), LayoutError> {
     if p.is_single() && w.zero == 0 {
         return Ok(());
     }
+    check_sharding(w)?;
+    check_tp(w)?;
+    check_pp(w)?;
+    check_cp(w)?;
+    if w.inference() && !p.is_single() && (p.fsdp.is_some() || p.ddp_bucket_mb.is_some()) {
+        return Err(err("fsdp", "FSDP and DDP are training layouts"));
+    }
+    Ok(())
+}
+
+/// The sharding flags against each other, `--rank` against the GPUs, and the modelled families.
+fn check_sharding(w: &Workload) -> Result<(), LayoutError> {
+    let p = &w.parallel;
     if p.offload {
         return Err(err(
             "offload",
@@ -320,6 +333,12 @@ pub fn check(w: &Workload) -> Result<(), LayoutError> {
             ),
         ));
     }
+    Ok(())
+}
+
+/// Tensor parallelism: `--tp` divides heads and widths; `--sequence-parallel`/`--tp-head` need it.
+fn check_tp(w: &Workload) -> Result<(), LayoutError> {
+    let p = &w.parallel;
     if p.tp > 1 {
         let kv = w.kv_heads();
         if !w.heads.is_multiple_of(p.tp) {
@@ -378,6 +397,12 @@ pub fn check(w: &Workload) -> Result<(), LayoutError> {
     } else if p.tp_head != TpHead::Sharded {
         return Err(err("tp-head", "needs --tp 2 or more"));
     }
+    Ok(())
+}
+
+/// Pipeline parallelism: the (virtual) stages divide the layers; micro-batches need a pipeline.
+fn check_pp(w: &Workload) -> Result<(), LayoutError> {
+    let p = &w.parallel;
     if p.pp > 1 {
         if p.pp > w.layers {
             return Err(err(
@@ -425,6 +450,12 @@ pub fn check(w: &Workload) -> Result<(), LayoutError> {
             "micro-batches are a pipeline's: add --pp",
         ));
     }
+    Ok(())
+}
+
+/// Context parallelism: seq divides into 2·cp chunks and the attention is a kernel it runs on.
+fn check_cp(w: &Workload) -> Result<(), LayoutError> {
+    let p = &w.parallel;
     if p.cp > 1 {
         if !w.seq.is_multiple_of(2 * p.cp) {
             return Err(err(
@@ -443,9 +474,6 @@ pub fn check(w: &Workload) -> Result<(), LayoutError> {
                 "context parallelism runs on SDPA's flash or memory-efficient kernels: use --attention sdpa or flash",
             ));
         }
-    }
-    if w.inference() && !p.is_single() && (p.fsdp.is_some() || p.ddp_bucket_mb.is_some()) {
-        return Err(err("fsdp", "FSDP and DDP are training layouts"));
     }
     Ok(())
 }

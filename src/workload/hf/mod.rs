@@ -80,9 +80,52 @@ pub fn read(path: &str, text: &str) -> Result<(Workload, String), ConfigError> {
         msg: "expected an object".into(),
     })?;
     let fields = Fields { path, obj };
-    let get_u = |key: &str| fields.u(key);
-    let req_u = |key: &str| fields.req_u(key);
-    let get_f = |key: &str| fields.f(key);
+    let (kind, name) = kind_and_name(path, obj)?;
+    let arch = match kind.as_str() {
+        "gpt2" => Arch::Gpt2,
+        "bert" => Arch::Bert,
+        "vit" => Arch::Vit,
+        other => return load_llm(path, obj, other, &name),
+    };
+    let mut w = presets::base(&name, arch);
+    match arch {
+        Arch::Gpt2 => gpt2_fields(&fields, &mut w)?,
+        _ => encoder_fields(&fields, &mut w, arch)?,
+    }
+    if w.arch != Arch::Vit {
+        w.seq = w.max_positions;
+    }
+    if let Some(a) = attention_of(path, obj)? {
+        w.attention = a;
+    }
+    let heads_key = if arch == Arch::Gpt2 {
+        "n_head"
+    } else {
+        "num_attention_heads"
+    };
+    if !w.hidden.is_multiple_of(w.heads) {
+        return Err(field_err(
+            path,
+            heads_key,
+            format!(
+                "{} heads do not divide the hidden size {}",
+                w.heads, w.hidden
+            ),
+        ));
+    }
+    let fields: Vec<&str> = HF_SIZES
+        .iter()
+        .map(|(k, _)| *k)
+        .filter(|k| obj.get(*k).is_some_and(|v| v.is_u64()))
+        .collect();
+    Ok((w, fields.join(", ")))
+}
+
+/// The config's family (`model_type`, or GPT-2 for a bare `n_embd` config) and the model's name.
+fn kind_and_name(
+    path: &str,
+    obj: &serde_json::Map<String, Json>,
+) -> Result<(String, String), ConfigError> {
     let model_type = match obj.get("model_type") {
         None => None,
         Some(Json::String(s)) => Some(s.clone()),
@@ -120,61 +163,69 @@ pub fn read(path: &str, text: &str) -> Result<(Workload, String), ConfigError> {
                 .map_or_else(|| kind.clone(), |s| s.to_string())
         }
     };
-    let dropout =
-        |key: &str| -> Result<bool, ConfigError> { Ok(get_f(key)?.is_none_or(|p| p > 0.0)) };
-    let arch = match kind.as_str() {
-        "gpt2" => Arch::Gpt2,
-        "bert" => Arch::Bert,
-        "vit" => Arch::Vit,
-        other => return load_llm(path, obj, other, &name),
+    Ok((kind, name))
+}
+
+/// Whether a dropout probability key leaves dropout on (absent means on).
+fn dropout_on(fields: &Fields, key: &str) -> Result<bool, ConfigError> {
+    Ok(fields.f(key)?.is_none_or(|p| p > 0.0))
+}
+
+/// GPT-2's sizes, dropout, activation and KV cache (`n_embd`, `n_layer`, ...).
+fn gpt2_fields(fields: &Fields, w: &mut Workload) -> Result<(), ConfigError> {
+    let (path, obj) = (fields.path, fields.obj);
+    let get_u = |key: &str| fields.u(key);
+    let req_u = |key: &str| fields.req_u(key);
+    let dropout = |key: &str| dropout_on(fields, key);
+    w.hidden = req_u("n_embd")?;
+    w.layers = req_u("n_layer")?;
+    w.heads = req_u("n_head")?;
+    w.vocab = req_u("vocab_size")?;
+    w.max_positions = match get_u("n_positions")? {
+        Some(n) => n,
+        None => req_u("n_ctx")?,
     };
-    let mut w = presets::base(&name, arch);
-    match arch {
-        Arch::Gpt2 => {
-            w.hidden = req_u("n_embd")?;
-            w.layers = req_u("n_layer")?;
-            w.heads = req_u("n_head")?;
-            w.vocab = req_u("vocab_size")?;
-            w.max_positions = match get_u("n_positions")? {
-                Some(n) => n,
-                None => req_u("n_ctx")?,
-            };
-            w.ffn = match get_u("n_inner")? {
-                Some(n) => n,
-                None => w
-                    .hidden
-                    .checked_mul(4)
-                    .ok_or_else(|| field_err(path, "n_embd", "too large"))?,
-            };
-            w.dropout = dropout("resid_pdrop")?;
-            w.gelu = gelu_of(
+    w.ffn = match get_u("n_inner")? {
+        Some(n) => n,
+        None => w
+            .hidden
+            .checked_mul(4)
+            .ok_or_else(|| field_err(path, "n_embd", "too large"))?,
+    };
+    w.dropout = dropout("resid_pdrop")?;
+    w.gelu = gelu_of(
+        path,
+        "activation_function",
+        obj.get("activation_function"),
+        "gelu_new",
+    )?;
+    // GPT2Config's use_cache defaults to true, and transformers keeps it on in training.
+    w.kv_cache = match obj.get("use_cache") {
+        None | Some(Json::Null) => true,
+        Some(Json::Bool(b)) => *b,
+        Some(x) => {
+            return Err(field_err(
                 path,
-                "activation_function",
-                obj.get("activation_function"),
-                "gelu_new",
-            )?;
-            // GPT2Config's use_cache defaults to true, and transformers keeps it on in training.
-            w.kv_cache = match obj.get("use_cache") {
-                None | Some(Json::Null) => true,
-                Some(Json::Bool(b)) => *b,
-                Some(x) => {
-                    return Err(field_err(
-                        path,
-                        "use_cache",
-                        format!("expected true or false, found {x}"),
-                    ))
-                }
-            };
+                "use_cache",
+                format!("expected true or false, found {x}"),
+            ))
         }
-        _ => {
-            w.hidden = req_u("hidden_size")?;
-            w.layers = req_u("num_hidden_layers")?;
-            w.heads = req_u("num_attention_heads")?;
-            w.ffn = req_u("intermediate_size")?;
-            w.dropout = dropout("hidden_dropout_prob")?;
-            w.gelu = gelu_of(path, "hidden_act", obj.get("hidden_act"), "gelu")?;
-        }
-    }
+    };
+    Ok(())
+}
+
+/// BERT's and ViT's sizes, dropout and activation, then BERT's vocabulary or ViT's image.
+fn encoder_fields(fields: &Fields, w: &mut Workload, arch: Arch) -> Result<(), ConfigError> {
+    let (path, obj) = (fields.path, fields.obj);
+    let get_u = |key: &str| fields.u(key);
+    let req_u = |key: &str| fields.req_u(key);
+    let dropout = |key: &str| dropout_on(fields, key);
+    w.hidden = req_u("hidden_size")?;
+    w.layers = req_u("num_hidden_layers")?;
+    w.heads = req_u("num_attention_heads")?;
+    w.ffn = req_u("intermediate_size")?;
+    w.dropout = dropout("hidden_dropout_prob")?;
+    w.gelu = gelu_of(path, "hidden_act", obj.get("hidden_act"), "gelu")?;
     match arch {
         Arch::Bert => {
             w.vocab = req_u("vocab_size")?;
@@ -205,33 +256,7 @@ pub fn read(path: &str, text: &str) -> Result<(Workload, String), ConfigError> {
         }
         _ => {}
     }
-    if w.arch != Arch::Vit {
-        w.seq = w.max_positions;
-    }
-    if let Some(a) = attention_of(path, obj)? {
-        w.attention = a;
-    }
-    let heads_key = if arch == Arch::Gpt2 {
-        "n_head"
-    } else {
-        "num_attention_heads"
-    };
-    if !w.hidden.is_multiple_of(w.heads) {
-        return Err(field_err(
-            path,
-            heads_key,
-            format!(
-                "{} heads do not divide the hidden size {}",
-                w.heads, w.hidden
-            ),
-        ));
-    }
-    let fields: Vec<&str> = HF_SIZES
-        .iter()
-        .map(|(k, _)| *k)
-        .filter(|k| obj.get(*k).is_some_and(|v| v.is_u64()))
-        .collect();
-    Ok((w, fields.join(", ")))
+    Ok(())
 }
 
 /// JSON as Python's `json` writes it: the bare tokens `Infinity`, `-Infinity` and `NaN` (which

@@ -102,7 +102,23 @@ pub fn open_stream(path: &Path) -> Result<std::fs::File, InputError> {
     if let Some(what) = not_regular(&m) {
         return Err(InputError::NotRegular(what));
     }
+    if let Some(what) = pseudo(path) {
+        return Err(InputError::NotRegular(what));
+    }
     std::fs::File::open(path).map_err(InputError::io)
+}
+
+/// A kernel's pseudo-file (procfs, sysfs): it says size 0 and may yield without end
+/// (`/proc/self/pagemap`), so it is not a log.
+fn pseudo(path: &Path) -> Option<&'static str> {
+    let real = std::fs::canonicalize(path).ok()?;
+    if real.starts_with("/proc") {
+        Some("a procfs file")
+    } else if real.starts_with("/sys") {
+        Some("a sysfs file")
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]

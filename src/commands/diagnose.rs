@@ -117,9 +117,23 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
         Vec::new()
     };
     let input = open_input(file)?;
-    let messages = crate::oom::scan::scan(input)
+    let scanned = crate::oom::scan::scan_bounded(input)
         .map_err(|e| CliError::usage(format!("cannot read {file}: {e}")))?;
     let name = if file == "-" { "stdin" } else { file };
+    if scanned.messages_dropped > 0 {
+        eprintln!(
+            "oomprobe: warning: {name}: {} more distinct out-of-memory messages were counted, not kept (the first {} are)",
+            scanned.messages_dropped,
+            crate::oom::scan::MAX_MESSAGES
+        );
+    }
+    if let Some(at) = scanned.stopped_at {
+        eprintln!(
+            "oomprobe: warning: {name}: read the first {} only; the rest was not searched",
+            crate::units::fmt_bytes(at)
+        );
+    }
+    let messages = scanned.messages;
     if messages.is_empty() {
         return Err(CliError::usage(format!(
             "no out-of-memory message found in {name}"

@@ -13,7 +13,9 @@ use super::{Format, Message, Printed, ProcessUse};
 
 /// A printed size: c10's `format_size` ("1024 bytes", "22.00 KiB", "23.58 GiB"); older MPS
 /// builds print "GB"/"MB" with the same binary units (MPSAllocator.mm's own `format_size`).
-pub const SIZE: &str = r"(\d+(?:\.\d+)?) ?(bytes|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\b";
+/// A number in exponent form ("1e30 GiB") is read too: PyTorch never prints one, but a message
+/// edited by hand or by another tool may carry it, and it is still a message.
+pub const SIZE: &str = r"(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?) ?(bytes|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\b";
 
 /// A size's text to bytes and the interval that prints the same.
 pub fn size(num: &str, unit: &str) -> Option<Printed> {
@@ -26,6 +28,21 @@ pub fn size(num: &str, unit: &str) -> Option<Printed> {
         "TiB" | "TB" => 1 << 40,
         _ => return None,
     };
+    if num.contains(['e', 'E']) {
+        // Exponent form: the value as a float, saturated at the largest count of bytes.
+        let v = num.parse::<f64>().ok()? * scale as f64;
+        let bytes = if v.is_finite() && v < u64::MAX as f64 {
+            v as u64
+        } else {
+            u64::MAX
+        };
+        return Some(Printed {
+            bytes,
+            min: bytes,
+            max: bytes,
+            text,
+        });
+    }
     let (int, frac) = num.split_once('.').unwrap_or((num, ""));
     let int: u64 = int.parse().ok()?;
     if frac.is_empty() {

@@ -168,7 +168,31 @@ impl<R: Read> Read for Utf16<R> {
 }
 
 /// Every distinct message in `input` (UTF-8, or UTF-16 told by its start), in order.
-pub fn scan<R: BufRead>(mut input: R) -> std::io::Result<Vec<Message>> {
+pub fn scan<R: BufRead>(input: R) -> std::io::Result<Vec<Message>> {
+    Ok(scan_bounded(input)?.messages)
+}
+
+/// What a scan found, and what it left out to stay bounded.
+#[derive(Debug, Default)]
+pub struct Scanned {
+    pub messages: Vec<Message>,
+    /// Distinct messages past [`MAX_MESSAGES`] (counted, not kept).
+    pub messages_dropped: u64,
+    /// Input bytes past [`MAX_READ`] (not read): None when the input ended first.
+    pub stopped_at: Option<u64>,
+}
+
+/// Distinct messages kept; more are counted (a log of a million different OOMs is not read
+/// into memory).
+pub const MAX_MESSAGES: usize = 10_000;
+/// Bytes read from one input at most.
+pub const MAX_READ: u64 = 4 << 30;
+/// A region of kept lines is read once it holds this many bytes.
+const MAX_REGION_BYTES: usize = 4 << 20;
+
+/// [`scan`], saying what it left out: memory is bounded by one line piece, one region and
+/// [`MAX_MESSAGES`] messages, and time by [`MAX_READ`] bytes.
+pub fn scan_bounded<R: BufRead>(mut input: R) -> std::io::Result<Scanned> {
     match utf16_order(input.fill_buf()?) {
         Some(le) => scan_utf8(std::io::BufReader::new(Utf16 {
             inner: input,
@@ -181,40 +205,116 @@ pub fn scan<R: BufRead>(mut input: R) -> std::io::Result<Vec<Message>> {
     }
 }
 
-fn scan_utf8<R: BufRead>(mut input: R) -> std::io::Result<Vec<Message>> {
-    let mut out = Vec::new();
-    let mut region = Region::default();
-    let mut left = 0usize;
-    let mut kept = 0usize;
+/// The scan's state between lines.
+#[derive(Default)]
+struct Scanner {
+    found: Scanned,
+    region: Region,
+    /// Lines still kept after the last head.
+    left: usize,
+    kept: usize,
+    region_bytes: usize,
+}
+
+impl Scanner {
+    /// One line (or a `\r`-separated piece of one: progress bars rewrite a line so).
+    fn line(&mut self, line_no: usize, bytes: &[u8]) {
+        if HINT.is_match(bytes) {
+            self.left = FOLLOW + 1;
+        }
+        if self.left > 0 {
+            self.left -= 1;
+            self.region
+                .push(line_no.max(1), &clean(&String::from_utf8_lossy(bytes)));
+            self.kept += 1;
+            self.region_bytes += bytes.len();
+        }
+        if (self.left == 0 && self.kept > 0)
+            || self.kept >= MAX_REGION
+            || self.region_bytes >= MAX_REGION_BYTES
+        {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        let mut found = Vec::new();
+        std::mem::take(&mut self.region).read(&mut found);
+        for m in found {
+            let known = self.found.messages.iter().any(|o| o.text == m.text);
+            if known || self.found.messages.len() < MAX_MESSAGES {
+                add(&mut self.found.messages, m);
+            } else {
+                self.found.messages_dropped += 1;
+            }
+        }
+        self.kept = 0;
+        self.region_bytes = 0;
+    }
+}
+
+fn scan_utf8<R: BufRead>(mut input: R) -> std::io::Result<Scanned> {
+    let mut sc = Scanner::default();
     let mut buf = Vec::new();
     let mut line_no = 0usize;
+    let mut at_line_start = true;
+    let mut read = 0u64;
     loop {
+        if read >= MAX_READ {
+            sc.found.stopped_at = Some(read);
+            break;
+        }
         buf.clear();
-        let n = <&mut R as std::io::Read>::take(&mut input, MAX_LINE as u64)
-            .read_until(b'\n', &mut buf)?;
+        let n = read_piece(&mut input, &mut buf, MAX_LINE)?;
         if n == 0 {
             break;
         }
-        // A cut piece of a long line counts as its own line, on the same line number.
-        if buf.ends_with(b"\n") || n < MAX_LINE {
+        read += n as u64;
+        // A redraw (`\r`) or a cut piece of a long line stays on its line's number.
+        if at_line_start {
             line_no += 1;
         }
-        if HINT.is_match(&buf) {
-            left = FOLLOW + 1;
+        at_line_start = buf.ends_with(b"\n");
+        sc.line(line_no, &buf);
+    }
+    sc.flush();
+    Ok(sc.found)
+}
+
+/// One piece of the input into `buf`: up to and including a `\n`, or a `\r` that is not the
+/// start of `\r\n` (a progress bar's redraw), or `max` bytes of a longer line. Returns the
+/// bytes consumed (0 at the end).
+fn read_piece<R: BufRead>(input: &mut R, buf: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
+    let mut n = 0;
+    loop {
+        let avail = input.fill_buf()?;
+        if avail.is_empty() {
+            return Ok(n);
         }
-        if left > 0 {
-            left -= 1;
-            region.push(line_no.max(1), &clean(&String::from_utf8_lossy(&buf)));
-            kept += 1;
-        }
-        if (left == 0 && kept > 0) || kept >= MAX_REGION {
-            region.read(&mut out);
-            region = Region::default();
-            kept = 0;
+        let take = avail.len().min(max - n);
+        match avail[..take].iter().position(|&b| b == b'\n' || b == b'\r') {
+            Some(i) => {
+                let cr = avail[i] == b'\r';
+                buf.extend_from_slice(&avail[..=i]);
+                input.consume(i + 1);
+                n += i + 1;
+                if cr && input.fill_buf()?.first() == Some(&b'\n') {
+                    buf.push(b'\n');
+                    input.consume(1);
+                    n += 1;
+                }
+                return Ok(n);
+            }
+            None => {
+                buf.extend_from_slice(&avail[..take]);
+                input.consume(take);
+                n += take;
+                if n >= max {
+                    return Ok(n);
+                }
+            }
         }
     }
-    region.read(&mut out);
-    Ok(out)
 }
 
 /// Every message in a string (tests, the library).

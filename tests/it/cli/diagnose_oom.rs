@@ -290,3 +290,57 @@ fn memory_fraction_legacy_runtime_and_host_ram_messages_are_read() {
         "{v}"
     );
 }
+
+#[test]
+fn progress_bar_logs_are_read_in_bounded_memory_and_pseudo_files_refused() {
+    // Lines that end in `\r` only (a progress bar's redraws), 64 MB of them around one
+    // message: the message is read (as many times as it stands), each redraw is a line of its
+    // own, so nothing grows with the log.
+    let msg = std::fs::read_to_string(fixture("008"))
+        .unwrap()
+        .replace('\n', " ");
+    let mut log = Vec::new();
+    while log.len() < 64 << 20 {
+        for _ in 0..50 {
+            log.extend_from_slice(b"  5/10 [00:01<00:01, 3.2it/s]\r");
+        }
+        log.extend_from_slice(msg.as_bytes());
+        log.push(b'\r');
+    }
+    let v = judged(log);
+    let m = &v["messages"].as_array().unwrap();
+    assert_eq!(m.len(), 1, "{v}");
+    assert!(m[0]["repeats"].as_u64().unwrap() > 1000, "{v}");
+    // procfs and sysfs files say size 0 and may yield without end: one line, exit 2.
+    for (path, what) in [
+        ("/proc/self/pagemap", "a procfs file"),
+        ("/proc/self/status", "a procfs file"),
+    ] {
+        let out = oomprobe()
+            .args(["diagnose", "--oom", path])
+            .timeout(std::time::Duration::from_secs(10))
+            .assert()
+            .code(2)
+            .get_output()
+            .clone();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(
+            err,
+            format!("oomprobe: cannot read {path}: it is {what}, not a regular file\n")
+        );
+    }
+}
+
+#[test]
+fn a_size_in_exponent_form_is_read_in_either_wording() {
+    // PyTorch never prints one, but an edited message may: "1e30 GiB" is past any count of
+    // bytes and reads as the largest, a request no card serves.
+    let v2 = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1e30 GiB. GPU 0 has a total capacity of 79.15 GiB of which 10.56 MiB is free. Including non-PyTorch memory, this process has 79.13 GiB memory in use. Of the allocated memory 77.52 GiB is allocated by PyTorch, and 1.08 GiB is reserved by PyTorch but unallocated.\n";
+    let v1 = "RuntimeError: CUDA out of memory. Tried to allocate 1e30 GiB (GPU 0; 79.15 GiB total capacity; 77.52 GiB already allocated; 10.56 MiB free; 78.60 GiB reserved in total by PyTorch)\n";
+    for log in [v2, v1] {
+        let v = judged(log.as_bytes().to_vec());
+        let m = &v["messages"][0];
+        assert_eq!(m["requested_bytes"], u64::MAX, "{v}");
+        assert_eq!(m["cause"], "shortage", "{v}");
+    }
+}

@@ -1,8 +1,9 @@
 """oomprobe from Python: the CLI's estimate, diagnose and max batch, as dicts, over its JSON.
 
 No torch is needed to import it. Flags are keyword arguments with the CLI's names
-(`lora=16, lora_targets="all-linear"` is `--lora 16 --lora-targets all-linear`); bad arguments
-raise ValueError with the CLI's one line.
+(`lora=16, lora_targets="all-linear"` is `--lora 16 --lora-targets all-linear`), their types
+checked before the binary runs (TypeError naming the parameter); the CLI's refusals raise
+ValueError with its whole line.
 
     >>> import oomprobe
     >>> oomprobe.max_batch(model="llama3-8b", seq=1024, memory="24GiB", lora=16,

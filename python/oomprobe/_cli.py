@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Sequence, Union
 
 __all__ = ["OomprobeError", "binary", "run", "run_json", "flag_args"]
 
@@ -64,7 +65,7 @@ MAX_VALUE_BYTES = 16 * 1024
 def _value(caller: str, key: str, value: Any) -> str:
     """One value as the CLI's text: a str, a number or a path; TypeError for anything else
     (a bool included: it is no size or count), ValueError for what no command line can carry."""
-    if isinstance(value, bool) or not isinstance(value, (str, int, float, os.PathLike)):
+    if isinstance(value, bool) or not isinstance(value, (str, numbers.Real, os.PathLike)):
         raise TypeError(f"{caller}(): {key}= takes a str, a number or a path, not "
                         f"{type(value).__name__} ({value!r:.60})")
     text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
@@ -72,7 +73,11 @@ def _value(caller: str, key: str, value: Any) -> str:
         raise TypeError(f"{caller}(): {key}= takes a str path, not a bytes one")
     if "\0" in text:
         raise ValueError(f"{caller}(): {key}= holds a NUL character")
-    size = len(text.encode("utf-8", "surrogateescape"))
+    try:
+        size = len(os.fsencode(text))  # as subprocess encodes an argument
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{caller}(): {key}= cannot be a command-line argument ({e.reason})") \
+            from None
     if size > MAX_VALUE_BYTES:
         raise ValueError(f"{caller}(): {key}= is {size} bytes long; no value the CLI takes is "
                          f"over {MAX_VALUE_BYTES} (a long text goes to diagnose_oom(), a "
@@ -122,7 +127,7 @@ def run(args: Sequence[str], stdin: Union[str, bytes, None] = None) -> subproces
     """Runs `oomprobe ARGS`, `stdin` (text as UTF-8, or bytes as they are) on its standard
     input. Exit 2 (bad input) raises ValueError with the CLI's whole refusal line; any other
     failure raises OomprobeError."""
-    data = stdin.encode("utf-8", "surrogateescape") if isinstance(stdin, str) else stdin
+    data = stdin.encode("utf-8", "surrogatepass") if isinstance(stdin, str) else stdin
     proc = subprocess.run(
         [binary(), *args],
         input=data,

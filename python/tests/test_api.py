@@ -172,6 +172,8 @@ def test_booleans_are_no_sizes_or_counts():
     # Numbers and size strings are sizes; True/False are on/off where the flag reads on|off.
     assert oomprobe.max_batch(model="tiny-gpt", memory=2**30) \
         == oomprobe.max_batch(model="tiny-gpt", memory="1GiB")
+    from fractions import Fraction  # a numbers.Real that is no int, as numpy's integers are
+    assert flag_args({"batch": Fraction(4)}) == ["--batch", "4"]
     assert oomprobe.estimate(model="tiny-gpt", dropout=False) \
         == oomprobe.estimate(model="tiny-gpt", dropout="off")
 
@@ -183,6 +185,8 @@ def test_other_value_types_name_the_parameter():
         oomprobe.diagnose(model="tiny-gpt", batch_of=[1, True])
     with pytest.raises(ValueError, match=r"^estimate\(\): model= holds a NUL"):
         oomprobe.estimate(model="tiny\0gpt")
+    with pytest.raises(ValueError, match=r"^estimate\(\): model= cannot be a command-line argument"):
+        oomprobe.estimate(model="\ud800")
 
 
 def test_meta_flags_are_refused_before_the_binary_runs():

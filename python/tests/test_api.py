@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import oomprobe
-from oomprobe._cli import flag_args
+from oomprobe._cli import BARE, ON_OFF, flag_args, _refusal
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "tests" / "fixtures" / "configs"
@@ -28,10 +28,12 @@ def test_version_is_the_crates():
 
 
 def test_flag_args():
-    assert flag_args({"lora": 16, "lora_targets": "all-linear", "json": True, "gpu": None,
-                      "seq": 1024, "batch_of": [1, 2], "x": False}) == [
-        "--lora", "16", "--lora-targets", "all-linear", "--json", "--seq", "1024",
-        "--batch-of", "1,2"]
+    assert flag_args({"lora": 16, "lora_targets": "all-linear", "gpu": None, "seq": 1024,
+                      "batch_of": [1, 2], "config": Path("c.json"), "dropout": False,
+                      "sequence_parallel": True, "ddp": True, "offload": None}) == [
+        "--lora", "16", "--lora-targets", "all-linear", "--seq", "1024", "--batch-of", "1,2",
+        "--config", "c.json", "--dropout", "off", "--sequence-parallel", "on", "--ddp"]
+    assert flag_args({"ddp": False}) == []
 
 
 def test_estimate_is_the_clis_json():
@@ -132,3 +134,100 @@ def test_the_wheel_installed_binary_and_package():
     assert Path(oomprobe.binary()) == scripts / "oomprobe"
     assert Path(oomprobe.__file__).is_relative_to(Path(sys.prefix))
     assert (Path(oomprobe.__file__).parent / "py.typed").is_file()
+
+
+# Issue 48, finding 9: the API's errors, each checked before the binary runs or mapped from the
+# CLI's one refusal line.
+
+def test_diagnose_oom_takes_bytes_and_refuses_other_types():
+    text = (OOM / "011-pytorch16417-24g-small-req.txt").read_text()
+    by_str = oomprobe.diagnose_oom(text)
+    assert oomprobe.diagnose_oom(text.encode()) == by_str
+    assert oomprobe.diagnose_oom(bytearray(text.encode())) == by_str
+    # Invalid UTF-8 is replaced, as the CLI reads any log.
+    assert oomprobe.diagnose_oom(b"\xc3\x28 junk \xff\n" + text.encode())["messages"]
+    with pytest.raises(TypeError, match=r"diagnose_oom\(\): text= takes a str or bytes, not int"):
+        oomprobe.diagnose_oom(123)
+    with pytest.raises(TypeError, match="read the file first"):
+        oomprobe.diagnose_oom(OOM / "011-pytorch16417-24g-small-req.txt")
+
+
+def test_max_batch_takes_one_card():
+    for gpu in ("list", "all"):
+        with pytest.raises(ValueError, match=f"gpu='{gpu}' is no card: max_batch takes one card"):
+            oomprobe.max_batch(model="gpt2", gpu=gpu)
+    d = oomprobe.estimate(model="tiny-gpt", gpu="t4")
+    batch = next(b for b in d["boundaries"] if b["scenario"] == "batch")
+    assert oomprobe.max_batch(model="tiny-gpt", gpu="t4") == batch["max_reserved"]
+
+
+def test_booleans_are_no_sizes_or_counts():
+    for key in ("memory", "batch", "gpus", "microbatches"):
+        with pytest.raises(TypeError, match=rf"^estimate\(\): {key}= takes a value, not True"):
+            oomprobe.estimate(model="tiny-gpt", **{key: True})
+    with pytest.raises(TypeError, match=r"^diagnose\(\): model= takes a value, not True"):
+        oomprobe.diagnose(model=True)
+    with pytest.raises(TypeError, match=r"^max_batch\(\): non_pytorch= takes a value"):
+        oomprobe.max_batch(model="tiny-gpt", memory="1GiB", non_pytorch=False)
+    # Numbers and size strings are sizes; True/False are on/off where the flag reads on|off.
+    assert oomprobe.max_batch(model="tiny-gpt", memory=2**30) \
+        == oomprobe.max_batch(model="tiny-gpt", memory="1GiB")
+    from fractions import Fraction  # a numbers.Real that is no int, as numpy's integers are
+    assert flag_args({"batch": Fraction(4)}) == ["--batch", "4"]
+    assert oomprobe.estimate(model="tiny-gpt", dropout=False) \
+        == oomprobe.estimate(model="tiny-gpt", dropout="off")
+
+
+def test_other_value_types_name_the_parameter():
+    with pytest.raises(TypeError, match=r"^estimate\(\): batch= takes a str, a number or a path, not dict"):
+        oomprobe.estimate(model="tiny-gpt", batch={"b": 1})
+    with pytest.raises(TypeError, match=r"^diagnose\(\): batch_of= .* not bool"):
+        oomprobe.diagnose(model="tiny-gpt", batch_of=[1, True])
+    with pytest.raises(ValueError, match=r"^estimate\(\): model= holds a NUL"):
+        oomprobe.estimate(model="tiny\0gpt")
+    with pytest.raises(ValueError, match=r"^estimate\(\): model= cannot be a command-line argument"):
+        oomprobe.estimate(model="\ud800")
+
+
+def test_meta_flags_are_refused_before_the_binary_runs():
+    for key in ("help", "version", "json"):
+        with pytest.raises(TypeError, match=f"estimate\\(\\) got an unexpected keyword argument '{key}'"):
+            oomprobe.estimate(model="tiny-gpt", **{key: True})
+    with pytest.raises(TypeError, match="'oom'"):
+        oomprobe.diagnose_oom("x", oom="log.txt")
+
+
+def test_long_inputs_never_reach_the_argument_list():
+    # A 10 MB log goes through stdin.
+    text = (OOM / "011-pytorch16417-24g-small-req.txt").read_text()
+    (m,) = oomprobe.diagnose_oom(text + "\n" + "step 1 loss 0.5 lr 1e-4\n" * 420_000)["messages"]
+    assert m["requested_bytes"] == 22 * 2**20
+    # No flag's value is that long: a ValueError naming it, not OSError (E2BIG).
+    with pytest.raises(ValueError, match=r"^estimate\(\): model= is 10000000 bytes long"):
+        oomprobe.estimate(model="x" * 10_000_000)
+
+
+def test_a_refusal_is_the_clis_whole_line():
+    with pytest.raises(ValueError) as e:
+        oomprobe.estimate(model="tiny-gpt", memory="1GiB", alloc_conf="a\nb:1")
+    assert str(e.value).startswith("oomprobe: --alloc-conf: unknown key 'a\\nb'")
+    assert "\n" not in str(e.value) and "PyTorch's keys" in str(e.value)
+    # Warnings come before the refusal: the refusal is the last line.
+    assert _refusal("oomprobe: warning: w\noomprobe: --batch: bad\n") == "oomprobe: --batch: bad"
+
+
+def test_the_bool_tables_are_the_clis():
+    """ON_OFF and BARE are the flags the CLI's help shows as <on|off> and [<...>]."""
+    import subprocess
+    on_off, bare = set(), set()
+    for cmd in ("estimate", "diagnose"):
+        help_text = subprocess.run([oomprobe.binary(), cmd, "--help"], capture_output=True,
+                                   text=True, check=True).stdout
+        for flag, optional, value in re.findall(r"^\s+--([a-z-]+) (\[)?<([^>]+)>", help_text, re.M):
+            key = flag.replace("-", "_")
+            if value == "on|off":
+                on_off.add(key)
+            elif optional:
+                bare.add(key)
+    assert on_off == ON_OFF
+    assert bare == BARE

@@ -48,6 +48,11 @@ pub fn one_line(msg: &str) -> String {
     out
 }
 
+/// Print a warning on stderr, one line, escaped as errors are ([`one_line`]).
+pub fn warn(msg: impl std::fmt::Display) {
+    eprintln!("oomprobe: warning: {}", one_line(&msg.to_string()));
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -44,7 +44,7 @@ pub fn run(args: &ProbeArgs, budget: Option<u64>, timeout: ProbeTimeout) -> CliR
         )));
     }
     if args.no_isolate {
-        eprintln!("oomprobe: warning: {NO_ISOLATE_WARNING}");
+        crate::error::warn(NO_ISOLATE_WARNING);
     }
     let report = replay(
         &case,

@@ -25,7 +25,7 @@ pub fn run(args: &CompareArgs) -> CliResult<()> {
     };
     let cmp = build(&files);
     for w in &cmp.warnings {
-        eprintln!("oomprobe: warning: {w}");
+        crate::error::warn(w);
     }
     let text = render(&files, &cmp, format, args.wide)?;
     match &args.out {

@@ -71,7 +71,7 @@ pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
     }
     .map_err(plan_error)?;
     for w in &r.warnings {
-        eprintln!("oomprobe: warning: {w}");
+        crate::error::warn(w);
     }
     if args.json {
         let s = serde_json::to_string_pretty(&d).map_err(|e| CliError::run(e.to_string()))?;
@@ -121,17 +121,17 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
         .map_err(|e| CliError::usage(format!("cannot read {file}: {e}")))?;
     let name = if file == "-" { "stdin" } else { file };
     if scanned.messages_dropped > 0 {
-        eprintln!(
-            "oomprobe: warning: {name}: {} more distinct out-of-memory messages were counted, not kept (the first {} are)",
+        crate::error::warn(format!(
+            "{name}: {} more distinct out-of-memory messages were counted, not kept (the first {} are)",
             scanned.messages_dropped,
             crate::oom::scan::MAX_MESSAGES
-        );
+        ));
     }
     if let Some(at) = scanned.stopped_at {
-        eprintln!(
-            "oomprobe: warning: {name}: read the first {} only; the rest was not searched",
+        crate::error::warn(format!(
+            "{name}: read the first {} only; the rest was not searched",
             crate::units::fmt_bytes(at)
-        );
+        ));
     }
     let messages = scanned.messages;
     if messages.is_empty() {
@@ -149,7 +149,7 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
     if given {
         let r = resolve(&args.workload, "gpt2")?;
         for w in &r.warnings {
-            eprintln!("oomprobe: warning: {w}");
+            crate::error::warn(w);
         }
         for (m, _) in &judged {
             checks.push(crate::message_check::check(&r.workload, m).map_err(plan_error)?);

@@ -106,7 +106,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
     let w = r.workload;
     if args.gpu.as_deref() == Some("all") {
         for w in &r.warnings {
-            eprintln!("oomprobe: warning: {w}");
+            crate::error::warn(w);
         }
         let (conf, _) = alloc_conf(args)?;
         let rows = crate::estimate::all_cards(&w, &conf).map_err(plan_error)?;
@@ -120,7 +120,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
             )
         })?;
         for w in &r.warnings {
-            eprintln!("oomprobe: warning: {w}");
+            crate::error::warn(w);
         }
         return serve(w, m, detected, args.json);
     }
@@ -129,7 +129,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         crate::commands::snapshot::export(&plan, path)?;
     }
     for w in &r.warnings {
-        eprintln!("oomprobe: warning: {w}");
+        crate::error::warn(w);
     }
     let b = breakdown(&plan);
     let (conf, conf_from) = alloc_conf(args)?;

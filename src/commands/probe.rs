@@ -92,7 +92,7 @@ pub fn run(args: &ProbeArgs) -> CliResult<()> {
         },
     })?;
     for w in session.warnings() {
-        eprintln!("oomprobe: warning: {w}");
+        crate::error::warn(w);
     }
     let device = session.device();
     let label = format!("{} ({})", device.name, device.backend.as_str());
@@ -145,7 +145,7 @@ fn user_workload(args: &ProbeArgs) -> CliResult<Option<crate::workload::Workload
     }
     let resolved = crate::resolve::resolve(&args.workload, "gpt2")?;
     for w in &resolved.warnings {
-        eprintln!("oomprobe: warning: {w}");
+        crate::error::warn(w);
     }
     Ok(Some(resolved.workload))
 }

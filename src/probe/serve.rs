@@ -64,7 +64,7 @@ pub fn run(
     let (budget, warning) =
         capacity::host_guard(&info, budget, args.force, capacity::ram_available());
     if let Some(wn) = warning {
-        eprintln!("oomprobe: warning: {wn}");
+        crate::error::warn(wn);
     }
     let cap = capacity::decide(&info, budget);
     let total = cap.budget.or(cap.predict_against).ok_or_else(|| {

@@ -52,8 +52,12 @@ pub struct MessageCheck {
 pub fn capacity(m: &Message) -> Option<u64> {
     let r = m.reserved_total()?;
     let h = m.headroom()?;
-    Some(r.mid().saturating_add(h.mid()))
+    Some(r.mid().saturating_add(h.mid())).filter(|&c| c <= MAX_CARD)
 }
+
+/// Past this a message's figures describe no card (an edited "1e30 GiB"): it is judged on its
+/// own, not replayed against a workload.
+const MAX_CARD: u64 = 1 << 50;
 
 fn share(a: u64, b: u64) -> f64 {
     (a as f64 - b as f64).abs() / (b.max(1) as f64)
@@ -177,7 +181,7 @@ pub struct SnapshotMatch {
 
 fn within(p: &Option<crate::oom::Printed>, v: u64, slack: u64) -> Option<bool> {
     let p = p.as_ref()?;
-    Some(v + slack >= p.min && v <= p.max + slack)
+    Some(v.saturating_add(slack) >= p.min && v <= p.max.saturating_add(slack))
 }
 
 /// Compare `m` with the OOM a snapshot recorded.

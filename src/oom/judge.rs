@@ -179,7 +179,7 @@ pub fn judge(m: &Message) -> Judgement {
     j.borderline = match (j.cause, unalloc, req, headroom) {
         (Cause::Shortage, Some(u), Some(t), _) if u.hi >= t.lo && u.lo < t.hi => true,
         (Cause::Shortage | Cause::Unknown, _, Some(t), Some(h)) => {
-            let edge = t.mid() + UNEXPLAINED_MARGIN;
+            let edge = t.mid().saturating_add(UNEXPLAINED_MARGIN);
             h.lo < edge && h.hi >= edge
         }
         _ => false,
@@ -392,7 +392,7 @@ fn decide(m: &Message, j: &mut Judgement, also: &mut Vec<Finding>, f: &Figures) 
         _ => false,
     };
     let unexplained = match (req, headroom) {
-        (Some(t), Some(h)) => h.mid() >= t.mid() + UNEXPLAINED_MARGIN,
+        (Some(t), Some(h)) => h.mid() >= t.mid().saturating_add(UNEXPLAINED_MARGIN),
         _ => false,
     };
     let over_limit = match (&m.allocation_limit, req) {

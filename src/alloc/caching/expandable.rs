@@ -49,8 +49,8 @@ impl Allocator {
             LARGE_BUFFER
         };
         let total = dev.total();
-        let pages = (total + total / 8).div_ceil(page).max(1);
-        let base = dev.reserve(pages * page);
+        let pages = total.saturating_add(total / 8).div_ceil(page).max(1);
+        let base = dev.reserve(pages.saturating_mul(page));
         self.expandables
             .push(Some(Expandable { base, page, pages }));
         let es = self.expandables.len() - 1;

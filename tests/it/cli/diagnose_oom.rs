@@ -343,4 +343,18 @@ fn a_size_in_exponent_form_is_read_in_either_wording() {
         assert_eq!(m["requested_bytes"], u64::MAX, "{v}");
         assert_eq!(m["cause"], "shortage", "{v}");
     }
+    // Every figure past any card, beside a workload: judged, not replayed, no panic.
+    let all = v2
+        .replace("79.15 GiB", "1e30 GiB")
+        .replace("10.56 MiB", "1e30 GiB");
+    let out = oomprobe()
+        .args(["diagnose", "--oom", "-", "--model", "gpt2", "--json"])
+        .write_stdin(all)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["messages"][0]["total_bytes"], u64::MAX, "{v}");
 }

@@ -117,7 +117,9 @@ fi
 if [ "$#" -eq 0 ]; then
   # The search-under-load test compares a search on an idle machine with one beside busy loops:
   # in the one test binary other tests would share that "idle" machine, so it runs alone after.
-  cargo test --all-targets -- --skip search::under_load::
+  # (--skip is libtest's; the criterion benches, built and run once in test mode, take none.)
+  cargo test --lib --bins --tests -- --skip search::under_load::
+  cargo test --benches
   cargo test --test it search::under_load::
 else
   cargo test --all-targets "$@"

@@ -79,6 +79,10 @@ pub struct SnapshotArgs {
     /// holds memory or history, the one that recorded an OOM first).
     #[arg(long, value_name = "N|all", allow_hyphen_values = true)]
     pub snapshot_device: Option<String>,
+    /// Replay a trace that cannot have happened (a double free, overlapping segments, more
+    /// allocated than reserved) with a warning, instead of refusing the file.
+    #[arg(long)]
+    pub lenient: bool,
 }
 
 #[derive(Debug, Args)]

@@ -56,7 +56,10 @@ ON_OFF = frozenset({"dropout", "kv_cache", "double_quant", "kbit_prep", "reshard
                     "offload", "bucket_view", "sequence_parallel"})
 # The flags whose value may be left out (`--ddp` is DDP's default buckets): True is the bare
 # flag, False leaves it out.
-BARE = frozenset({"ddp"})
+BARE = frozenset({"ddp", "lenient"})
+# The flags the CLI takes once per value (`--snapshot a --snapshot b`): a list is the flag
+# repeated, not its values joined with commas (a file name may hold a comma).
+REPEATED = frozenset({"snapshot"})
 # A value longer than this is no name, size, count or path the CLI takes (PATH_MAX is 4096);
 # with it every command line stays well under the kernel's limit (E2BIG).
 MAX_VALUE_BYTES = 16 * 1024
@@ -89,8 +92,8 @@ def flag_args(flags: Mapping[str, Any], caller: str = "oomprobe",
               reserved: Iterable[str] = ()) -> list[str]:
     """Keyword arguments as the CLI's flags, their types checked before the binary runs:
     `lora_targets="all-linear"` is `--lora-targets all-linear`; a str, number or path is the
-    value, a list or tuple of them joined with commas; None leaves the flag out; True/False is
-    "on"/"off" for an on|off flag and the bare flag / nothing for `ddp`, and a TypeError
+    value, a list or tuple of them joined with commas (`snapshot=[a, b]`: the flag once per file); None leaves the flag out; True/False is
+    "on"/"off" for an on|off flag and the bare flag / nothing for `ddp` and `lenient`, and a TypeError
     elsewhere. The meta flags (help, version, json) and `reserved` ones raise TypeError."""
     out: list[str] = []
     taken = _META | frozenset(reserved)
@@ -110,7 +113,10 @@ def flag_args(flags: Mapping[str, Any], caller: str = "oomprobe",
                 raise TypeError(f"{caller}(): {key}= takes a value, not {value} (True/False "
                                 f"only for the on|off flags and ddp)")
             continue
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple)) and key in REPEATED:
+            for v in value:
+                out += [name, _value(caller, key, v)]
+        elif isinstance(value, (list, tuple)):
             out += [name, ",".join(_value(caller, key, v) for v in value)]
         else:
             out += [name, _value(caller, key, value)]

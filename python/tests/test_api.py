@@ -34,6 +34,17 @@ def test_flag_args():
         "--lora", "16", "--lora-targets", "all-linear", "--seq", "1024", "--batch-of", "1,2",
         "--config", "c.json", "--dropout", "off", "--sequence-parallel", "on", "--ddp"]
     assert flag_args({"ddp": False}) == []
+    # Several snapshots are the flag once each (a file name may hold a comma), with lenient bare.
+    assert flag_args({"snapshot": ["a,1.pickle", Path("b.pickle")], "batch_of": (1, 2),
+                      "lenient": True}) == [
+        "--snapshot", "a,1.pickle", "--snapshot", "b.pickle", "--batch-of", "1,2", "--lenient"]
+
+
+def test_two_snapshots_scale_through_the_api():
+    fx = Path(__file__).resolve().parents[2] / "tests/fixtures/snapshots"
+    d = oomprobe.estimate(snapshot=[fx / "gpt2-tiny-b1.pickle", fx / "gpt2-tiny-b2.pickle"],
+                          batch_of=[1, 2])
+    assert d["devices"], d
 
 
 def test_estimate_is_the_clis_json():

@@ -67,6 +67,18 @@ pub fn source(args: &SnapshotArgs) -> CliResult<Source> {
     let mut synthetic = false;
     for f in &args.snapshot {
         let snap = crate::snapshot::read::read_file(f).map_err(|e| bad(f, e))?;
+        if let Some(wrong) = crate::snapshot::consistency::check(&snap) {
+            if !args.lenient {
+                return Err(CliError::usage(format!(
+                    "{}: a trace that cannot have happened: {wrong} (--lenient replays it anyway)",
+                    f.display()
+                )));
+            }
+            crate::error::warn(format!(
+                "{}: a trace that cannot have happened, replayed as --lenient asks: {wrong}",
+                f.display()
+            ));
+        }
         synthetic |= crate::snapshot::read::synthetic_segments(&snap).is_some();
     }
     // Made-up segments say nothing of what a device held: read the tensors, unless asked.

@@ -4,6 +4,7 @@
 //! opens. See docs/snapshots.md.
 
 pub mod allocator;
+pub mod consistency;
 pub mod describe;
 pub mod nesting;
 pub mod read;

@@ -671,6 +671,11 @@ fn trace_notes(
             }
         });
     }
+    if let Some(wrong) = super::consistency::check_device(snap, device) {
+        notes.push(format!(
+            "replayed although it cannot have happened (--lenient): {wrong}"
+        ));
+    }
     if entries.iter().all(|e| e.action == "snapshot") {
         notes.push(format!(
             "cuda:{device} has no trace (history was not recorded): only the state at dump time"

@@ -336,3 +336,79 @@ fn a_probe_replays_every_device_and_fails_where_pytorch_did() {
     );
     assert!(runs[1..].iter().all(|x| x["fits"] == true), "{r}");
 }
+
+/// A real trace (torch 2.9, tests/fixtures/snapshots/real/SOURCES.md) changed into four that
+/// cannot have happened: each is refused with the entry that breaks it, and `--lenient`
+/// replays it with a warning and a note.
+#[test]
+fn traces_that_cannot_have_happened_are_named_and_lenient_replays_them() {
+    use oomprobe::snapshot::schema::TraceEntry;
+    let real = fixture("real").join("torch29-decomfl-trace.pickle");
+    let snap = oomprobe::snapshot::read::read_file(&real).unwrap();
+    let trace = &snap.device_traces[0];
+    let first_free = trace
+        .iter()
+        .position(|e| e.action == "free_completed")
+        .unwrap();
+    let mut mutants: Vec<(&str, Vec<TraceEntry>, &str)> = Vec::new();
+    let mut doubled = trace.clone();
+    doubled.insert(first_free + 1, trace[first_free].clone());
+    mutants.push(("double free", doubled, "double free"));
+    let mut reversed = trace.clone();
+    reversed.reverse();
+    mutants.push(("reversed", reversed, "lies in no segment"));
+    let frees: Vec<TraceEntry> = trace
+        .iter()
+        .filter(|e| e.action.starts_with("free"))
+        .cloned()
+        .collect();
+    mutants.push(("frees only", frees, "double free"));
+    let seg = trace
+        .iter()
+        .position(|e| e.action == "segment_alloc")
+        .unwrap();
+    let mut overlap = trace.clone();
+    let mut twin = trace[seg].clone();
+    twin.addr = twin.addr.map(|a| a + twin.size / 2);
+    overlap.insert(seg + 1, twin);
+    mutants.push(("overlapping segments", overlap, "overlaps the live segment"));
+    let dir = tempfile::tempdir().unwrap();
+    for (name, entries, says) in mutants {
+        let mut s = snap.clone();
+        s.device_traces[0] = entries;
+        let path = dir
+            .path()
+            .join(format!("{}.pickle", name.replace(' ', "-")));
+        let bytes = serde_pickle::to_vec(&s, serde_pickle::SerOptions::new()).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        let p = path.display().to_string();
+        let out = oomprobe()
+            .args(["estimate", "--snapshot", &p])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{name}: {err}");
+        assert!(
+            err.contains("cannot have happened") && err.contains(says),
+            "{name}: {err}"
+        );
+        let r = oomprobe()
+            .args(["estimate", "--snapshot", &p, "--lenient", "--json"])
+            .output()
+            .unwrap();
+        let warned = String::from_utf8_lossy(&r.stderr);
+        assert!(r.status.success(), "{name} --lenient: {warned}");
+        assert!(
+            warned.contains("warning") && warned.contains(says),
+            "{name}: {warned}"
+        );
+        let v: Value = serde_json::from_slice(&r.stdout).unwrap();
+        assert!(
+            v.to_string().contains("--lenient"),
+            "{name}: the JSON notes the lenient replay: {v}"
+        );
+    }
+    // The real file itself is consistent.
+    assert_eq!(oomprobe::snapshot::consistency::check(&snap), None);
+}

@@ -524,3 +524,28 @@ fn the_allocator_model_replays_real_traces_to_the_recorded_address() {
         "{why}"
     );
 }
+
+#[test]
+fn every_committed_snapshot_is_a_trace_that_could_have_happened() {
+    // The consistency checks refuse no real file: ring buffers that start mid-run, PyTorch 2.0
+    // blocks, expandable segments on four devices, profiles turned into snapshots.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/snapshots");
+    let mut n = 0;
+    for dir in [root.join("real"), root.join("variants"), root.clone()] {
+        for f in std::fs::read_dir(&dir).unwrap() {
+            let p = f.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if name.starts_with("bad-") || !(name.ends_with(".pickle") || name.ends_with(".html")) {
+                continue;
+            }
+            let snap = read::read_file(&p).unwrap();
+            assert_eq!(
+                oomprobe::snapshot::consistency::check(&snap),
+                None,
+                "{name}"
+            );
+            n += 1;
+        }
+    }
+    assert!(n >= 15, "{n} files checked");
+}

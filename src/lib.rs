@@ -12,6 +12,7 @@ pub mod alloc;
 pub mod backend;
 pub mod cli;
 pub mod commands;
+pub mod cost;
 pub mod diagnose;
 pub mod error;
 pub mod estimate;

@@ -429,6 +429,16 @@ impl LayerSpec {
         }
     }
 
+    /// The width of the scores' contraction of an attention mixer (heads × query head width):
+    /// what the s² FLOPs scale with; None for recurrent mixers and none.
+    pub fn query_width(&self) -> Option<u64> {
+        match &self.mixer {
+            Mixer::Attention(a) => Some(a.heads * a.head_dim),
+            Mixer::Mla(m) => Some(m.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)),
+            _ => None,
+        }
+    }
+
     /// This layer's parameters in a model of width `h` with norms `norm`.
     pub fn params(&self, h: u64, norm: NormKind) -> LayerParams {
         let (mixer, mixer_largest) = match &self.mixer {

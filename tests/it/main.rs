@@ -39,6 +39,10 @@ mod backend {
     }
 }
 
+mod cost {
+    mod published;
+}
+
 mod cli {
     mod compare;
     mod devices;

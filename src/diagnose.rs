@@ -74,6 +74,10 @@ pub struct Diagnosis {
     /// With `--gpus N` (N > 1): the parallel layouts that fit on N such cards.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layouts: Option<crate::layouts::Layouts>,
+    /// A training step that does not fit: the combinations of changes that do, best first
+    /// (`crate::ways`; over `--gpus N` cards, else up to 8).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ways: Option<crate::ways::Ways>,
 }
 
 /// The most GPUs the ZeRO remedy searches over.
@@ -208,6 +212,22 @@ pub fn diagnose_on(
         cause,
         reason,
         remedies,
+        ways: if cause != Cause::Fits && w.is_text_transformer() && !w.inference() {
+            Some(crate::ways::search(
+                w,
+                card.map_or(memory, |c| c.total),
+                card,
+                &crate::alloc::AllocConf::default(),
+                if w.gpus > 1 {
+                    w.gpus
+                } else {
+                    crate::ways::MAX_GPUS
+                },
+                6,
+            )?)
+        } else {
+            None
+        },
         layouts: if crate::layouts::applies(w) {
             Some(crate::layouts::search(
                 w,
@@ -411,6 +431,9 @@ pub fn render(d: &Diagnosis) -> String {
     }
     if let Some(l) = &d.layouts {
         s.push_str(&crate::layouts::render(l, d.workload.batch));
+    }
+    if let Some(w) = &d.ways {
+        s.push_str(&crate::ways::render(w));
     }
     if d.workload.arch == Arch::Dense {
         if let Ok(p) = crate::plan::build::param_count(&d.workload) {

@@ -34,4 +34,5 @@ pub mod snapshot;
 pub mod tensor;
 pub mod term;
 pub mod units;
+pub mod ways;
 pub mod workload;

@@ -48,6 +48,9 @@ pub struct Shape {
     pub pp: u64,
     /// The optimizer step runs on the host: gradients down and parameters up over PCIe.
     pub offload: bool,
+    /// Backward computes the weights' gradients (false for a frozen base under LoRA: 4·N
+    /// per token instead of 6·N).
+    pub weight_grads: bool,
 }
 
 /// The cost of one step on one GPU.
@@ -96,7 +99,8 @@ pub const GPUS_PER_NODE: u64 = 8;
 impl Shape {
     /// Model FLOPs per token, forward and backward (no recompute).
     pub fn flops_per_token(&self) -> f64 {
-        6.0 * self.matmul_params as f64 + 12.0 * self.attn_flops_unit()
+        let passes = if self.weight_grads { 6.0 } else { 4.0 };
+        passes * self.matmul_params as f64 + 12.0 * self.attn_flops_unit()
     }
 
     fn attn_flops_unit(&self) -> f64 {
@@ -191,7 +195,12 @@ pub fn recompute_share(checkpoint: Checkpoint, layers: u64) -> f64 {
 
 /// The shape of a transformer workload's step on one data-parallel rank.
 pub fn shape_of(w: &Workload) -> Result<Shape, PlanError> {
-    let pieces = crate::plan::transformer::pieces(w)?;
+    // The base's weights as the matmuls see them: a 4-bit base is dequantized to its compute
+    // type for each matmul, and the adapters' FLOPs are a rounding error (rank ≪ width).
+    let mut dense = w.clone();
+    dense.quant = None;
+    dense.lora = None;
+    let pieces = crate::plan::transformer::pieces(&dense)?;
     let params: u64 = pieces.iter().map(|p| p.elems).sum();
     let embed: u64 = pieces
         .iter()
@@ -241,6 +250,7 @@ pub fn shape_of(w: &Workload) -> Result<Shape, PlanError> {
         tp: p.tp.max(1),
         pp: p.pp.max(1),
         offload: p.offload,
+        weight_grads: w.lora.is_none(),
     })
 }
 
@@ -267,6 +277,7 @@ mod tests {
             tp: 1,
             pp: 1,
             offload: false,
+            weight_grads: true,
         };
         let p = peaks::get("a100-80gb").unwrap();
         let none = s.cost(p);

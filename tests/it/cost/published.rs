@@ -39,6 +39,7 @@ fn predict(r: &Value) -> (f64, f64) {
         tp: u(r, "tp"),
         pp: 1,
         offload: false,
+        weight_grads: true,
     };
     let peak = peaks::get(r["card"].as_str().unwrap()).unwrap();
     let c = s.cost(peak);

@@ -2,8 +2,8 @@
 //! key `alloc::conf` reads, the `[256:1,>:4]` list form, unknown keys, huge numbers, control
 //! characters, newlines and escape sequences, stray separators) given as `--alloc-conf` or in
 //! the environment to `estimate`. Each run exits 0 or 2; a refusal is one line with no raw
-//! control character (the key or value it names is escaped), within
-//! `support::fuzz::RUN_BOUND`.
+//! control character (the key or value it names is escaped), and a report has none either,
+//! within `support::fuzz::RUN_BOUND`.
 //!
 //! CI runs `support::fuzz::DEFAULT_CASES` cases; `OOMPROBE_FUZZ_CASES=N` runs N
 //! (docs/src/testing.md).
@@ -43,7 +43,7 @@ fn value() -> impl Strategy<Value = String> {
             "native", "cudaMallocAsync", "4", "3", "[256:1,>:4]", "[1:2,2:4,>:8]", "[>:16]",
             "[256:3]", "[]", "[256:1", "[>:4,>:8]", "[4096:2,256:1]", "[18446744073709551615:2]",
             "18446744073709551615", "18446744073709551616", "99999999999999999999999999",
-            "-1", "nan", "inf", "", " ", "True\n", "1\r", "\u{1b}[0m", "\u{0}x",
+            "-1", "nan", "inf", "", " ", "True\n", "1\r", "\u{1b}[0m", "\u{1b}c", "a\u{7}b", "\u{0}x",
         ])
         .prop_map(str::to_string),
         1 => any::<u64>().prop_map(|n| n.to_string()),
@@ -93,9 +93,15 @@ proptest! {
             args.extend(["--alloc-conf", text.as_str()]);
             &[]
         };
-        if let Err(why) = fuzz::run(&args, env, b"") {
-            prop_assert!(false, "{:?} ({}): {}", text, if in_env { "env" } else { "flag" }, why);
-        }
+        let why = match fuzz::run(&args, env, b"") {
+            Err(why) => why,
+            // Settings that are taken are echoed in the report, escaped.
+            Ok(r) => match fuzz::raw_control(&r.stdout) {
+                Some(line) => format!("a raw control character on stdout: {line}"),
+                None => return Ok(()),
+            },
+        };
+        prop_assert!(false, "{:?} ({}): {}", text, if in_env { "env" } else { "flag" }, why);
     }
 }
 

@@ -3,7 +3,8 @@
 //! around the numbers (rich tracebacks), UTF-16 LE/BE with and without a BOM (Windows
 //! consoles), lines ended by `\r` alone (progress bars) or `\r\n`, repeated, cut at any byte,
 //! with binary junk inserted. Each, on stdin or in a file, exits 0 or 2 (one escaped stderr
-//! line), never a panic, within `support::fuzz::RUN_BOUND`.
+//! line, and no raw control character on stdout), never a panic, within
+//! `support::fuzz::RUN_BOUND`.
 //!
 //! CI runs `support::fuzz::DEFAULT_CASES` cases; `OOMPROBE_FUZZ_CASES=N` runs N
 //! (docs/src/testing.md).
@@ -174,14 +175,20 @@ proptest! {
             &bytes
         };
         args.extend(workload.iter().copied());
-        if let Err(why) = fuzz::run(&args, &[], stdin) {
-            prop_assert!(
-                false,
-                "{:?} on {:?} ({} bytes, starting {:?}): {}",
-                args, d, bytes.len(), String::from_utf8_lossy(&bytes[..bytes.len().min(200)]),
-                why
-            );
-        }
+        let why = match fuzz::run(&args, &[], stdin) {
+            Err(why) => why,
+            // The log's colour and junk are not echoed to the terminal.
+            Ok(r) => match fuzz::raw_control(&r.stdout) {
+                Some(line) => format!("a raw control character on stdout: {line}"),
+                None => return Ok(()),
+            },
+        };
+        prop_assert!(
+            false,
+            "{:?} on {:?} ({} bytes, starting {:?}): {}",
+            args, d, bytes.len(), String::from_utf8_lossy(&bytes[..bytes.len().min(200)]),
+            why
+        );
     }
 }
 

@@ -351,3 +351,45 @@ fn a_rewritten_fixture_replays_as_the_file_and_a_mutation_changes_it() {
     );
     eprintln!("snapshot fuzz: slowest run so far {:?}", fuzz::slowest());
 }
+
+/// A snapshot's strings (frame names and files, unknown actions) reach stdout raw, so a
+/// snapshot from elsewhere can send a terminal escape sequences (found by this fuzzer; issue
+/// 48 finding 7 escaped them in error lines only). Ignored until `snapshot::describe` escapes
+/// what it quotes; `cargo test --test it -- --ignored snapshot_fuzz` runs it.
+#[test]
+#[ignore = "snapshot text echoes control characters raw (src/snapshot/, reported)"]
+fn a_snapshots_strings_reach_stdout_escaped() {
+    let fx = fixtures()
+        .iter()
+        .find(|f| f.name == "real/torch26-small-trace.pickle")
+        .expect("fixture");
+    let mut snap = fx.value.clone();
+    let Some(t) = trace_mut(&mut snap) else {
+        panic!("no trace")
+    };
+    for e in t.iter_mut() {
+        if let Some(Value::List(frames)) = field_mut(e, "frames") {
+            for f in frames {
+                if let Some(name) = field_mut(f, "filename") {
+                    *name = Value::String("evil\u{1b}]0;pwn\u{7}.py".into());
+                }
+            }
+        }
+    }
+    apply(&mut snap, &Mutation::Action(0, "\u{1b}[31malloc"));
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("evil.pickle");
+    std::fs::write(
+        &p,
+        serde_pickle::value_to_vec(&snap, SerOptions::new()).unwrap(),
+    )
+    .unwrap();
+    let f = p.to_str().unwrap();
+    for args in [
+        vec!["estimate", "--snapshot", f],
+        vec!["diagnose", "--snapshot", f, "--memory", "1GiB"],
+    ] {
+        let r = fuzz::run(&args, &[], b"").unwrap_or_else(|why| panic!("{why}"));
+        assert_eq!(fuzz::raw_control(&r.stdout), None, "{args:?}");
+    }
+}

@@ -19,6 +19,9 @@ pub const DEFAULT_CASES: u32 = 24;
 /// loaded two-core CI machine.
 pub const RUN_BOUND: Duration = Duration::from_secs(5);
 
+/// A run slower than this, and slower than any before it, is printed.
+const SLOW_NOTE: Duration = Duration::from_secs(1);
+
 /// Where a run that hangs is killed (it fails either way; this keeps the suite moving).
 const KILL_AFTER: Duration = Duration::from_secs(20);
 
@@ -110,7 +113,11 @@ pub fn run_within(
     let took = started.elapsed();
     let _ = writer.join();
     let _ = waiter.join();
-    SLOWEST_US.fetch_max(took.as_micros() as u64, Ordering::Relaxed);
+    let before = SLOWEST_US.fetch_max(took.as_micros() as u64, Ordering::Relaxed);
+    if took > SLOW_NOTE && took.as_micros() as u64 > before {
+        // A long pass reports what came near the bound (seen with --nocapture).
+        eprintln!("fuzz: slowest run so far {took:?}: oomprobe {args:?}");
+    }
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let Some(code) = out.status.code() else {
         return Err(format!("killed by a signal ({:?}): {stderr}", out.status));
@@ -138,6 +145,15 @@ pub fn run_within(
         stdout: out.stdout,
         stderr,
     })
+}
+
+/// The first control character of `out` other than a newline or a tab, escaped, and the line it
+/// is on: what would reach a terminal as a command (issue 48: input echoed raw).
+pub fn raw_control(out: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(out);
+    text.lines()
+        .find(|l| l.contains(|c: char| c.is_control() && c != '\t'))
+        .map(|l| l.escape_debug().to_string())
 }
 
 /// The slowest run any fuzzer made in this process (printed by each fuzzer at its end, seen

@@ -216,7 +216,13 @@ pub fn parse(text: &str) -> Result<AllocConf, ConfError> {
             }
             k if NO_EFFECT.contains(&k) => {
                 c.expect(":")?;
-                c.next()?;
+                // Not modelled, so not read; but PyTorch takes only True/False or a number for
+                // each, and the text is echoed in the report: a control character in it would
+                // reach the terminal (found by tests/it/cli/alloc_conf_fuzz.rs, issue 48).
+                let v = c.next()?.to_string();
+                if v.contains(char::is_control) {
+                    return Err(c.bad(format!("'{v}' holds a control character")));
+                }
             }
             "" | "," => return Err(ConfError::Syntax(format!("an empty key in '{text}'"))),
             k => return Err(ConfError::UnknownKey(k.to_string())),
@@ -324,6 +330,15 @@ impl AllocConf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_control_character_in_an_unmodelled_value_is_refused() {
+        assert!(parse("pinned_use_cuda_host_register:True").is_ok());
+        for v in ["\u{1b}c", "a\u{7}b", "x\ny"] {
+            let e = parse(&format!("pinned_use_cuda_host_register:{v}")).unwrap_err();
+            assert!(e.to_string().contains("holds a control character"), "{e}");
+        }
+    }
 
     #[test]
     fn pytorch_syntax_parses() {

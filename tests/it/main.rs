@@ -44,6 +44,7 @@ mod cost {
 }
 
 mod cli {
+    mod alloc_conf_fuzz;
     mod compare;
     mod devices;
     mod diagnose;
@@ -52,10 +53,13 @@ mod cli {
     mod finetune;
     mod hostile_inputs;
     mod hub;
+    mod layout_fuzz;
+    mod oom_text_fuzz;
     mod parallel;
     mod probe;
     mod serve;
     mod snapshot;
+    mod snapshot_fuzz;
     mod terminal;
 }
 

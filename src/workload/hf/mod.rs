@@ -148,7 +148,9 @@ fn kind_and_name(
             ))
         }
     };
-    // The model's name: `_name_or_path`, else the file's (its folder's for a `config.json`).
+    // The model's name: `_name_or_path`, else the file's (its folder's for a `config.json`),
+    // with control characters escaped: it heads the report, and an escape sequence in a
+    // downloaded config must not reach the terminal (issue 48, as error lines are).
     let name = match obj.get("_name_or_path") {
         Some(Json::String(s)) if !s.is_empty() => s.clone(),
         _ => {
@@ -163,7 +165,7 @@ fn kind_and_name(
                 .map_or_else(|| kind.clone(), |s| s.to_string())
         }
     };
-    Ok((kind, name))
+    Ok((kind, crate::error::one_line(&name)))
 }
 
 /// Whether a dropout probability key leaves dropout on (absent means on).
@@ -653,5 +655,16 @@ mod tests {
             .to_string();
         // No look-alike is suggested: qwen2_vl is refused, naming the families it knows.
         assert!(e.contains("'qwen2_vl'") && !e.contains("nearest"), "{e}");
+    }
+
+    #[test]
+    fn a_name_with_control_characters_is_escaped() {
+        let cfg = r#"{"model_type":"gpt2","n_embd":64,"n_layer":2,"n_head":2,"vocab_size":100,"n_positions":64,"_name_or_path":"\u001b]0;pwn\u0007x\ny"}"#;
+        let w = load_hf("g.json", cfg).unwrap();
+        assert_eq!(w.name, "\\u{1b}]0;pwn\\u{7}x\\ny");
+        // The file's folder stands in for a missing name, escaped too.
+        let cfg = r#"{"model_type":"gpt2","n_embd":64,"n_layer":2,"n_head":2,"vocab_size":100,"n_positions":64}"#;
+        let w = load_hf("d\u{1b}[31m/config.json", cfg).unwrap();
+        assert_eq!(w.name, "d\\u{1b}[31m");
     }
 }

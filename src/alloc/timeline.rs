@@ -40,7 +40,11 @@ pub struct Failure {
     pub tensor: String,
     #[serde(flatten)]
     pub oom: Oom,
-    /// The free memory in total would have served it: fragmentation.
+    /// The step's tensors' peak less the card's capacity (0 when they fit): what the step lacks
+    /// whatever the allocator does.
+    pub shortage_bytes: u64,
+    /// The free memory in total would have served it, and the shortage is less than the free
+    /// pieces: fragmentation. A step short by more than that is a shortage (issue 47).
     pub fragmentation: bool,
 }
 
@@ -121,12 +125,15 @@ pub fn replay(
                     match a.malloc(&mut dev, plan.tensors[t].bytes, 0, None) {
                         Ok(id) => live[t] = Some(id),
                         Err(oom) => {
+                            let shortage =
+                                capacity.map_or(0, |c| plan.peak_bytes().saturating_sub(c));
                             out.failure = Some(Failure {
                                 step,
                                 event: i,
                                 phase: e.phase,
                                 tensor: plan.tensors[t].name.clone(),
-                                fragmentation: oom.fragmentation(),
+                                shortage_bytes: shortage,
+                                fragmentation: oom.fragmentation() && shortage < oom.cached_free,
                                 oom,
                             });
                             break 'steps;

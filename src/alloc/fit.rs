@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::conf::AllocConf;
-use super::timeline::{least_capacity, replay, Replay};
+use super::timeline::{least_capacity_between, replay, Replay};
 use crate::plan::Plan;
 use crate::units::fmt_bytes;
 
@@ -28,9 +28,11 @@ pub struct Fit {
     pub verdict: Verdict,
     /// The tensors' peak: the most bytes live at once in the step.
     pub needed_bytes: u64,
-    /// PyTorch's reserved peak where the allocator was replayed: on the card when every request
-    /// was served, else the least memory on which it serves every one (under a limit it frees
-    /// its cache and retries, so this can be below its reserved peak with no limit).
+    /// What PyTorch's allocator reserves, where it was replayed: its reserved peak on the card
+    /// when every request was served; when it refused one with the tensors fitting, the least
+    /// memory on which it serves every one (under a limit it frees its cache and retries, so
+    /// this can be below its reserved peak with no limit). Absent when the tensors alone do not
+    /// fit (`does_not_fit`: no allocator figure is needed to say so, and its search costs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reserved_bytes: Option<u64>,
     /// What PyTorch's allocator may take (the card less what lives outside PyTorch).
@@ -43,10 +45,11 @@ pub struct Fit {
     pub shortage_bytes: u64,
 }
 
-/// Judge `needed` tensor bytes on `usable` bytes; `allocator` is the replay's reserved peak and
-/// whether it served every request on the card, when there was one.
+/// Judge `needed` tensor bytes on `usable` bytes; `allocator` is what the allocator reserves
+/// (see [`Fit::reserved_bytes`]) and whether it served every request on the card, when it was
+/// replayed.
 pub fn judge(needed: u64, allocator: Option<(u64, bool)>, usable: u64) -> Fit {
-    let reserved = allocator.map(|(r, _)| r);
+    let reserved = allocator.map(|(r, _)| r).filter(|_| needed <= usable);
     let verdict = if needed > usable {
         Verdict::DoesNotFit
     } else if allocator.is_some_and(|(_, served)| !served) {
@@ -67,14 +70,20 @@ pub fn judge(needed: u64, allocator: Option<(u64, bool)>, usable: u64) -> Fit {
 }
 
 /// Judge `plan` on `usable` bytes from its replay on that card (`on_card`, replayed with
-/// `conf`): for a refused replay, the least capacity that serves every request is what it needs.
+/// `conf`): for a refused replay with the tensors fitting, the least capacity that serves every
+/// request is what it needs (searched between `usable`, refused, and its peak with no limit).
 pub fn of_plan(plan: &Plan, conf: &AllocConf, on_card: &Replay, usable: u64) -> Fit {
+    let needed = plan.peak_bytes();
+    if needed > usable {
+        return judge(needed, None, usable);
+    }
     let reserved = if on_card.fits() {
         on_card.reserved_peak_bytes
     } else {
-        least_capacity(plan, conf, on_card.steps)
+        let free = replay(plan, conf, None, on_card.steps, false).reserved_peak_bytes;
+        least_capacity_between(plan, conf, on_card.steps, usable, free)
     };
-    judge(plan.peak_bytes(), Some((reserved, on_card.fits())), usable)
+    judge(needed, Some((reserved, on_card.fits())), usable)
 }
 
 /// Replay `plan` with `conf` on `usable` bytes and judge it (for a caller without a replay).
@@ -98,21 +107,16 @@ pub fn headline(f: &Fit) -> String {
             "fits: the step needs {needed} at its peak of the {usable} PyTorch may use \
              ({pct:.0} % of usable)"
         ),
-        (Verdict::DoesNotFit, r) => format!(
-            "does not fit: the step needs {needed} at its peak{}, PyTorch may use {usable} \
+        (Verdict::DoesNotFit, _) => format!(
+            "does not fit: the step needs {needed} at its peak, PyTorch may use {usable} \
              ({:.2}×, short by {})",
-            r.map_or(String::new(), |r| format!(
-                " (PyTorch's allocator would need {})",
-                fmt_bytes(r)
-            )),
             f.ratio,
             fmt_bytes(f.shortage_bytes)
         ),
         (Verdict::AllocatorRefuses, r) => format!(
             "does not fit with PyTorch's allocator: the tensors need {needed} of the {usable} it \
-             may use, but it would need {} ({:.2}×); its refusal is below",
+             may use, but it would need {} ({pct:.1} % of usable); its refusal is below",
             fmt_bytes(r.unwrap_or(f.needed_bytes)),
-            f.ratio
         ),
     }
 }
@@ -129,21 +133,24 @@ mod tests {
         assert_eq!(f.verdict, Verdict::DoesNotFit);
         assert!(!f.fits);
         assert_eq!(f.shortage_bytes, 50 * GIB);
-        // The larger of the two needs, over usable.
-        assert!((f.ratio - 76.0 / 25.0).abs() < 1e-9, "{}", f.ratio);
+        // The tensors alone say it: the allocator's figure is left out.
+        assert_eq!(f.reserved_bytes, None);
+        assert!((f.ratio - 3.0).abs() < 1e-9, "{}", f.ratio);
         let h = headline(&f);
         assert!(
             h.starts_with("does not fit: the step needs 75.00 GiB"),
             "{h}"
         );
-        assert!(h.contains("(3.04×, short by 50.00 GiB)"), "{h}");
+        assert!(h.contains("(3.00×, short by 50.00 GiB)"), "{h}");
     }
 
     #[test]
     fn tensors_that_fit_where_the_allocator_refuses_are_its_verdict() {
         let f = judge(20 * GIB, Some((26 * GIB, false)), 25 * GIB);
         assert_eq!(f.verdict, Verdict::AllocatorRefuses);
-        assert!(!f.fits && f.ratio > 1.0 && f.shortage_bytes == 0);
+        assert!(!f.fits && f.shortage_bytes == 0);
+        // The larger of the two needs, over usable.
+        assert!((f.ratio - 26.0 / 25.0).abs() < 1e-9, "{}", f.ratio);
         assert!(headline(&f).starts_with("does not fit with PyTorch's allocator"));
     }
 
@@ -174,11 +181,16 @@ mod tests {
         let conf = AllocConf::default();
         let free = replay(&plan, &conf, None, 2, false);
         let usable = free.reserved_peak_bytes - 1;
+        assert!(plan.peak_bytes() <= usable, "the tensors fit");
         let f = replayed(&plan, &conf, usable);
-        assert!(!f.fits, "{f:?}");
-        let least = least_capacity(&plan, &conf, 2);
+        assert_eq!(f.verdict, Verdict::AllocatorRefuses, "{f:?}");
+        let least = crate::alloc::timeline::least_capacity(&plan, &conf, 2);
         assert_eq!(f.reserved_bytes, Some(least));
         assert!(least > usable && f.ratio > 1.0);
+        // Below the tensors' peak no allocator figure is searched for.
+        let short = replayed(&plan, &conf, plan.peak_bytes() / 2);
+        assert_eq!(short.verdict, Verdict::DoesNotFit);
+        assert_eq!(short.reserved_bytes, None);
         let ok = replayed(&plan, &conf, free.reserved_peak_bytes);
         assert!(ok.fits && ok.ratio <= 1.0, "{ok:?}");
     }

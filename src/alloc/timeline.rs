@@ -179,8 +179,19 @@ pub fn replay(
 /// cache and retries, so it can be below the reserved peak it reaches with no limit.
 pub fn least_capacity(plan: &Plan, conf: &AllocConf, steps: usize) -> u64 {
     let free = replay(plan, conf, None, steps, false);
-    let (mut lo, mut hi) = (0, free.reserved_peak_bytes);
-    while hi - lo > 1 {
+    least_capacity_between(plan, conf, steps, 0, free.reserved_peak_bytes)
+}
+
+/// [`least_capacity`] where `lo` is known to refuse and `hi` to fit (`lo` < `hi`).
+pub fn least_capacity_between(
+    plan: &Plan,
+    conf: &AllocConf,
+    steps: usize,
+    lo: u64,
+    hi: u64,
+) -> u64 {
+    let (mut lo, mut hi) = (lo, hi);
+    while hi.saturating_sub(lo) > 1 {
         let mid = lo + (hi - lo) / 2;
         if replay(plan, conf, Some(mid), steps, false).fits() {
             hi = mid;
@@ -258,5 +269,23 @@ mod tests {
         assert!(!f.tensor.is_empty());
         // At the reserved peak itself it fits.
         assert!(replay(&p, &conf, Some(free.reserved_peak_bytes), 2, false).fits());
+    }
+
+    #[test]
+    fn a_card_far_below_the_tensors_is_a_shortage_not_fragmentation() {
+        let p = plan(4);
+        let conf = AllocConf::default();
+        let cap = p.peak_bytes() / 3;
+        let f = replay(&p, &conf, Some(cap), 2, false)
+            .failure
+            .expect("refused");
+        assert_eq!(f.shortage_bytes, p.peak_bytes() - cap);
+        assert!(!f.fragmentation, "{f:?}");
+        // Between the tensors' peak and the reserved peak nothing is short.
+        let free = replay(&p, &conf, None, 2, false);
+        if free.reserved_peak_bytes > p.peak_bytes() + 1 {
+            let r = replay(&p, &conf, Some(free.reserved_peak_bytes - 1), 2, false);
+            assert_eq!(r.failure.map(|f| f.shortage_bytes), Some(0));
+        }
     }
 }

@@ -100,12 +100,12 @@ pub fn headline(f: &Fit) -> String {
     match (f.verdict, f.reserved_bytes) {
         (Verdict::Fits, Some(r)) => format!(
             "fits: the step needs {needed} at its peak (PyTorch's allocator reserves {}) of the \
-             {usable} PyTorch may use ({pct:.0} % of usable)",
+             {usable} PyTorch may use ({pct:.1} % of usable)",
             fmt_bytes(r)
         ),
         (Verdict::Fits, None) => format!(
             "fits: the step needs {needed} at its peak of the {usable} PyTorch may use \
-             ({pct:.0} % of usable)"
+             ({pct:.1} % of usable)"
         ),
         (Verdict::DoesNotFit, _) => format!(
             "does not fit: the step needs {needed} at its peak, PyTorch may use {usable} \
@@ -161,7 +161,7 @@ mod tests {
         assert!((f.ratio - 0.25).abs() < 1e-9);
         let h = headline(&f);
         assert!(h.starts_with("fits: the step needs 1.00 GiB"), "{h}");
-        assert!(h.contains("(25 % of usable)"), "{h}");
+        assert!(h.contains("(25.0 % of usable)"), "{h}");
         // Without a replay only the tensors count.
         let t = judge(GIB, None, 8 * GIB);
         assert!(t.fits && t.reserved_bytes.is_none() && (t.ratio - 0.125).abs() < 1e-9);

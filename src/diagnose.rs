@@ -207,7 +207,14 @@ pub fn diagnose_on(
         c.checkpoint = Checkpoint::Full;
         c
     };
-    let (cause, reason) = cause_of(w, memory, &plan, &b, &full_ckpt)?;
+    let (cause, mut reason) = cause_of(w, memory, &plan, &b, &full_ckpt)?;
+    if let (Cause::Fits, Some(r)) = (cause, fit.reserved_bytes.filter(|_| !fit.fits)) {
+        // The tensors fit; the headline says the allocator does not.
+        reason.push_str(&format!(
+            " by the tensors; PyTorch's allocator needs {}",
+            fmt_bytes(r)
+        ));
+    }
     let remedies = remedies_for(w, memory, states, &full_ckpt)?;
     Ok(Diagnosis {
         schema_version: crate::report::SCHEMA_VERSION,

@@ -115,7 +115,7 @@ pub fn headline(f: &Fit) -> String {
         ),
         (Verdict::AllocatorRefuses, r) => format!(
             "does not fit with PyTorch's allocator: the tensors need {needed} of the {usable} it \
-             may use, but it would need {} ({pct:.1} % of usable); its refusal is below",
+             may use, but it would need {} ({pct:.1} % of usable)",
             fmt_bytes(r.unwrap_or(f.needed_bytes)),
         ),
     }

@@ -256,3 +256,23 @@ fn model_states_are_named_as_at_the_peak_or_all() {
         );
     }
 }
+
+/// Issue 47: where the tensors fit and the allocator does not, diagnose's headline and its cause
+/// say both, not a bare "fits" (gpt2 batch 8: tensors 16.75 GB, reserved peak 16.90 GB).
+#[test]
+fn tensors_that_fit_where_the_allocator_does_not_say_so() {
+    let args = ["--model", "gpt2", "--batch", "8", "--memory", "16830000000"];
+    let text = diagnose_text(&args);
+    assert!(
+        text.starts_with("does not fit with PyTorch's allocator"),
+        "{text}"
+    );
+    let cause = text.lines().find(|l| l.starts_with("cause:")).unwrap();
+    assert!(
+        cause.starts_with("cause: fits") && cause.contains("PyTorch's allocator needs"),
+        "{cause}"
+    );
+    let v = diagnose(&args);
+    assert_eq!(v["fit"]["verdict"], "allocator_refuses");
+    assert!(v["fit"]["reserved_bytes"].as_u64().unwrap() > 16_830_000_000);
+}

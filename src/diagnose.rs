@@ -2,7 +2,8 @@
 //! sequence, stored activations), and what each remedy buys.
 //!
 //! Rules, in order, for a workload at its batch and sequence on `memory` bytes:
-//! 1. model states (weights + gradients + optimizer) alone exceed memory → `model_too_large`;
+//! 1. all model states (weights + gradients + optimizer, at their own peak: held at once before
+//!    the update) alone exceed memory → `model_too_large`;
 //! 2. the whole plan fits → `fits`;
 //! 3. the attention score terms (the s²-sized tensors: stored probabilities, dropout masks and
 //!    outputs, and the naive-attention scores workspace) are at least half of everything that is
@@ -66,7 +67,13 @@ pub struct Diagnosis {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parameters: Option<crate::workload::layers::Counts>,
     pub memory_bytes: u64,
+    /// Additive (issue 47): whether the step fits on `memory_bytes`, the tensors' peak and
+    /// PyTorch's reserved peak against it, and the ratio.
+    pub fit: crate::alloc::fit::Fit,
     pub breakdown: Breakdown,
+    /// Additive (issue 47): params + gradients + optimizer state at their own peak (all held at
+    /// once, before the update); `breakdown` has them at the step's peak.
+    pub model_states_bytes: u64,
     pub cause: Cause,
     /// One sentence: why this cause.
     pub reason: String,
@@ -181,18 +188,21 @@ fn finetune_remedies(w: &Workload, memory: u64) -> Result<Vec<Remedy>, PlanError
 }
 
 /// Diagnose `w` (at its batch and sequence) on `memory` bytes.
+/// (PyTorch's allocator with its default settings).
 pub fn diagnose(w: &Workload, memory: u64) -> Result<Diagnosis, PlanError> {
-    diagnose_on(w, memory, None)
+    diagnose_on(w, memory, None, &crate::alloc::AllocConf::default())
 }
 
 /// `diagnose` on `memory` bytes of a card of the table (`card`: the layout search takes its
-/// non-PyTorch share per layout).
+/// non-PyTorch share per layout), the allocator replayed with `conf`.
 pub fn diagnose_on(
     w: &Workload,
     memory: u64,
     card: Option<&crate::alloc::cards::Card>,
+    conf: &crate::alloc::AllocConf,
 ) -> Result<Diagnosis, PlanError> {
     let plan = Plan::for_workload(w)?;
+    let fit = crate::alloc::fit::replayed(&plan, conf, memory);
     let b = breakdown(&plan);
     // All model states, gradients included (backward makes every one before the update).
     let states = plan.states_peak();
@@ -201,14 +211,23 @@ pub fn diagnose_on(
         c.checkpoint = Checkpoint::Full;
         c
     };
-    let (cause, reason) = cause_of(w, memory, &plan, &b, &full_ckpt)?;
+    let (cause, mut reason) = cause_of(w, memory, &plan, &b, &full_ckpt)?;
+    if let (Cause::Fits, Some(r)) = (cause, fit.reserved_bytes.filter(|_| !fit.fits)) {
+        // The tensors fit; the headline says the allocator does not.
+        reason.push_str(&format!(
+            " by the tensors; PyTorch's allocator needs {}",
+            fmt_bytes(r)
+        ));
+    }
     let remedies = remedies_for(w, memory, states, &full_ckpt)?;
     Ok(Diagnosis {
         schema_version: crate::report::SCHEMA_VERSION,
         parameters: crate::plan::build::parameters(w).ok(),
         workload: w.clone(),
         memory_bytes: memory,
+        fit,
         breakdown: b,
+        model_states_bytes: states,
         cause,
         reason,
         remedies,
@@ -262,7 +281,7 @@ fn cause_of(
         (
             Cause::ModelTooLarge,
             format!(
-                "model states alone need {} of {}",
+                "all model states (params + grads + optimizer) alone need {} of {}",
                 fmt_bytes(states),
                 fmt_bytes(memory)
             ),
@@ -290,7 +309,7 @@ fn cause_of(
         (
             Cause::ActivationsExplode,
             format!(
-                "even batch 1 does not fit: activations {} on top of {} model states",
+                "even batch 1 does not fit: activations {} on top of {} of all model states",
                 fmt_bytes(
                     Plan::for_workload(&batch1)?
                         .peak_bytes()
@@ -341,7 +360,10 @@ fn remedies_for(
     if !dense && states > memory {
         remedies.push(Remedy {
             name: "smaller batch or sequence".into(),
-            effect: format!("none helps: model states alone need {}", fmt_bytes(states)),
+            effect: format!(
+                "none helps: all model states alone need {}",
+                fmt_bytes(states)
+            ),
             value: None,
         });
     } else if !dense {
@@ -407,13 +429,14 @@ fn remedies_for(
     Ok(remedies)
 }
 
-/// The report a person reads in ten seconds.
+/// The report a person reads in ten seconds: whether it fits first, then why.
 pub fn render(d: &Diagnosis) -> String {
     let b = &d.breakdown;
     let mut s = String::new();
+    s.push_str(&format!("{}\n", crate::alloc::fit::headline(&d.fit)));
     s.push_str(&format!("{}\n", crate::estimate::describe(&d.workload)));
     s.push_str(&format!(
-        "memory {}: model states {} (params {}, grads {}, optimizer {}), activations {}, attention {}, workspace {}, total {}\n",
+        "memory {}; at the step's peak: model states {} (params {}, grads {}, optimizer {}), activations {}, attention {}, workspace {}, total {}\n",
         fmt_bytes(d.memory_bytes),
         fmt_bytes(b.model_states()),
         fmt_bytes(b.params),
@@ -424,6 +447,12 @@ pub fn render(d: &Diagnosis) -> String {
         fmt_bytes(b.workspace),
         fmt_bytes(b.total)
     ));
+    if d.model_states_bytes != b.model_states() {
+        s.push_str(&format!(
+            "all model states {} (params + grads + optimizer, held at once before the update)\n",
+            fmt_bytes(d.model_states_bytes)
+        ));
+    }
     s.push_str(&format!("cause: {} — {}\n", d.cause.name(), d.reason));
     s.push_str("remedies:\n");
     for r in &d.remedies {

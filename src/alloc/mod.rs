@@ -8,6 +8,7 @@ pub mod caching;
 pub mod cards;
 pub mod conf;
 pub mod device;
+pub mod fit;
 pub mod render;
 pub mod sizes;
 pub mod timeline;

@@ -2,7 +2,7 @@
 //! fragmentation, and the first request the card refused.
 
 use super::conf::AllocConf;
-use super::timeline::Replay;
+use super::timeline::{Failure, Replay};
 use super::Card;
 use crate::units::fmt_bytes;
 
@@ -46,16 +46,28 @@ pub fn summary(r: &Replay, conf: &AllocConf, from: &str, card: Option<&Card>) ->
             fmt_bytes(f.oom.alloc_size),
             fmt_bytes(f.oom.reserved),
             fmt_bytes(f.oom.allocated),
-            if f.fragmentation {
-                format!(
-                    "; the free memory in total was enough ({} cached in pieces, the largest {}): fragmentation",
-                    fmt_bytes(f.oom.cached_free),
-                    fmt_bytes(f.oom.largest_cached)
-                )
-            } else {
-                String::new()
-            }
+            refusal_cause(f)
         ));
     }
     s
+}
+
+/// Why a request was refused, as the tail of the "refused" line: fragmentation only when the
+/// step's shortage is less than the free memory in pieces, else a shortage, by how much.
+fn refusal_cause(f: &Failure) -> String {
+    if f.fragmentation {
+        format!(
+            "; the free memory in total was enough ({} cached in pieces, the largest {}): fragmentation",
+            fmt_bytes(f.oom.cached_free),
+            fmt_bytes(f.oom.largest_cached)
+        )
+    } else if f.shortage_bytes > 0 {
+        format!(
+            "; the step's tensors are short by {} ({} cached in pieces then): not fragmentation",
+            fmt_bytes(f.shortage_bytes),
+            fmt_bytes(f.oom.cached_free)
+        )
+    } else {
+        String::new()
+    }
 }

@@ -40,7 +40,11 @@ pub struct Failure {
     pub tensor: String,
     #[serde(flatten)]
     pub oom: Oom,
-    /// The free memory in total would have served it: fragmentation.
+    /// The step's tensors' peak less the card's capacity (0 when they fit): what the step lacks
+    /// whatever the allocator does.
+    pub shortage_bytes: u64,
+    /// The free memory in total would have served it, and the shortage is less than the free
+    /// pieces: fragmentation. A step short by more than that is a shortage (issue 47).
     pub fragmentation: bool,
 }
 
@@ -121,12 +125,15 @@ pub fn replay(
                     match a.malloc(&mut dev, plan.tensors[t].bytes, 0, None) {
                         Ok(id) => live[t] = Some(id),
                         Err(oom) => {
+                            let shortage =
+                                capacity.map_or(0, |c| plan.peak_bytes().saturating_sub(c));
                             out.failure = Some(Failure {
                                 step,
                                 event: i,
                                 phase: e.phase,
                                 tensor: plan.tensors[t].name.clone(),
-                                fragmentation: oom.fragmentation(),
+                                shortage_bytes: shortage,
+                                fragmentation: oom.fragmentation() && shortage < oom.cached_free,
                                 oom,
                             });
                             break 'steps;
@@ -172,8 +179,19 @@ pub fn replay(
 /// cache and retries, so it can be below the reserved peak it reaches with no limit.
 pub fn least_capacity(plan: &Plan, conf: &AllocConf, steps: usize) -> u64 {
     let free = replay(plan, conf, None, steps, false);
-    let (mut lo, mut hi) = (0, free.reserved_peak_bytes);
-    while hi - lo > 1 {
+    least_capacity_between(plan, conf, steps, 0, free.reserved_peak_bytes)
+}
+
+/// [`least_capacity`] where `lo` is known to refuse and `hi` to fit (`lo` < `hi`).
+pub fn least_capacity_between(
+    plan: &Plan,
+    conf: &AllocConf,
+    steps: usize,
+    lo: u64,
+    hi: u64,
+) -> u64 {
+    let (mut lo, mut hi) = (lo, hi);
+    while hi.saturating_sub(lo) > 1 {
         let mid = lo + (hi - lo) / 2;
         if replay(plan, conf, Some(mid), steps, false).fits() {
             hi = mid;
@@ -251,5 +269,23 @@ mod tests {
         assert!(!f.tensor.is_empty());
         // At the reserved peak itself it fits.
         assert!(replay(&p, &conf, Some(free.reserved_peak_bytes), 2, false).fits());
+    }
+
+    #[test]
+    fn a_card_far_below_the_tensors_is_a_shortage_not_fragmentation() {
+        let p = plan(4);
+        let conf = AllocConf::default();
+        let cap = p.peak_bytes() / 3;
+        let f = replay(&p, &conf, Some(cap), 2, false)
+            .failure
+            .expect("refused");
+        assert_eq!(f.shortage_bytes, p.peak_bytes() - cap);
+        assert!(!f.fragmentation, "{f:?}");
+        // Between the tensors' peak and the reserved peak nothing is short.
+        let free = replay(&p, &conf, None, 2, false);
+        if free.reserved_peak_bytes > p.peak_bytes() + 1 {
+            let r = replay(&p, &conf, Some(free.reserved_peak_bytes - 1), 2, false);
+            assert_eq!(r.failure.map(|f| f.shortage_bytes), Some(0));
+        }
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::cli::DiagnoseArgs;
 use crate::commands::estimate::{case_memory, memory_arg, plan_error};
-use crate::diagnose::{diagnose, render};
+use crate::diagnose::render;
 use crate::error::{CliError, CliResult};
 use crate::resolve::resolve;
 use crate::term::out;
@@ -65,11 +65,9 @@ pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
         }
         return out(&crate::serve::text::diagnosis_text(&d));
     }
-    let d = match card {
-        Some(c) => crate::diagnose::diagnose_on(&r.workload, memory, Some(c)),
-        None => diagnose(&r.workload, memory),
-    }
-    .map_err(plan_error)?;
+    // The allocator's settings from the environment, as `estimate` reads them.
+    let (conf, _) = crate::alloc::conf::from_flag_or_env(None).map_err(CliError::usage)?;
+    let d = crate::diagnose::diagnose_on(&r.workload, memory, card, &conf).map_err(plan_error)?;
     for w in &r.warnings {
         crate::error::warn(w);
     }

@@ -56,6 +56,10 @@ pub struct EstimateReport {
     pub non_pytorch_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub card_usable_bytes: Option<u64>,
+    /// Additive (issue 47): whether the step fits on the card, needed against usable and the
+    /// ratio, when the card's memory is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fit: Option<crate::alloc::fit::Fit>,
     pub notes: Vec<String>,
     /// Additive (`--mode serve`): the serving engine's KV-cache sizing; the breakdown and
     /// timeline are then its profiling forward's.
@@ -159,6 +163,9 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         crate::alloc::timeline::STEPS,
         args.json,
     );
+    let fit = card
+        .as_ref()
+        .map(|c| crate::alloc::fit::of_plan(&plan, &conf, &replay, c.usable()));
     let bounds = match memory {
         Some(m) => Some(boundaries(&w, m, card.as_ref()).map_err(plan_error)?),
         None => None,
@@ -178,6 +185,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         fragmentation_bytes: Some(replay.fragmentation_bytes),
         non_pytorch_bytes: card.as_ref().map(|c| c.non_pytorch),
         card_usable_bytes: card.as_ref().map(|c| c.usable()),
+        fit,
         alloc_conf: Some(conf.text.clone()),
         allocator: Some(replay),
         notes: plan.notes.clone(),
@@ -234,7 +242,7 @@ fn card_memory(
     Ok((memory, detected))
 }
 
-/// The estimate as text: workload, peak, breakdown, notes, allocator summary and boundaries.
+/// The estimate as text: whether it fits, workload, peak, breakdown, notes, allocator summary and boundaries.
 #[allow(clippy::too_many_arguments)]
 fn render_text(
     report: &EstimateReport,
@@ -262,8 +270,12 @@ fn render_text(
         (Some(name), Some(m)) => format!(", on {name}, {} (detected)", fmt_bytes(m)),
         _ => String::new(),
     };
+    let headline = report
+        .fit
+        .as_ref()
+        .map_or(String::new(), |f| crate::alloc::fit::headline(f) + "\n");
     let mut text = format!(
-        "{}{on}\n{at}; by role at the peak:\n{}\n",
+        "{headline}{}{on}\n{at}; by role at the peak:\n{}\n",
         describe(&report.workload),
         breakdown_table(&report.breakdown, tl.model_states_bytes)
     );
@@ -336,6 +348,7 @@ fn serve(w: Workload, memory: u64, detected: Option<String>, json: bool) -> CliR
         fragmentation_bytes: None,
         non_pytorch_bytes: None,
         card_usable_bytes: None,
+        fit: None,
         notes: plan.notes.clone(),
         serving: Some(z),
     };

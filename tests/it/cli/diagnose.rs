@@ -171,3 +171,108 @@ fn without_memory_uses_the_device_or_says_how() {
         other => panic!("exit {other:?}: {}", String::from_utf8_lossy(&out.stderr)),
     }
 }
+
+fn diagnose_text(args: &[&str]) -> String {
+    let out = Command::cargo_bin("oomprobe")
+        .unwrap()
+        .arg("diagnose")
+        .args(args)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    String::from_utf8(out).unwrap()
+}
+
+/// Issue 47: diagnose says first whether the step fits, with the ratio, as estimate does.
+#[test]
+fn diagnose_says_first_whether_it_fits() {
+    let l8 = ["--model", "llama3-8b", "--seq", "2048", "--gpu", "rtx4090"];
+    let text = diagnose_text(&l8);
+    let first = text.lines().next().unwrap();
+    assert!(
+        first.starts_with("does not fit: the step needs 74.79 GiB") && first.contains("(3."),
+        "{first}"
+    );
+    let v = diagnose(&l8);
+    assert_eq!(v["fit"]["fits"], false);
+    assert!(v["fit"]["ratio"].as_f64().unwrap() > 3.0, "{}", v["fit"]);
+    assert_eq!(v["fit"]["usable_bytes"], v["memory_bytes"]);
+    assert_eq!(v["fit"]["needed_bytes"], v["breakdown"]["total"]);
+    let small = ["--model", "gpt2", "--batch", "2", "--gpu", "h100-sxm"];
+    let text = diagnose_text(&small);
+    assert!(text.starts_with("fits: the step needs"), "{text}");
+    assert!(text.contains("cause: fits"), "{text}");
+    assert_eq!(diagnose(&small)["fit"]["fits"], true);
+}
+
+/// Issue 47: "model states" at the step's peak and "all model states" (params + grads +
+/// optimizer held at once) are named as which, and each figure is the same wherever it appears.
+#[test]
+fn model_states_are_named_as_at_the_peak_or_all() {
+    // At seq 4096 the peak is in backward, before the gradients exist: the two differ.
+    let args = ["--model", "llama3-8b", "--gpu", "rtx4090"];
+    let v = diagnose(&args);
+    let all = v["model_states_bytes"].as_u64().unwrap();
+    let b = &v["breakdown"];
+    let at_peak = ["params", "gradients", "optimizer"]
+        .iter()
+        .map(|k| b[k].as_u64().unwrap())
+        .sum::<u64>();
+    assert!(all > at_peak, "{all} {at_peak}");
+    let gib = |x: u64| format!("{:.2} GiB", x as f64 / (1u64 << 30) as f64);
+    let text = diagnose_text(&args);
+    assert!(
+        text.contains(&format!(
+            "at the step's peak: model states {}",
+            gib(at_peak)
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("all model states {} (params + grads", gib(all))),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "all model states (params + grads + optimizer) alone need {}",
+            gib(all)
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "none helps: all model states alone need {}",
+            gib(all)
+        )),
+        "{text}"
+    );
+    // No bare "model states N" that is neither.
+    for l in text.lines().filter(|l| l.contains("model states")) {
+        assert!(
+            l.contains("all model states") || l.contains("at the step's peak: model states"),
+            "{l}"
+        );
+    }
+}
+
+/// Issue 47: where the tensors fit and the allocator does not, diagnose's headline and its cause
+/// say both, not a bare "fits" (gpt2 batch 8: tensors 16.75 GB, reserved peak 16.90 GB).
+#[test]
+fn tensors_that_fit_where_the_allocator_does_not_say_so() {
+    let args = ["--model", "gpt2", "--batch", "8", "--memory", "16830000000"];
+    let text = diagnose_text(&args);
+    assert!(
+        text.starts_with("does not fit with PyTorch's allocator"),
+        "{text}"
+    );
+    let cause = text.lines().find(|l| l.starts_with("cause:")).unwrap();
+    assert!(
+        cause.starts_with("cause: fits") && cause.contains("PyTorch's allocator needs"),
+        "{cause}"
+    );
+    let v = diagnose(&args);
+    assert_eq!(v["fit"]["verdict"], "allocator_refuses");
+    assert!(v["fit"]["reserved_bytes"].as_u64().unwrap() > 16_830_000_000);
+}

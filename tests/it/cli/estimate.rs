@@ -4,6 +4,8 @@
 use assert_cmd::Command;
 use serde_json::Value;
 
+use crate::support::output::workload_line;
+
 fn oomprobe() -> Command {
     Command::cargo_bin("oomprobe").unwrap()
 }
@@ -539,7 +541,7 @@ fn inference_names_no_optimizer_and_no_dropout() {
         .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    let first = text.lines().next().unwrap();
+    let first = workload_line(&text);
     assert!(first.contains("no optimizer (inference)"), "{first}");
     assert!(
         !first.contains("adam") && !first.contains("dropout"),
@@ -551,7 +553,7 @@ fn inference_names_no_optimizer_and_no_dropout() {
         .output()
         .unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
-    let first = text.lines().next().unwrap();
+    let first = workload_line(&text);
     assert!(
         first.contains("adam") && first.contains("dropout"),
         "{first}"
@@ -578,7 +580,7 @@ fn qlora_summary_names_the_kernel_the_plan_uses() {
         .stdout
         .clone();
     let text = String::from_utf8(out).unwrap();
-    let first = text.lines().next().unwrap();
+    let first = workload_line(&text);
     assert!(first.contains("math fallback"), "{first}");
     assert!(text.contains("grad_scores"), "{text}");
     // Without kbit preparation the stream stays bf16 and the flash kernel runs.
@@ -598,12 +600,8 @@ fn qlora_summary_names_the_kernel_the_plan_uses() {
         .get_output()
         .stdout
         .clone();
-    let first = String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .next()
-        .unwrap()
-        .to_string();
+    let text = String::from_utf8(out).unwrap();
+    let first = workload_line(&text);
     assert!(first.contains("flash kernel"), "{first}");
 }
 
@@ -621,4 +619,133 @@ fn the_checkpointing_note_names_its_segment_in_words() {
         let notes = v["notes"].to_string();
         assert!(notes.contains(want), "{ckpt}: {notes}");
     }
+}
+
+fn text_of(args: &[&str]) -> String {
+    let out = oomprobe()
+        .args(args)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    String::from_utf8(out).unwrap()
+}
+
+/// The ratio in a headline's "(3.34×" (issue 47).
+fn headline_ratio(line: &str) -> f64 {
+    let at = line
+        .find('×')
+        .unwrap_or_else(|| panic!("no ratio in {line}"));
+    let start = line[..at].rfind('(').unwrap() + 1;
+    line[start..at].parse().unwrap()
+}
+
+/// Issue 47: Llama-3-8B at 2048 tokens on an RTX 4090 needs three times the card; the first line
+/// says so, and the refusal is a shortage, not fragmentation.
+#[test]
+fn a_step_three_times_the_card_says_it_does_not_fit_first() {
+    let args = [
+        "estimate",
+        "--model",
+        "llama3-8b",
+        "--seq",
+        "2048",
+        "--gpu",
+        "rtx4090",
+    ];
+    let text = text_of(&args);
+    let first = text.lines().next().unwrap();
+    assert!(
+        first.starts_with("does not fit: the step needs 74.79 GiB"),
+        "{first}"
+    );
+    assert!(first.contains("PyTorch may use 23.17 GiB"), "{first}");
+    assert!(headline_ratio(first) > 3.0, "{first}");
+    let refused = text.lines().find(|l| l.contains("refused")).unwrap();
+    assert!(refused.contains("short by 51.62 GiB"), "{refused}");
+    assert!(refused.ends_with(": not fragmentation"), "{refused}");
+    assert!(!refused.contains("was enough"), "{refused}");
+    let v = json(&args);
+    let fit = &v["fit"];
+    assert_eq!(fit["fits"], false);
+    assert_eq!(fit["verdict"], "does_not_fit");
+    assert_eq!(u(&v, "/fit/needed_bytes"), u(&v, "/breakdown/total"));
+    assert_eq!(u(&v, "/fit/usable_bytes"), u(&v, "/card_usable_bytes"));
+    let shortage = u(&v, "/fit/needed_bytes") - u(&v, "/fit/usable_bytes");
+    assert_eq!(u(&v, "/fit/shortage_bytes"), shortage);
+    assert_eq!(u(&v, "/allocator/failure/shortage_bytes"), shortage);
+    assert_eq!(v["allocator"]["failure"]["fragmentation"], false);
+    // The tensors alone say it (no allocator search); the ratio is theirs over usable.
+    assert!(fit.get("reserved_bytes").is_none(), "{fit}");
+    let ratio = fit["ratio"].as_f64().unwrap();
+    let tensors = u(&v, "/fit/needed_bytes") as f64 / u(&v, "/fit/usable_bytes") as f64;
+    assert!((ratio - tensors).abs() < 1e-9, "{fit}");
+    assert!(
+        (headline_ratio(first) - ratio).abs() < 0.006,
+        "{first} {ratio}"
+    );
+}
+
+/// Issue 47: a small step on a big card fits and says its share of usable first.
+#[test]
+fn a_small_step_on_a_big_card_says_it_fits_first() {
+    let args = [
+        "estimate", "--model", "gpt2", "--batch", "2", "--gpu", "h100-sxm",
+    ];
+    let text = text_of(&args);
+    let first = text.lines().next().unwrap();
+    assert!(first.starts_with("fits: the step needs"), "{first}");
+    assert!(first.ends_with("% of usable)"), "{first}");
+    assert!(!text.contains("refused"), "{text}");
+    let v = json(&args);
+    assert_eq!(v["fit"]["fits"], true);
+    assert_eq!(v["fit"]["shortage_bytes"], 0);
+    assert_eq!(
+        u(&v, "/fit/reserved_bytes"),
+        u(&v, "/reserved_peak_bytes"),
+        "on the card the allocator's own peak"
+    );
+    assert!(v["fit"]["ratio"].as_f64().unwrap() < 0.1, "{}", v["fit"]);
+}
+
+/// Issue 47: tensors that fit where the allocator's free pieces do not serve a request are still
+/// fragmentation (gpt2 batch 8: tensors 16.75 GB, reserved peak 16.90 GB; the card between).
+#[test]
+fn a_refusal_with_the_tensors_fitting_is_still_fragmentation() {
+    let args = [
+        "estimate",
+        "--model",
+        "gpt2",
+        "--batch",
+        "8",
+        "--memory",
+        "16830000000",
+    ];
+    let text = text_of(&args);
+    let first = text.lines().next().unwrap();
+    assert!(
+        first.starts_with("does not fit with PyTorch's allocator: the tensors need"),
+        "{first}"
+    );
+    assert!(first.ends_with("% of usable)"), "{first}");
+    let refused = text.lines().find(|l| l.contains("refused")).unwrap();
+    assert!(refused.ends_with("): fragmentation"), "{refused}");
+    let v = json(&args);
+    assert_eq!(v["fit"]["verdict"], "allocator_refuses");
+    // What the allocator needs: more than the card, at most its peak with no limit.
+    let needs = u(&v, "/fit/reserved_bytes");
+    assert!(
+        needs > 16_830_000_000 && needs > u(&v, "/fit/needed_bytes"),
+        "{}",
+        v["fit"]
+    );
+    let free = json(&[
+        "estimate", "--model", "gpt2", "--batch", "8", "--memory", "1TB",
+    ]);
+    assert!(needs <= u(&free, "/reserved_peak_bytes"));
+    assert!(v["fit"]["ratio"].as_f64().unwrap() > 1.0);
+    assert_eq!(v["fit"]["shortage_bytes"], 0);
+    assert_eq!(v["allocator"]["failure"]["fragmentation"], true);
+    assert_eq!(v["allocator"]["failure"]["shortage_bytes"], 0);
 }

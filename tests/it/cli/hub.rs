@@ -6,6 +6,8 @@ use std::path::Path;
 
 use assert_cmd::Command;
 
+use crate::support::output::workload_line;
+
 fn oomprobe(hf_home: &Path) -> Command {
     let mut c = Command::cargo_bin("oomprobe").unwrap();
     c.env_remove("HF_HUB_CACHE")
@@ -36,20 +38,15 @@ fn fake_cache() -> tempfile::TempDir {
     d
 }
 
-fn first_line(c: &mut Command) -> String {
+fn model_line(c: &mut Command) -> String {
     let out = c.assert().success().get_output().stdout.clone();
-    String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .next()
-        .unwrap()
-        .to_string()
+    workload_line(&String::from_utf8(out).unwrap()).to_string()
 }
 
 #[test]
 fn a_model_id_reads_the_cached_config_offline() {
     let d = fake_cache();
-    let line = first_line(oomprobe(d.path()).args([
+    let line = model_line(oomprobe(d.path()).args([
         "estimate",
         "--model",
         "Qwen/Qwen2.5-7B",
@@ -62,7 +59,7 @@ fn a_model_id_reads_the_cached_config_offline() {
         "{line}"
     );
     // Another cached revision, by commit prefix.
-    let line = first_line(oomprobe(d.path()).args([
+    let line = model_line(oomprobe(d.path()).args([
         "estimate",
         "--model",
         "Qwen/Qwen2.5-7B",
@@ -74,7 +71,7 @@ fn a_model_id_reads_the_cached_config_offline() {
     let snap = d
         .path()
         .join("hub/models--Qwen--Qwen2.5-7B/snapshots/bbbb2222");
-    let line = first_line(oomprobe(d.path()).args(["estimate", "--model", snap.to_str().unwrap()]));
+    let line = model_line(oomprobe(d.path()).args(["estimate", "--model", snap.to_str().unwrap()]));
     assert!(line.contains(": 4 layers"), "{line}");
 }
 
@@ -128,7 +125,7 @@ fn without_memory_a_cpu_adapter_is_never_the_card() {
         .stdout
         .clone();
     let text = String::from_utf8(out).unwrap();
-    let gpu = text.lines().next().unwrap().contains("(detected)");
+    let gpu = workload_line(&text).contains("(detected)");
     assert_eq!(gpu, text.contains("predicted boundaries"), "{text}");
     let cpu_only = Command::cargo_bin("oomprobe")
         .unwrap()

@@ -287,8 +287,13 @@ fn every_family_estimates_and_diagnoses_with_exit_0() {
             .stdout
             .clone();
         let text = String::from_utf8(out).unwrap();
+        // The fit headline, then the workload's line.
         assert!(
-            text.lines().next().unwrap().contains("attention"),
+            crate::support::output::is_headline(text.lines().next().unwrap()),
+            "{name}: {text}"
+        );
+        assert!(
+            crate::support::output::workload_line(&text).contains("attention"),
             "{name}: {text}"
         );
         oomprobe()

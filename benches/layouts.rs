@@ -3,7 +3,8 @@
 //! --gpus 8`'s search over Llama-3-8B's layouts on 80 GiB (32 layouts, each judged under the
 //! caching allocator with its max micro-batch searched), and `estimate --gpu all` of
 //! Llama-3-8B on 16 pipeline stages with 1024 and 4096 micro-batches (every card of the table,
-//! each boundary under the caching allocator; target ≤ 1 s each).
+//! each boundary under the caching allocator; target ≤ 1 s each), and `diagnose`'s search of
+//! the ways out for Llama-3-70B on 8 H100 (issue 47: target ≤ 1 s).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use oomprobe::plan::Plan;
@@ -53,6 +54,25 @@ fn bench(c: &mut Criterion) {
             |b| b.iter(|| oomprobe::estimate::all_cards(&p, &conf).unwrap().len()),
         );
     }
+    let mut big = w.clone();
+    big.parallel = Default::default();
+    big.gpus = 8;
+    big.precision = Precision::Bf16;
+    let h100 = oomprobe::alloc::cards::get("h100-sxm").unwrap();
+    g.bench_function("ways out, 70B on 8 x h100-sxm", |b| {
+        b.iter(|| {
+            oomprobe::ways::search(
+                &big,
+                h100.total,
+                Some(h100),
+                &oomprobe::alloc::AllocConf::default(),
+                8,
+                6,
+            )
+            .unwrap()
+            .fitting
+        })
+    });
     g.finish();
 }
 

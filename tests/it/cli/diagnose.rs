@@ -276,3 +276,70 @@ fn tensors_that_fit_where_the_allocator_does_not_say_so() {
     assert_eq!(v["fit"]["verdict"], "allocator_refuses");
     assert!(v["fit"]["reserved_bytes"].as_u64().unwrap() > 16_830_000_000);
 }
+
+/// Issue 47: Llama-3-8B at sequence 2048 on one RTX 4090 does not fit; `diagnose` lists the
+/// ways out (QLoRA with checkpointing, and full fine-tuning sharded over a stated number of
+/// cards with checkpointing), each with its flags, peak and relative cost; each way's flags,
+/// given back to `estimate`, make a step that fits on the card.
+#[test]
+fn the_ways_out_fit_when_their_flags_are_typed() {
+    let v = diagnose(&["--model", "llama3-8b", "--seq", "2048", "--gpu", "rtx4090"]);
+    let ways = v["ways"]["ways"].as_array().expect("ways");
+    assert!(ways.len() >= 3, "{ways:?}");
+    let flags = |w: &Value| -> Vec<String> {
+        w["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_str().unwrap().to_string())
+            .collect()
+    };
+    let has = |w: &Value, f: &str| flags(w).iter().any(|c| c.contains(f));
+    assert!(
+        ways.iter()
+            .any(|w| has(w, "--quant nf4") && has(w, "--checkpoint full") && w["gpus"] == 1),
+        "QLoRA with checkpointing: {ways:?}"
+    );
+    assert!(
+        ways.iter().any(|w| has(w, "--fsdp full")
+            && has(w, "--checkpoint full")
+            && w["gpus"].as_u64().unwrap() > 1
+            && !has(w, "--lora")),
+        "a sharded full fine-tune: {ways:?}"
+    );
+    let mut last = 0.0;
+    for w in ways {
+        assert_eq!(w["fits"], true);
+        let cost = w["relative_cost"].as_f64().unwrap();
+        assert!(cost >= 1.0 && cost >= last, "best first: {ways:?}");
+        last = cost;
+        assert!(w["tokens_per_second_per_gpu"].as_f64().unwrap() > 0.0);
+        assert!(w["max_micro_batch"].as_u64().unwrap() >= 1);
+        // Typed back into estimate, the way fits on the card (the headline says so).
+        let mut args: Vec<String> = ["estimate", "--model", "llama3-8b", "--seq", "2048"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        for c in flags(w).iter().filter(|c| c.starts_with("--")) {
+            args.extend(c.split_whitespace().map(str::to_string));
+        }
+        args.extend(["--gpu".into(), "rtx4090".into(), "--json".into()]);
+        let out = Command::cargo_bin("oomprobe")
+            .unwrap()
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let e: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(e["fit"]["fits"], true, "{args:?}: {}", e["fit"]);
+        assert_eq!(
+            e["fit"]["needed_bytes"].as_u64(),
+            w["peak_bytes"].as_u64(),
+            "{args:?}"
+        );
+    }
+}

@@ -131,8 +131,23 @@ def max_batch(
     b = _batch_boundary(_run("max_batch", ["estimate"], model, config, flags))
     value = b.get("max" if tensors_only else "max_reserved")
     if value is None:
-        raise ValueError("not even batch 1 fits in that memory")
+        raise ValueError("not even batch 1 fits in that memory" + _way_out(model, config, flags))
     return int(value)
+
+
+def _way_out(model: Optional[str], config: Optional[Config], flags: Dict[str, Any]) -> str:
+    """The fastest way out `diagnose` finds for a step that does not fit, as the end of an
+    error message (empty when it finds none or cannot say)."""
+    try:
+        ways = diagnose(model, config, **flags).get("ways") or {}
+    except (ValueError, TypeError, RuntimeError, OSError):
+        return ""
+    best = (ways.get("ways") or [None])[0]
+    if not best:
+        return ""
+    return (f"; the fastest way out oomprobe finds: {' '.join(best['changes'])} "
+            f"({best['gpus']} GPU(s), micro-batch {best['micro_batch']}; "
+            f"oomprobe.diagnose(...)['ways'] lists them all)")
 
 
 def version() -> str:

@@ -242,3 +242,19 @@ def test_the_bool_tables_are_the_clis():
                 bare.add(key)
     assert on_off == ON_OFF
     assert bare == BARE
+
+
+def test_max_batch_names_the_way_out_when_nothing_fits():
+    # Llama-3-8B at 2048 on one RTX 4090 does not fit at batch 1 (issue 47): the error the
+    # Lightning and transformers hooks raise carries diagnose's fastest way out.
+    with pytest.raises(ValueError) as e:
+        oomprobe.max_batch(model="llama3-8b", seq=2048, gpu="rtx4090")
+    assert "not even batch 1 fits" in str(e.value)
+    assert "way out" in str(e.value) and "--lora 16" in str(e.value), str(e.value)
+
+
+def test_diagnose_returns_the_ways_out():
+    d = oomprobe.diagnose(model="llama3-8b", seq=2048, gpu="rtx4090")
+    ways = d["ways"]["ways"]
+    assert len(ways) >= 3 and all(w["fits"] for w in ways)
+    assert ways[0]["relative_cost"] == 1.0

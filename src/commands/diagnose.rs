@@ -153,6 +153,11 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
             checks.push(crate::message_check::check(&r.workload, m).map_err(plan_error)?);
         }
     }
+    // With a workload: the ways out on the card the last message names (its total capacity).
+    let ways = match (&checks.is_empty(), judged.last()) {
+        (false, Some((m, j))) => ways_for(&args.workload, m, j)?,
+        _ => None,
+    };
     // With a snapshot: each message against the OOM it recorded (the best-matching device).
     let matches: Vec<Option<crate::message_check::SnapshotMatch>> = judged
         .iter()
@@ -187,11 +192,14 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
                 v
             })
             .collect();
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "schema_version": 1,
             "source": name,
             "messages": entries,
         });
+        if let (Some(w), Some(o)) = (&ways, doc.as_object_mut()) {
+            o.insert("ways".into(), serde_json::to_value(w).unwrap_or_default());
+        }
         let s = serde_json::to_string_pretty(&doc).map_err(|e| CliError::run(e.to_string()))?;
         return out(&format!("{s}\n"));
     }
@@ -228,5 +236,35 @@ fn oom(file: &str, args: &DiagnoseArgs) -> CliResult<()> {
         }
         text += &crate::oom::explain::text(m, j, &extra);
     }
+    if let Some(w) = &ways {
+        text.push('\n');
+        text += &crate::ways::render(w);
+    }
     out(&text)
+}
+
+/// The ways out for the workload on the card message `m` names: its total capacity, and the
+/// card of the table that total is (for what lives outside PyTorch and the card's peaks).
+/// None when the message gives no total or the workload is no training transformer.
+fn ways_for(
+    args: &crate::workload::args::WorkloadArgs,
+    m: &crate::oom::Message,
+    j: &crate::oom::judge::Judgement,
+) -> CliResult<Option<crate::ways::Ways>> {
+    let Some(total) = m.total.as_ref().map(|t| t.bytes) else {
+        return Ok(None);
+    };
+    let w = resolve(args, "gpt2")?.workload;
+    if !w.is_text_transformer() || w.inference() {
+        return Ok(None);
+    }
+    let card = j
+        .card
+        .as_ref()
+        .and_then(|c| c.ids.first())
+        .and_then(|id| crate::alloc::cards::get(id));
+    let max = if w.gpus > 1 { w.gpus } else { crate::ways::MAX_GPUS };
+    crate::ways::search(&w, total, card, &crate::alloc::AllocConf::default(), max, 6)
+        .map(Some)
+        .map_err(plan_error)
 }

@@ -17,14 +17,14 @@ use num_traits::ToPrimitive;
 use serde::de::Visitor;
 use serde::{de, forward_to_deserialize_any};
 use std::char;
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::io::{BufRead, BufReader, Read};
 use std::iter::FusedIterator;
 use std::mem;
 use std::str;
 use std::str::FromStr;
-use std::vec;
 
 use super::consts::*;
 use super::error::{Error, ErrorCode, Result};
@@ -123,7 +123,7 @@ pub struct Deserializer<R: Read> {
     options: DeOptions,
     pos: usize,
     value: Option<Value>,                 // next value to deserialize
-    memo: BTreeMap<MemoId, (Value, i32)>, // pickle memo (value, number of refs)
+    memo: HashMap<MemoId, (Value, i32)>, // pickle memo (value, number of refs)
     stack: Vec<Value>,                    // topmost items on the stack
     stacks: Vec<Vec<Value>>,              // items further down the stack, between MARKs
 }
@@ -135,7 +135,7 @@ impl<R: Read> Deserializer<R> {
             rdr: BufReader::new(rdr),
             pos: 0,
             value: None,
-            memo: BTreeMap::new(),
+            memo: HashMap::new(),
             stack: Vec::with_capacity(128),
             stacks: Vec::with_capacity(16),
             options,
@@ -1168,15 +1168,99 @@ impl<R: Read> Deserializer<R> {
     }
 }
 
+// oomprobe's patch: the parsed value is walked by reference. A memo reference is followed into
+// the memo, not resolved by deep-cloning the memoized value (upstream clones it at each use:
+// PyTorch's memory snapshots share stack-frame lists, frame dicts and strings between
+// thousands of trace entries, so the clones made reading a 58 MB file take gigabytes and
+// minutes). Recursion is still detected: a memo entry being visited is in `visiting`.
 impl<'de: 'a, 'a, R: Read> de::Deserializer<'de> for &'a mut Deserializer<R> {
     type Error = Error;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        self.walk(|w| w.deserialize_any(visitor))
+    }
+
+    #[inline]
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        self.walk(|w| w.deserialize_option(visitor))
+    }
+
+    #[inline]
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self, name: &'static str, visitor: V,
+    ) -> Result<V::Value> {
+        self.walk(|w| w.deserialize_newtype_struct(name, visitor))
+    }
+
+    #[inline]
+    fn deserialize_enum<V: Visitor<'de>>(
+        self, name: &'static str, variants: &'static [&'static str], visitor: V,
+    ) -> Result<V::Value> {
+        self.walk(|w| w.deserialize_enum(name, variants, visitor))
+    }
+
+    forward_to_deserialize_any! {
+        bool u8 u16 u32 u64 i8 i16 i32 i64 f32 f64 char str string unit seq
+        bytes byte_buf map tuple_struct struct identifier
+        tuple ignored_any unit_struct
+    }
+}
+
+impl<R: Read> Deserializer<R> {
+    /// Parse the next value and walk it, by reference, with `f`.
+    fn walk<T>(&mut self, f: impl FnOnce(Walk<'_>) -> Result<T>) -> Result<T> {
         let value = self.get_next_value()?;
-        match value {
+        let visiting = RefCell::new(HashSet::new());
+        f(Walk { value: &value, memo: &self.memo, visiting: &visiting, options: &self.options })
+    }
+}
+
+/// A parsed value and the memo its references point into.
+#[derive(Clone, Copy)]
+struct Walk<'v> {
+    value: &'v Value,
+    memo: &'v HashMap<MemoId, (Value, i32)>,
+    /// The memo entries being visited: meeting one again is a recursive structure.
+    visiting: &'v RefCell<HashSet<MemoId>>,
+    options: &'v DeOptions,
+}
+
+static NONE_VALUE: Value = Value::None;
+
+impl<'v> Walk<'v> {
+    fn at(self, value: &'v Value) -> Walk<'v> {
+        Walk { value, ..self }
+    }
+
+    /// Call `f` with the value a memo reference points to (or the value itself).
+    fn resolved<T>(self, f: impl FnOnce(Walk<'v>) -> Result<T>) -> Result<T> {
+        let Value::MemoRef(id) = *self.value else {
+            return f(self);
+        };
+        let Some((value, _)) = self.memo.get(&id) else {
+            return Err(Error::Syntax(ErrorCode::MissingMemo(id)));
+        };
+        if !self.visiting.borrow_mut().insert(id) {
+            return if self.options.replace_recursive_structures {
+                f(self.at(&NONE_VALUE))
+            } else {
+                Err(Error::Syntax(ErrorCode::Recursive))
+            };
+        }
+        let result = self.at(value).resolved(f);
+        self.visiting.borrow_mut().remove(&id);
+        result
+    }
+}
+
+impl<'de, 'v> de::Deserializer<'de> for Walk<'v> {
+    type Error = Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        self.resolved(|w| match w.value {
             Value::None => visitor.visit_unit(),
-            Value::Bool(v) => visitor.visit_bool(v),
-            Value::I64(v) => visitor.visit_i64(v),
+            Value::Bool(v) => visitor.visit_bool(*v),
+            Value::I64(v) => visitor.visit_i64(*v),
             Value::Int(v) => {
                 if let Some(i) = v.to_i64() {
                     visitor.visit_i64(i)
@@ -1184,45 +1268,31 @@ impl<'de: 'a, 'a, R: Read> de::Deserializer<'de> for &'a mut Deserializer<R> {
                     Err(Error::Syntax(ErrorCode::InvalidValue("integer too large".into())))
                 }
             }
-            Value::F64(v) => visitor.visit_f64(v),
-            Value::Bytes(v) => visitor.visit_byte_buf(v),
-            Value::String(v) => visitor.visit_string(v),
-            Value::List(v) => {
-                let len = v.len();
-                visitor.visit_seq(SeqAccess { de: self, iter: v.into_iter(), len })
+            Value::F64(v) => visitor.visit_f64(*v),
+            Value::Bytes(v) => visitor.visit_bytes(v),
+            Value::String(v) => visitor.visit_str(v),
+            Value::List(v) | Value::Tuple(v) | Value::Set(v) | Value::FrozenSet(v) => {
+                visitor.visit_seq(SeqAccess { walk: w, iter: v.iter() })
             }
-            Value::Tuple(v) => visitor.visit_seq(SeqAccess { len: v.len(), iter: v.into_iter(), de: self }),
-            Value::Set(v) | Value::FrozenSet(v) => {
-                visitor.visit_seq(SeqAccess { de: self, len: v.len(), iter: v.into_iter() })
-            }
-            Value::Dict(v) => {
-                let len = v.len();
-                visitor.visit_map(MapAccess { de: self, iter: v.into_iter(), value: None, len })
-            }
-            Value::MemoRef(memo_id) => self.resolve_recursive(memo_id, visitor, |slf, visitor, value| {
-                slf.value = Some(value);
-                slf.deserialize_any(visitor)
-            }),
+            Value::Dict(v) => visitor.visit_map(MapAccess { walk: w, iter: v.iter(), value: None }),
+            // `resolved` follows references until it reaches a value.
+            Value::MemoRef(id) => Err(Error::Syntax(ErrorCode::MissingMemo(*id))),
             Value::Global(_) => {
-                if self.options.replace_unresolved_globals {
+                if w.options.replace_unresolved_globals {
                     visitor.visit_unit()
                 } else {
                     Err(Error::Syntax(ErrorCode::UnresolvedGlobal))
                 }
             }
-        }
+        })
     }
 
     #[inline]
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
-        let value = self.get_next_value()?;
-        match value {
+        self.resolved(|w| match w.value {
             Value::None => visitor.visit_none(),
-            _ => {
-                self.value = Some(value);
-                visitor.visit_some(self)
-            }
-        }
+            _ => visitor.visit_some(w),
+        })
     }
 
     #[inline]
@@ -1236,7 +1306,7 @@ impl<'de: 'a, 'a, R: Read> de::Deserializer<'de> for &'a mut Deserializer<R> {
     fn deserialize_enum<V: Visitor<'de>>(
         self, _name: &'static str, _variants: &'static [&'static str], visitor: V,
     ) -> Result<V::Value> {
-        visitor.visit_enum(VariantAccess { de: self })
+        self.resolved(|w| visitor.visit_enum(VariantAccess { walk: w, args: None }))
     }
 
     forward_to_deserialize_any! {
@@ -1246,64 +1316,47 @@ impl<'de: 'a, 'a, R: Read> de::Deserializer<'de> for &'a mut Deserializer<R> {
     }
 }
 
-struct VariantAccess<'a, R: Read + 'a> {
-    de: &'a mut Deserializer<R>,
+/// An enum as a `(name, args)` tuple, a `{name: args}` dict or a bare name.
+struct VariantAccess<'v> {
+    walk: Walk<'v>,
+    args: Option<Walk<'v>>,
 }
 
-impl<'de: 'a, 'a, R: Read + 'a> de::EnumAccess<'de> for VariantAccess<'a, R> {
+impl<'de, 'v> de::EnumAccess<'de> for VariantAccess<'v> {
     type Error = Error;
     type Variant = Self;
 
     fn variant_seed<V: de::DeserializeSeed<'de>>(self, seed: V) -> Result<(V::Value, Self)> {
-        let value = self.de.get_next_value()?;
-        match value {
-            Value::Tuple(mut v) => {
-                if v.len() == 2 {
-                    let args = v.pop();
-                    self.de.value = v.pop();
-                    let val = seed.deserialize(&mut *self.de)?;
-                    self.de.value = args;
-                    Ok((val, self))
-                } else {
-                    self.de.value = v.pop();
-                    let val = seed.deserialize(&mut *self.de)?;
-                    Ok((val, self))
-                }
+        let w = self.walk;
+        let (name, args) = match w.value {
+            Value::Tuple(v) if v.len() == 2 => (&v[0], Some(w.at(&v[1]))),
+            Value::Tuple(v) if !v.is_empty() => (&v[v.len() - 1], None),
+            Value::Dict(v) if v.len() == 1 => (&v[0].0, Some(w.at(&v[0].1))),
+            Value::Dict(_) => {
+                return Err(Error::Syntax(ErrorCode::Structure(
+                    "enum variants must have one dict entry".into(),
+                )))
             }
-            Value::Dict(mut v) => {
-                if v.len() != 1 {
-                    Err(Error::Syntax(ErrorCode::Structure(
-                        "enum variants must have one dict entry".into(),
-                    )))
-                } else {
-                    let (name, args) = v.pop().unwrap();
-                    self.de.value = Some(name);
-                    let val = seed.deserialize(&mut *self.de)?;
-                    self.de.value = Some(args);
-                    Ok((val, self))
-                }
+            s @ Value::String(_) => (s, None),
+            _ => {
+                return Err(Error::Syntax(ErrorCode::Structure(
+                    "enums must be represented as dicts or tuples".into(),
+                )))
             }
-            Value::MemoRef(memo_id) => {
-                self.de.resolve_recursive(memo_id, (), |slf, (), value| {
-                    slf.value = Some(value);
-                    Ok(())
-                })?;
-                // retry with memo resolved
-                self.variant_seed(seed)
-            }
-            s @ Value::String(_) => {
-                self.de.value = Some(s);
-                let val = seed.deserialize(&mut *self.de)?;
-                Ok((val, self))
-            }
-            _ => Err(Error::Syntax(ErrorCode::Structure(
-                "enums must be represented as dicts or tuples".into(),
-            ))),
-        }
+        };
+        let val = seed.deserialize(w.at(name))?;
+        Ok((val, VariantAccess { walk: w, args }))
     }
 }
 
-impl<'de: 'a, 'a, R: Read + 'a> de::VariantAccess<'de> for VariantAccess<'a, R> {
+impl<'v> VariantAccess<'v> {
+    fn args(self) -> Result<Walk<'v>> {
+        self.args
+            .ok_or_else(|| Error::Syntax(ErrorCode::Structure("enum variant without its value".into())))
+    }
+}
+
+impl<'de, 'v> de::VariantAccess<'de> for VariantAccess<'v> {
     type Error = Error;
 
     fn unit_variant(self) -> Result<()> {
@@ -1311,75 +1364,66 @@ impl<'de: 'a, 'a, R: Read + 'a> de::VariantAccess<'de> for VariantAccess<'a, R> 
     }
 
     fn newtype_variant_seed<T: de::DeserializeSeed<'de>>(self, seed: T) -> Result<T::Value> {
-        seed.deserialize(self.de)
+        seed.deserialize(self.args()?)
     }
 
     fn tuple_variant<V: Visitor<'de>>(self, _len: usize, visitor: V) -> Result<V::Value> {
-        de::Deserializer::deserialize_any(self.de, visitor)
+        de::Deserializer::deserialize_any(self.args()?, visitor)
     }
 
     fn struct_variant<V: Visitor<'de>>(
         self, _fields: &'static [&'static str], visitor: V,
     ) -> Result<V::Value> {
-        de::Deserializer::deserialize_any(self.de, visitor)
+        de::Deserializer::deserialize_any(self.args()?, visitor)
     }
 }
 
-struct SeqAccess<'a, R: Read + 'a> {
-    de: &'a mut Deserializer<R>,
-    iter: vec::IntoIter<Value>,
-    len: usize,
+struct SeqAccess<'v> {
+    walk: Walk<'v>,
+    iter: std::slice::Iter<'v, Value>,
 }
 
-impl<'de: 'a, 'a, R: Read> de::SeqAccess<'de> for SeqAccess<'a, R> {
+impl<'de, 'v> de::SeqAccess<'de> for SeqAccess<'v> {
     type Error = Error;
 
     fn next_element_seed<T: de::DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>> {
         match self.iter.next() {
-            Some(value) => {
-                self.len -= 1;
-                self.de.value = Some(value);
-                Ok(Some(seed.deserialize(&mut *self.de)?))
-            }
+            Some(value) => Ok(Some(seed.deserialize(self.walk.at(value))?)),
             None => Ok(None),
         }
     }
 
     fn size_hint(&self) -> Option<usize> {
-        Some(self.len)
+        Some(self.iter.len())
     }
 }
 
-struct MapAccess<'a, R: Read + 'a> {
-    de: &'a mut Deserializer<R>,
-    iter: vec::IntoIter<(Value, Value)>,
-    value: Option<Value>,
-    len: usize,
+struct MapAccess<'v> {
+    walk: Walk<'v>,
+    iter: std::slice::Iter<'v, (Value, Value)>,
+    value: Option<&'v Value>,
 }
 
-impl<'de: 'a, 'a, R: Read> de::MapAccess<'de> for MapAccess<'a, R> {
+impl<'de, 'v> de::MapAccess<'de> for MapAccess<'v> {
     type Error = Error;
 
     fn next_key_seed<T: de::DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>> {
         match self.iter.next() {
             Some((key, value)) => {
-                self.len -= 1;
                 self.value = Some(value);
-                self.de.value = Some(key);
-                Ok(Some(seed.deserialize(&mut *self.de)?))
+                Ok(Some(seed.deserialize(self.walk.at(key))?))
             }
             None => Ok(None),
         }
     }
 
     fn next_value_seed<T: de::DeserializeSeed<'de>>(&mut self, seed: T) -> Result<T::Value> {
-        let value = self.value.take().unwrap();
-        self.de.value = Some(value);
-        seed.deserialize(&mut *self.de)
+        let value = self.value.take().unwrap_or(&NONE_VALUE);
+        seed.deserialize(self.walk.at(value))
     }
 
     fn size_hint(&self) -> Option<usize> {
-        Some(self.len)
+        Some(self.iter.len())
     }
 }
 

@@ -18,7 +18,8 @@ use serde::de::Visitor;
 use serde::{de, forward_to_deserialize_any};
 use std::char;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::io::{BufRead, BufReader, Read};
 use std::iter::FusedIterator;
@@ -31,6 +32,39 @@ use super::error::{Error, ErrorCode, Result};
 use super::value;
 
 type MemoId = u32;
+
+/// oomprobe's patch: the pickle memo, by id (value, number of refs), hashed by a multiply:
+/// SipHash of the id dominated reading a large pickle.
+type Memo = HashMap<MemoId, (Value, i32), BuildHasherDefault<IdHasher>>;
+
+/// Hashes a memo id (Fibonacci hashing: the id times 2^64 / golden ratio).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// oomprobe's patch: the newtype-struct name by which a type asks to learn whether its value is
+/// a memoized object, and which. `deserialize_newtype_struct(MEMO_ID, visitor)` on this crate's
+/// deserializer calls `visitor.visit_seq` with two elements: the memo id (a `u64`, `u64::MAX`
+/// when the value is not a memo reference) and the value itself, which the visitor may leave
+/// unread (it has read the same memo id before). Other deserializers call
+/// `visit_newtype_struct` as usual. The ids are those of one `from_*` call.
+pub const MEMO_ID: &str = "serde_pickle::MemoId";
 
 #[derive(Clone, Debug, PartialEq)]
 enum Global {
@@ -123,7 +157,7 @@ pub struct Deserializer<R: Read> {
     options: DeOptions,
     pos: usize,
     value: Option<Value>,                 // next value to deserialize
-    memo: HashMap<MemoId, (Value, i32)>, // pickle memo (value, number of refs)
+    memo: Memo, // pickle memo (value, number of refs)
     stack: Vec<Value>,                    // topmost items on the stack
     stacks: Vec<Vec<Value>>,              // items further down the stack, between MARKs
 }
@@ -135,7 +169,7 @@ impl<R: Read> Deserializer<R> {
             rdr: BufReader::new(rdr),
             pos: 0,
             value: None,
-            memo: HashMap::new(),
+            memo: Memo::default(),
             stack: Vec::with_capacity(128),
             stacks: Vec::with_capacity(16),
             options,
@@ -1210,7 +1244,7 @@ impl<R: Read> Deserializer<R> {
     /// Parse the next value and walk it, by reference, with `f`.
     fn walk<T>(&mut self, f: impl FnOnce(Walk<'_>) -> Result<T>) -> Result<T> {
         let value = self.get_next_value()?;
-        let visiting = RefCell::new(HashSet::new());
+        let visiting = RefCell::new(Vec::new());
         f(Walk { value: &value, memo: &self.memo, visiting: &visiting, options: &self.options })
     }
 }
@@ -1219,9 +1253,10 @@ impl<R: Read> Deserializer<R> {
 #[derive(Clone, Copy)]
 struct Walk<'v> {
     value: &'v Value,
-    memo: &'v HashMap<MemoId, (Value, i32)>,
-    /// The memo entries being visited: meeting one again is a recursive structure.
-    visiting: &'v RefCell<HashSet<MemoId>>,
+    memo: &'v Memo,
+    /// The memo entries being visited (as deep as the value nests): meeting one again is a
+    /// recursive structure.
+    visiting: &'v RefCell<Vec<MemoId>>,
     options: &'v DeOptions,
 }
 
@@ -1240,15 +1275,16 @@ impl<'v> Walk<'v> {
         let Some((value, _)) = self.memo.get(&id) else {
             return Err(Error::Syntax(ErrorCode::MissingMemo(id)));
         };
-        if !self.visiting.borrow_mut().insert(id) {
+        if self.visiting.borrow().contains(&id) {
             return if self.options.replace_recursive_structures {
                 f(self.at(&NONE_VALUE))
             } else {
                 Err(Error::Syntax(ErrorCode::Recursive))
             };
         }
+        self.visiting.borrow_mut().push(id);
         let result = self.at(value).resolved(f);
-        self.visiting.borrow_mut().remove(&id);
+        self.visiting.borrow_mut().pop();
         result
     }
 }
@@ -1297,9 +1333,16 @@ impl<'de, 'v> de::Deserializer<'de> for Walk<'v> {
 
     #[inline]
     fn deserialize_newtype_struct<V: Visitor<'de>>(
-        self, _name: &'static str, visitor: V,
+        self, name: &'static str, visitor: V,
     ) -> Result<V::Value> {
-        visitor.visit_newtype_struct(self)
+        if name != MEMO_ID {
+            return visitor.visit_newtype_struct(self);
+        }
+        let id = match *self.value {
+            Value::MemoRef(id) => Some(id),
+            _ => None,
+        };
+        visitor.visit_seq(MemoIdAccess { walk: self, id: Some(id), value: true })
     }
 
     #[inline]
@@ -1375,6 +1418,32 @@ impl<'de, 'v> de::VariantAccess<'de> for VariantAccess<'v> {
         self, _fields: &'static [&'static str], visitor: V,
     ) -> Result<V::Value> {
         de::Deserializer::deserialize_any(self.args()?, visitor)
+    }
+}
+
+/// The two elements of a [`MEMO_ID`] newtype: the memo id, then the value.
+struct MemoIdAccess<'v> {
+    walk: Walk<'v>,
+    id: Option<Option<MemoId>>,
+    value: bool,
+}
+
+impl<'de, 'v> de::SeqAccess<'de> for MemoIdAccess<'v> {
+    type Error = Error;
+
+    fn next_element_seed<T: de::DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>> {
+        if let Some(id) = self.id.take() {
+            return seed.deserialize(de::value::U64Deserializer::<Error>::new(id.map_or(u64::MAX, u64::from)))
+                .map(Some);
+        }
+        if mem::take(&mut self.value) {
+            return seed.deserialize(self.walk).map(Some);
+        }
+        Ok(None)
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(usize::from(self.id.is_some()) + usize::from(self.value))
     }
 }
 

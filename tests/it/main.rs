@@ -52,6 +52,7 @@ mod cli {
     mod probe;
     mod serve;
     mod snapshot;
+    mod snapshot_big;
     mod terminal;
 }
 
@@ -88,6 +89,7 @@ mod serve {
 mod snapshot {
     mod parse_scale_export;
     mod real_files;
+    mod shared_stacks;
 }
 
 mod workload {

@@ -17,7 +17,7 @@ use num_traits::ToPrimitive;
 use serde::de::Visitor;
 use serde::{de, forward_to_deserialize_any};
 use std::char;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
@@ -35,7 +35,16 @@ type MemoId = u32;
 
 /// oomprobe's patch: the pickle memo, by id (value, number of refs), hashed by a multiply:
 /// SipHash of the id dominated reading a large pickle.
-type Memo = HashMap<MemoId, (Value, i32), BuildHasherDefault<IdHasher>>;
+type Memo = HashMap<MemoId, MemoEntry, BuildHasherDefault<IdHasher>>;
+
+/// oomprobe's patch: one memoized value and how many references to it there are. The cells let
+/// a walk take out a value visited for the last time while it reads others (`Walk::resolved`).
+struct MemoEntry {
+    value: RefCell<Value>,
+    /// While parsing: the stream's references (upstream's count). While walking: the
+    /// references in the value walked and in the memo, or -1 once the walk took the value.
+    refs: Cell<i32>,
+}
 
 /// Hashes a memo id (Fibonacci hashing: the id times 2^64 / golden ratio).
 #[derive(Default)]
@@ -94,15 +103,15 @@ enum Value {
     None,
     Bool(bool),
     I64(i64),
-    Int(BigInt),
+    Int(Box<BigInt>),
     F64(f64),
-    Bytes(Vec<u8>),
-    String(String),
-    List(Vec<Value>),
-    Tuple(Vec<Value>),
-    Set(Vec<Value>),
-    FrozenSet(Vec<Value>),
-    Dict(Vec<(Value, Value)>),
+    Bytes(Box<Vec<u8>>),
+    String(Box<String>),
+    List(Box<Vec<Value>>),
+    Tuple(Box<Vec<Value>>),
+    Set(Box<Vec<Value>>),
+    FrozenSet(Box<Vec<Value>>),
+    Dict(Box<Vec<(Value, Value)>>),
 }
 
 /// Options for deserializing.
@@ -382,15 +391,15 @@ impl<R: Read> Deserializer<R> {
                 // Length-prefixed (byte)strings
                 SHORT_BINBYTES => {
                     let string = self.read_u8_prefixed_bytes()?;
-                    self.stack.push(Value::Bytes(string));
+                    self.stack.push(Value::Bytes(Box::new(string)));
                 }
                 BINBYTES => {
                     let string = self.read_u32_prefixed_bytes()?;
-                    self.stack.push(Value::Bytes(string));
+                    self.stack.push(Value::Bytes(Box::new(string)));
                 }
                 BINBYTES8 => {
                     let string = self.read_u64_prefixed_bytes()?;
-                    self.stack.push(Value::Bytes(string));
+                    self.stack.push(Value::Bytes(Box::new(string)));
                 }
                 SHORT_BINSTRING => {
                     let string = self.read_u8_prefixed_bytes()?;
@@ -419,36 +428,36 @@ impl<R: Read> Deserializer<R> {
                 }
                 BYTEARRAY8 => {
                     let string = self.read_u64_prefixed_bytes()?;
-                    self.stack.push(Value::Bytes(string));
+                    self.stack.push(Value::Bytes(Box::new(string)));
                 }
 
                 // Tuples
-                EMPTY_TUPLE => self.stack.push(Value::Tuple(Vec::new())),
+                EMPTY_TUPLE => self.stack.push(Value::Tuple(Box::new(Vec::new()))),
                 TUPLE1 => {
                     let item = self.pop()?;
-                    self.stack.push(Value::Tuple(vec![item]));
+                    self.stack.push(Value::Tuple(Box::new(vec![item])));
                 }
                 TUPLE2 => {
                     let item2 = self.pop()?;
                     let item1 = self.pop()?;
-                    self.stack.push(Value::Tuple(vec![item1, item2]));
+                    self.stack.push(Value::Tuple(Box::new(vec![item1, item2])));
                 }
                 TUPLE3 => {
                     let item3 = self.pop()?;
                     let item2 = self.pop()?;
                     let item1 = self.pop()?;
-                    self.stack.push(Value::Tuple(vec![item1, item2, item3]));
+                    self.stack.push(Value::Tuple(Box::new(vec![item1, item2, item3])));
                 }
                 TUPLE => {
                     let items = self.pop_mark()?;
-                    self.stack.push(Value::Tuple(items));
+                    self.stack.push(Value::Tuple(Box::new(items)));
                 }
 
                 // Lists
-                EMPTY_LIST => self.stack.push(Value::List(Vec::new())),
+                EMPTY_LIST => self.stack.push(Value::List(Box::new(Vec::new()))),
                 LIST => {
                     let items = self.pop_mark()?;
-                    self.stack.push(Value::List(items));
+                    self.stack.push(Value::List(Box::new(items)));
                 }
                 APPEND => {
                     let value = self.pop()?;
@@ -460,12 +469,12 @@ impl<R: Read> Deserializer<R> {
                 }
 
                 // Dicts
-                EMPTY_DICT => self.stack.push(Value::Dict(Vec::new())),
+                EMPTY_DICT => self.stack.push(Value::Dict(Box::new(Vec::new()))),
                 DICT => {
                     let items = self.pop_mark()?;
                     let mut dict = Vec::with_capacity(items.len() / 2);
                     Self::extend_dict(&mut dict, items);
-                    self.stack.push(Value::Dict(dict));
+                    self.stack.push(Value::Dict(Box::new(dict)));
                 }
                 SETITEM => {
                     let value = self.pop()?;
@@ -478,10 +487,10 @@ impl<R: Read> Deserializer<R> {
                 }
 
                 // Sets and frozensets
-                EMPTY_SET => self.stack.push(Value::Set(Vec::new())),
+                EMPTY_SET => self.stack.push(Value::Set(Box::new(Vec::new()))),
                 FROZENSET => {
                     let items = self.pop_mark()?;
-                    self.stack.push(Value::FrozenSet(items));
+                    self.stack.push(Value::FrozenSet(Box::new(items)));
                 }
                 ADDITEMS => {
                     let items = self.pop_mark()?;
@@ -514,7 +523,7 @@ impl<R: Read> Deserializer<R> {
                         other => return Self::stack_error("tuple", &other, self.pos),
                     };
                     let global = self.pop_resolve()?;
-                    self.reduce_global(global, argtuple)?;
+                    self.reduce_global(global, *argtuple)?;
                 }
 
                 // Arbitrary classes - make a best effort attempt to recover some data
@@ -526,9 +535,9 @@ impl<R: Read> Deserializer<R> {
                     // pop arguments to init
                     let args = self.pop_mark()?;
                     if self.options.keep_restore_state {
-                        self.stack.push(Value::Tuple(args));
+                        self.stack.push(Value::Tuple(Box::new(args)));
                     } else {
-                        self.stack.push(Value::Dict(Vec::new()));
+                        self.stack.push(Value::Dict(Box::new(Vec::new())));
                     }
                 }
                 OBJ => {
@@ -537,9 +546,9 @@ impl<R: Read> Deserializer<R> {
                     // pop class object
                     self.pop()?;
                     if self.options.keep_restore_state {
-                        self.stack.push(Value::Tuple(args));
+                        self.stack.push(Value::Tuple(Box::new(args)));
                     } else {
-                        self.stack.push(Value::Dict(Vec::new()));
+                        self.stack.push(Value::Dict(Box::new(Vec::new())));
                     }
                 }
                 NEWOBJ => {
@@ -549,7 +558,7 @@ impl<R: Read> Deserializer<R> {
                     if self.options.keep_restore_state {
                         self.stack.push(args);
                     } else {
-                        self.stack.push(Value::Dict(Vec::new()));
+                        self.stack.push(Value::Dict(Box::new(Vec::new())));
                     }
                 }
                 NEWOBJ_EX => {
@@ -558,9 +567,9 @@ impl<R: Read> Deserializer<R> {
                     let args = self.pop()?;
                     self.pop()?;
                     if self.options.keep_restore_state {
-                        self.stack.push(Value::Tuple(vec![args, kwargs]));
+                        self.stack.push(Value::Tuple(Box::new(vec![args, kwargs])));
                     } else {
-                        self.stack.push(Value::Dict(Vec::new()));
+                        self.stack.push(Value::Dict(Box::new(Vec::new())));
                     }
                 }
                 BUILD => {
@@ -612,7 +621,7 @@ impl<R: Read> Deserializer<R> {
             Some(&mut Value::MemoRef(n)) => self
                 .memo
                 .get_mut(&n)
-                .map(|&mut (ref mut v, _)| v)
+                .map(|e| e.value.get_mut())
                 .ok_or(Error::Syntax(ErrorCode::MissingMemo(n))),
             Some(other_value) => Ok(other_value),
             None => Err(Error::Eval(ErrorCode::StackUnderflow, self.pos)),
@@ -623,8 +632,8 @@ impl<R: Read> Deserializer<R> {
     fn push_memo_ref(&mut self, memo_id: MemoId) -> Result<()> {
         self.stack.push(Value::MemoRef(memo_id));
         match self.memo.get_mut(&memo_id) {
-            Some(&mut (_, ref mut count)) => {
-                *count += 1;
+            Some(e) => {
+                e.refs.set(e.refs.get() + 1);
                 Ok(())
             }
             None => Err(Error::Eval(ErrorCode::MissingMemo(memo_id), self.pos)),
@@ -638,11 +647,11 @@ impl<R: Read> Deserializer<R> {
         if let Value::MemoRef(id) = item {
             // TODO: is this even possible?
             item = match self.memo.get(&id) {
-                Some((v, _)) => v.clone(),
+                Some(e) => e.value.borrow().clone(),
                 None => return Err(Error::Eval(ErrorCode::MissingMemo(id), self.pos)),
             };
         }
-        self.memo.insert(memo_id, (item, 1));
+        self.memo.insert(memo_id, MemoEntry { value: RefCell::new(item), refs: Cell::new(1) });
         self.stack.push(Value::MemoRef(memo_id));
         Ok(())
     }
@@ -652,12 +661,12 @@ impl<R: Read> Deserializer<R> {
         match memo {
             Value::MemoRef(id) => match self.memo.get_mut(&id) {
                 None => Err(Error::Eval(ErrorCode::MissingMemo(id), self.pos)),
-                Some(&mut (ref val, ref mut count)) => {
+                Some(e) => {
                     // We can't remove it from the memo here, since we haven't
                     // decoded the whole stream yet and there may be further
                     // references to the value.
-                    *count -= 1;
-                    Ok(val.clone())
+                    e.refs.set(e.refs.get() - 1);
+                    Ok(e.value.get_mut().clone())
                 }
             },
             other => Ok(other),
@@ -673,7 +682,7 @@ impl<R: Read> Deserializer<R> {
         // from trying to depickle recursive structures, which we can't do
         // because our Values aren't references.
         let (value, mut count) = match self.memo.remove(&id) {
-            Some(entry) => entry,
+            Some(e) => (e.value.into_inner(), e.refs.get()),
             None => {
                 return {
                     if self.options.replace_recursive_structures {
@@ -691,7 +700,7 @@ impl<R: Read> Deserializer<R> {
         // with "recursive structure found" (upstream PR #24 and issue #25).
         count -= 1;
         let result = f(self, u, value.clone());
-        self.memo.insert(id, (value, count));
+        self.memo.insert(id, MemoEntry { value: RefCell::new(value), refs: Cell::new(count) });
         result
     }
 
@@ -852,7 +861,7 @@ impl<R: Read> Deserializer<R> {
             line.pop();
         }
         match BigInt::parse_bytes(&line, 10) {
-            Some(i) => Ok(Value::Int(i)),
+            Some(i) => Ok(Value::Int(Box::new(i))),
             None => self.error(ErrorCode::InvalidLiteral(line)),
         }
     }
@@ -930,7 +939,7 @@ impl<R: Read> Deserializer<R> {
                 _ => result.push(b as char),
             }
         }
-        Ok(Value::String(result))
+        Ok(Value::String(Box::new(result)))
     }
 
     // Decode a string - either as Unicode or as bytes.
@@ -938,20 +947,28 @@ impl<R: Read> Deserializer<R> {
         if self.options.decode_strings {
             self.decode_unicode(string)
         } else {
-            Ok(Value::Bytes(string))
+            Ok(Value::Bytes(Box::new(string)))
         }
     }
 
     // Decode a Unicode string from UTF-8.
     fn decode_unicode(&self, string: Vec<u8>) -> Result<Value> {
         match String::from_utf8(string) {
-            Ok(v) => Ok(Value::String(v)),
+            Ok(v) => Ok(Value::String(Box::new(v))),
             Err(_) => self.error(ErrorCode::StringNotUTF8),
         }
     }
 
     // Decode a binary-encoded long integer.
     fn decode_binary_long(&self, bytes: Vec<u8>) -> Value {
+        // oomprobe's patch: a long of at most 8 bytes (pickle writes every int above 2^31 as
+        // one: addresses, sizes, timestamps) is an i64, without a BigInt's two allocations.
+        if !bytes.is_empty() && bytes.len() <= 8 {
+            let fill = if bytes[bytes.len() - 1] & 0x80 != 0 { 0xff } else { 0 };
+            let mut le = [fill; 8];
+            le[..bytes.len()].copy_from_slice(&bytes);
+            return Value::I64(i64::from_le_bytes(le));
+        }
         // BigInt::from_bytes_le doesn't like a sign bit in the bytes, therefore
         // we have to extract that ourselves and do the two-s complement.
         let negative = !bytes.is_empty() && (bytes[bytes.len() - 1] & 0x80 != 0);
@@ -959,7 +976,7 @@ impl<R: Read> Deserializer<R> {
         if negative {
             val -= BigInt::from(1) << (bytes.len() * 8);
         }
-        Value::Int(val)
+        Value::Int(Box::new(val))
     }
 
     // Modify the stack-top list.
@@ -979,6 +996,9 @@ impl<R: Read> Deserializer<R> {
 
     // Push items from a (key, value, key, value) flattened list onto a (key, value) vec.
     fn extend_dict(dict: &mut Vec<(Value, Value)>, items: Vec<Value>) {
+        // oomprobe's patch: room for exactly these pairs (a million small dicts, each grown
+        // by doubling, held a third more than they needed).
+        dict.reserve_exact(items.len() / 2);
         let mut key = None;
         for value in items {
             match key.take() {
@@ -1064,7 +1084,7 @@ impl<R: Read> Deserializer<R> {
                         // The code points in the string are actually bytes values.
                         // So we need to collect them individually.
                         self.stack
-                            .push(Value::Bytes(string.chars().map(|ch| ch as u32 as u8).collect()));
+                            .push(Value::Bytes(Box::new(string.chars().map(|ch| ch as u32 as u8).collect())));
                         Ok(())
                     }
                     _ => self.error(ErrorCode::InvalidValue("bytearray() arg".into())),
@@ -1096,8 +1116,8 @@ impl<R: Read> Deserializer<R> {
                         // Now we have to convert the string to latin-1
                         // encoded bytes.  It never contains codepoints
                         // above 0xff.
-                        let bytes = s.chars().map(|ch| ch as u8).collect();
-                        self.stack.push(Value::Bytes(bytes));
+                        let bytes: Vec<u8> = s.chars().map(|ch| ch as u8).collect();
+                        self.stack.push(Value::Bytes(Box::new(bytes)));
                         Ok(())
                     }
                     _ => self.error(ErrorCode::InvalidValue("encode() arg".into())),
@@ -1109,11 +1129,11 @@ impl<R: Read> Deserializer<R> {
                 if self.options.keep_restore_state {
                     let state = match argtuple.pop().map(|v| self.resolve(v)).transpose()? {
                         Some(obj) => obj,
-                        None => Value::Dict(Vec::new()),
+                        None => Value::Dict(Box::new(Vec::new())),
                     };
                     self.stack.push(state);
                 } else {
-                    self.stack.push(Value::Dict(Vec::new()));
+                    self.stack.push(Value::Dict(Box::new(Vec::new())));
                 }
                 Ok(())
             }
@@ -1123,7 +1143,7 @@ impl<R: Read> Deserializer<R> {
                 // class is instantiated.
                 if self.options.keep_restore_state {
                     let result: Result<_> = argtuple.into_iter().map(|v| self.resolve(v)).collect();
-                    self.stack.push(Value::Tuple(result?));
+                    self.stack.push(Value::Tuple(Box::new(result?)));
                 } else {
                     self.stack.push(Value::Global(Global::Other));
                 }
@@ -1151,12 +1171,12 @@ impl<R: Read> Deserializer<R> {
                 if let Some(i) = v.to_i64() {
                     Ok(value::Value::I64(i))
                 } else {
-                    Ok(value::Value::Int(v))
+                    Ok(value::Value::Int(*v))
                 }
             }
             Value::F64(v) => Ok(value::Value::F64(v)),
-            Value::Bytes(v) => Ok(value::Value::Bytes(v)),
-            Value::String(v) => Ok(value::Value::String(v)),
+            Value::Bytes(v) => Ok(value::Value::Bytes(*v)),
+            Value::String(v) => Ok(value::Value::String(*v)),
             Value::List(v) => {
                 let new = v.into_iter().map(|v| self.convert_value(v)).collect::<Result<_>>();
                 Ok(value::Value::List(new?))
@@ -1181,7 +1201,7 @@ impl<R: Read> Deserializer<R> {
             }
             Value::Dict(v) => {
                 let mut map = BTreeMap::new();
-                for (key, value) in v {
+                for (key, value) in *v {
                     let real_key = self.convert_value(key).and_then(|rv| rv.into_hashable())?;
                     let real_value = self.convert_value(value)?;
                     map.insert(real_key, real_value);
@@ -1244,8 +1264,40 @@ impl<R: Read> Deserializer<R> {
     /// Parse the next value and walk it, by reference, with `f`.
     fn walk<T>(&mut self, f: impl FnOnce(Walk<'_>) -> Result<T>) -> Result<T> {
         let value = self.get_next_value()?;
+        // Count the references: a value referenced once, from a part of the value visited
+        // once, is visited once, and freed after (a million trace entries need not be held
+        // while their typed copies are made).
+        for e in self.memo.values() {
+            e.refs.set(0);
+        }
+        count_refs(&value, &self.memo);
+        for e in self.memo.values() {
+            count_refs(&e.value.borrow(), &self.memo);
+        }
         let visiting = RefCell::new(Vec::new());
-        f(Walk { value: &value, memo: &self.memo, visiting: &visiting, options: &self.options })
+        let result =
+            f(Walk { value: &value, memo: &self.memo, visiting: &visiting, options: &self.options, once: true });
+        self.memo.retain(|_, e| e.refs.get() >= 0);
+        result
+    }
+}
+
+/// Count the memo references in `value` (not in the values they point to) into `memo`.
+fn count_refs(value: &Value, memo: &Memo) {
+    match value {
+        Value::MemoRef(id) => {
+            if let Some(e) = memo.get(id) {
+                e.refs.set(e.refs.get().saturating_add(1));
+            }
+        }
+        Value::List(v) | Value::Tuple(v) | Value::Set(v) | Value::FrozenSet(v) => {
+            v.iter().for_each(|x| count_refs(x, memo))
+        }
+        Value::Dict(v) => v.iter().for_each(|(k, x)| {
+            count_refs(k, memo);
+            count_refs(x, memo);
+        }),
+        _ => {}
     }
 }
 
@@ -1258,6 +1310,8 @@ struct Walk<'v> {
     /// recursive structure.
     visiting: &'v RefCell<Vec<MemoId>>,
     options: &'v DeOptions,
+    /// Whether this part of the value is visited once in the whole walk.
+    once: bool,
 }
 
 static NONE_VALUE: Value = Value::None;
@@ -1267,26 +1321,53 @@ impl<'v> Walk<'v> {
         Walk { value, ..self }
     }
 
-    /// Call `f` with the value a memo reference points to (or the value itself).
-    fn resolved<T>(self, f: impl FnOnce(Walk<'v>) -> Result<T>) -> Result<T> {
+    /// Call `f` with the value a memo reference points to (or the value itself). A value
+    /// referenced once from a part visited once is taken out of the memo and freed after.
+    fn resolved<T>(self, f: impl for<'w> FnOnce(Walk<'w>) -> Result<T>) -> Result<T> {
         let Value::MemoRef(id) = *self.value else {
             return f(self);
         };
-        let Some((value, _)) = self.memo.get(&id) else {
-            return Err(Error::Syntax(ErrorCode::MissingMemo(id)));
-        };
-        if self.visiting.borrow().contains(&id) {
-            return if self.options.replace_recursive_structures {
-                f(self.at(&NONE_VALUE))
-            } else {
-                Err(Error::Syntax(ErrorCode::Recursive))
+        let target = if self.visiting.borrow().contains(&id) {
+            Target::Recursive
+        } else {
+            let Some(entry) = self.memo.get(&id) else {
+                return Err(Error::Syntax(ErrorCode::MissingMemo(id)));
             };
-        }
+            if self.once && entry.refs.get() == 1 {
+                match entry.value.try_borrow_mut() {
+                    Ok(mut v) => {
+                        entry.refs.set(-1);
+                        Target::Owned(mem::replace(&mut *v, Value::None))
+                    }
+                    Err(_) => Target::Recursive,
+                }
+            } else {
+                match entry.value.try_borrow() {
+                    Ok(v) => Target::Shared(v),
+                    Err(_) => Target::Recursive,
+                }
+            }
+        };
+        let (value, once): (&Value, bool) = match &target {
+            Target::Recursive if self.options.replace_recursive_structures => return f(self.at(&NONE_VALUE)),
+            Target::Recursive => return Err(Error::Syntax(ErrorCode::Recursive)),
+            Target::Owned(v) => (v, self.once),
+            Target::Shared(v) => (v, false),
+        };
         self.visiting.borrow_mut().push(id);
-        let result = self.at(value).resolved(f);
+        let result = Walk { value, once, ..self }.resolved(f);
         self.visiting.borrow_mut().pop();
         result
     }
+}
+
+/// What a memo reference leads to while walking.
+enum Target<'a> {
+    /// Taken out of the memo: visited for the last time.
+    Owned(Value),
+    Shared(std::cell::Ref<'a, Value>),
+    /// Being visited already.
+    Recursive,
 }
 
 impl<'de, 'v> de::Deserializer<'de> for Walk<'v> {

@@ -10,10 +10,12 @@ use crate::error::{CliError, CliResult};
 use crate::plan::Plan;
 use crate::probe::capacity;
 use crate::probe::child::{ChildRunner, ProbeTimeout};
+use crate::snapshot::read::{load_file, Loaded};
 use crate::snapshot::replay::{self, Replayer};
 use crate::snapshot::report::DeviceSelect;
+use crate::snapshot::trace::trace_of_device;
 use crate::snapshot::verdict::{self, third};
-use crate::snapshot::{describe, load_device, Granularity, SnapshotError, Source, Trace};
+use crate::snapshot::{describe, Granularity, SnapshotError, Source, Trace};
 use crate::units::fmt_bytes;
 
 use crate::term::out;
@@ -32,6 +34,11 @@ fn bad(path: &Path, e: SnapshotError) -> CliError {
 
 /// The checked source: files readable as snapshots, one batch per file when scaling.
 pub fn source(args: &SnapshotArgs) -> CliResult<Source> {
+    source_read(args).map(|(src, _)| src)
+}
+
+/// [`source`] and its first file as read (the file a verdict reads: read once).
+fn source_read(args: &SnapshotArgs) -> CliResult<(Source, Loaded)> {
     let batches: Vec<u64> = match args.batch_of.as_deref() {
         Some(s) => s
             .split(',')
@@ -65,9 +72,10 @@ pub fn source(args: &SnapshotArgs) -> CliResult<Source> {
         ));
     }
     let mut synthetic = false;
+    let mut first = None;
     for f in &args.snapshot {
-        let snap = crate::snapshot::read::read_file(f).map_err(|e| bad(f, e))?;
-        if let Some(wrong) = crate::snapshot::consistency::check(&snap) {
+        let loaded = load_file(f).map_err(|e| bad(f, e))?;
+        if let Some(wrong) = crate::snapshot::consistency::check(&loaded.snapshot) {
             if !args.lenient {
                 return Err(CliError::usage(format!(
                     "{}: a trace that cannot have happened: {wrong} (--lenient replays it anyway)",
@@ -79,8 +87,10 @@ pub fn source(args: &SnapshotArgs) -> CliResult<Source> {
                 f.display()
             ));
         }
-        synthetic |= crate::snapshot::read::synthetic_segments(&snap).is_some();
+        synthetic |= crate::snapshot::read::synthetic_segments(&loaded.snapshot).is_some();
+        first.get_or_insert(loaded);
     }
+    let first = first.ok_or_else(|| CliError::usage("--snapshot: no file given"))?;
     // Made-up segments say nothing of what a device held: read the tensors, unless asked.
     let granularity = match args.granularity {
         None if synthetic => Granularity::Blocks,
@@ -90,7 +100,7 @@ pub fn source(args: &SnapshotArgs) -> CliResult<Source> {
         DeviceSelect::One(d) => Some(d),
         DeviceSelect::All => None,
     };
-    Ok(Source {
+    let src = Source {
         files: args.snapshot.clone(),
         batches,
         granularity: if n >= 2 {
@@ -99,7 +109,8 @@ pub fn source(args: &SnapshotArgs) -> CliResult<Source> {
             granularity
         },
         device,
-    })
+    };
+    Ok((src, first))
 }
 
 /// `--snapshot-device N|all` (default all).
@@ -253,10 +264,11 @@ pub fn estimate(
     as_json: bool,
     export_to: Option<&Path>,
 ) -> CliResult<()> {
-    let src = source(args)?;
-    let e = verdict::estimate(&src, select(args)?, memory).map_err(|e| bad(&src.files[0], e))?;
+    let (src, loaded) = source_read(args)?;
+    let e = verdict::estimate_of(&src, &loaded, select(args)?, memory)
+        .map_err(|e| bad(&src.files[0], e))?;
     if let Some(path) = export_to {
-        let trace = load_device(&src.files[0], src.granularity, Some(e.device))
+        let trace = trace_of_device(&loaded.snapshot, src.granularity, e.device)
             .map_err(|err| bad(&src.files[0], err))?;
         let label = format!("cuda:{}", e.device);
         export(
@@ -272,8 +284,9 @@ pub fn estimate(
 
 /// `diagnose --snapshot`: judged against the card recorded at the OOM, or `--memory`.
 pub fn diagnose(args: &SnapshotArgs, memory: Option<u64>, as_json: bool) -> CliResult<()> {
-    let src = source(args)?;
-    let d = verdict::diagnose(&src, select(args)?, memory).map_err(|e| bad(&src.files[0], e))?;
+    let (src, loaded) = source_read(args)?;
+    let d = verdict::diagnose_of(&src, &loaded, select(args)?, memory)
+        .map_err(|e| bad(&src.files[0], e))?;
     if as_json {
         return json(&d);
     }
@@ -282,8 +295,9 @@ pub fn diagnose(args: &SnapshotArgs, memory: Option<u64>, as_json: bool) -> CliR
 
 /// The OOMs a snapshot recorded, one per device that has one.
 pub fn recorded_ooms(args: &SnapshotArgs) -> CliResult<Vec<crate::snapshot::report::OomReport>> {
-    let src = source(args)?;
-    let e = verdict::estimate(&src, select(args)?, None).map_err(|e| bad(&src.files[0], e))?;
+    let (src, loaded) = source_read(args)?;
+    let e = verdict::estimate_of(&src, &loaded, select(args)?, None)
+        .map_err(|e| bad(&src.files[0], e))?;
     let mut v: Vec<_> = e.devices.iter().filter_map(|d| d.oom.clone()).collect();
     if let Some(o) = e.oom {
         if !v.iter().any(|x| x.device == o.device && x.entry == o.entry) {

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use base64::Engine;
 
-use super::schema::{Segment, Snapshot, NO_ADDRESS};
+use super::schema::{interning, Segment, Snapshot, NO_ADDRESS};
 use super::SnapshotError;
 
 /// A snapshot and what kind of file it came from.
@@ -67,9 +67,9 @@ fn from_pickle(bytes: &[u8]) -> Result<(Snapshot, String), SnapshotError> {
     // The decoder recurses as deep as the objects nest: refuse what would overflow the stack.
     super::nesting::check(bytes).map_err(|e| SnapshotError::NotSnapshot(e.to_string()))?;
     let opts = serde_pickle::DeOptions::new;
-    match serde_pickle::from_slice::<Snapshot>(bytes, opts()) {
+    match interning(|| serde_pickle::from_slice::<Snapshot>(bytes, opts())) {
         Ok(s) => Ok((s, "pickle".into())),
-        Err(e) => match serde_pickle::from_slice::<Vec<Segment>>(bytes, opts()) {
+        Err(e) => match interning(|| serde_pickle::from_slice::<Vec<Segment>>(bytes, opts())) {
             Ok(segments) => Ok((
                 Snapshot {
                     segments,
@@ -105,7 +105,7 @@ fn from_json(bytes: &[u8]) -> Result<(Snapshot, String), SnapshotError> {
     let schema = |e: serde_json::Error| SnapshotError::NotSnapshot(format!("JSON: {e}"));
     match &v {
         serde_json::Value::Object(m) if m.contains_key("segments") => Ok((
-            serde_json::from_value(v).map_err(schema)?,
+            interning(|| serde_json::from_value(v)).map_err(schema)?,
             "JSON (dict)".into(),
         )),
         serde_json::Value::Array(items) if items.first().is_some_and(|i| i.get("base64").is_some()) => {
@@ -114,7 +114,7 @@ fn from_json(bytes: &[u8]) -> Result<(Snapshot, String), SnapshotError> {
         }
         serde_json::Value::Array(_) => Ok((
             Snapshot {
-                segments: serde_json::from_value(v).map_err(schema)?,
+                segments: interning(|| serde_json::from_value(v)).map_err(schema)?,
                 device_traces: Vec::new(),
                 allocator_settings: None,
             },

@@ -520,7 +520,7 @@ fn verdict(segs: &Trace, oom_event: usize, usable: u64) -> OomVerdict {
             } else {
                 OomVerdict::FailsEarlier {
                     event: i,
-                    frame: segs.allocs[e.ix].frame.clone(),
+                    frame: segs.allocs[e.ix].frame.to_string(),
                 }
             };
         }

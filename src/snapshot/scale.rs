@@ -111,11 +111,11 @@ impl ScaleModel {
         let mut line_of: std::collections::HashMap<(&str, u64), (u64, u64)> = Default::default();
         for (i, x) in b.allocs.iter().enumerate() {
             if sizes[i].0 != sizes[i].1 {
-                line_of.entry((x.key.as_str(), x.bytes)).or_insert(sizes[i]);
+                line_of.entry((&*x.key, x.bytes)).or_insert(sizes[i]);
             }
         }
         for jb in lone {
-            match line_of.get(&(b.allocs[jb].key.as_str(), b.allocs[jb].bytes)) {
+            match line_of.get(&(&*b.allocs[jb].key, b.allocs[jb].bytes)) {
                 Some(&line) => {
                     sizes[jb] = line;
                     matched += 1;

@@ -14,7 +14,13 @@
 //! - `torch.cuda.memory._profile_to_snapshot` (the profiler's timeline as a snapshot): blocks
 //!   of only `size`/`state`, trace entries with a `category` (`parameter`, `activation`, ...).
 
-use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::ops::Deref;
+use std::sync::Arc;
+
+use serde::de::{SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// `torch.cuda.memory._snapshot()`: the segments at dump time and the allocator's history.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -71,7 +77,7 @@ pub struct Block {
     /// active_allocated | active_awaiting_free (active_pending_free) | inactive
     pub state: String,
     #[serde(default)]
-    pub frames: Vec<Frame>,
+    pub frames: Stack,
     /// PyTorch 2.0: what was allocated in the block, newest last (`read` takes the frames and
     /// requested size from it when the block has none of its own).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -85,7 +91,7 @@ impl Default for Block {
             size: 0,
             requested_size: 0,
             state: "inactive".into(),
-            frames: Vec::new(),
+            frames: Stack::default(),
             history: Vec::new(),
         }
     }
@@ -99,7 +105,7 @@ pub struct History {
     #[serde(default)]
     pub real_size: u64,
     #[serde(default)]
-    pub frames: Vec<Frame>,
+    pub frames: Stack,
 }
 
 /// A block address the file did not give.
@@ -127,6 +133,111 @@ pub struct Frame {
     pub name: String,
 }
 
+/// A call stack, innermost first (a list of [`Frame`]s in the file). Trace entries and blocks
+/// that share a stack share one copy: PyTorch's snapshots repeat the same few thousand stacks
+/// across up to millions of trace entries (`_record_memory_history(max_entries=...)`), and a
+/// copy each took gigabytes. Within [`interning`], equal stacks read are one allocation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Stack(Arc<[Frame]>);
+
+impl Deref for Stack {
+    type Target = [Frame];
+    fn deref(&self) -> &[Frame] {
+        &self.0
+    }
+}
+
+impl From<Vec<Frame>> for Stack {
+    fn from(frames: Vec<Frame>) -> Self {
+        Stack(frames.into())
+    }
+}
+
+impl Serialize for Stack {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Stack {
+    /// Through serde-pickle, a stack the file memoized (`pickle` writes a list once and refers
+    /// to it after) is read once per read (vendor/serde-pickle/PATCHED.md, `MEMO_ID`).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_newtype_struct(serde_pickle::MEMO_ID, StackVisitor)
+    }
+}
+
+struct StackVisitor;
+
+impl<'de> Visitor<'de> for StackVisitor {
+    type Value = Stack;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of stack frames")
+    }
+
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<Stack, D::Error> {
+        Ok(intern(Vec::<Frame>::deserialize(d)?))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Stack, A::Error> {
+        let missing = || serde::de::Error::custom("a memoized stack without its frames");
+        let id: u64 = seq.next_element()?.ok_or_else(missing)?;
+        let known = (id != u64::MAX)
+            .then(|| INTERNER.with(|i| i.borrow().as_ref()?.by_id.get(&id).cloned()))
+            .flatten();
+        if let Some(stack) = known {
+            return Ok(stack);
+        }
+        let stack = intern(seq.next_element::<Vec<Frame>>()?.ok_or_else(missing)?);
+        if id != u64::MAX {
+            INTERNER.with(|i| {
+                if let Some(seen) = i.borrow_mut().as_mut() {
+                    seen.by_id.insert(id, stack.clone());
+                }
+            });
+        }
+        Ok(stack)
+    }
+}
+
+/// The stack of these frames: the copy read before, if any.
+fn intern(frames: Vec<Frame>) -> Stack {
+    INTERNER.with(|i| match i.borrow_mut().as_mut() {
+        Some(seen) => match seen.by_content.get(&frames[..]) {
+            Some(s) => Stack(s.clone()),
+            None => {
+                let s: Arc<[Frame]> = frames.into();
+                seen.by_content.insert(s.clone());
+                Stack(s)
+            }
+        },
+        None => frames.into(),
+    })
+}
+
+/// The stacks one read has seen.
+#[derive(Default)]
+struct Interner {
+    by_content: HashSet<Arc<[Frame]>>,
+    /// By the pickle memo id of their list.
+    by_id: HashMap<u64, Stack>,
+}
+
+thread_local! {
+    /// The stacks read so far by the [`interning`] call running on this thread.
+    static INTERNER: RefCell<Option<Interner>> = const { RefCell::new(None) };
+}
+
+/// Run `read` (one deserialization) with equal stacks read as one shared copy. The stacks
+/// seen are forgotten when it returns.
+pub fn interning<T>(read: impl FnOnce() -> T) -> T {
+    let outer = INTERNER.with(|i| i.borrow_mut().replace(Interner::default()));
+    let out = read();
+    INTERNER.with(|i| *i.borrow_mut() = outer);
+    out
+}
+
 /// One action of the caching allocator, in order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TraceEntry {
@@ -142,7 +253,7 @@ pub struct TraceEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_us: Option<i64>,
     #[serde(default)]
-    pub frames: Vec<Frame>,
+    pub frames: Stack,
     /// `oom` only: what the driver still reported free.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_free: Option<u64>,

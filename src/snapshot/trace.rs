@@ -8,6 +8,7 @@
 //! trace event, existed before the trace: it is placed at the start, in the `setup` phase.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use crate::plan::{DType, Event, EventKind, Phase, Plan, Role, TensorSpec};
 
@@ -19,9 +20,10 @@ use super::{Granularity, SnapshotError};
 pub struct Allocation {
     pub bytes: u64,
     /// The top stack frame, as a person reads it (`modeling_gpt2.py:310:forward (aten::mm)`).
-    pub frame: String,
+    /// Shared by the allocations of one stack.
+    pub frame: Arc<str>,
     /// All frames joined: what matches the same allocation in another trace of the job.
-    pub key: String,
+    pub key: Arc<str>,
     pub phase: Phase,
     pub role: Role,
     /// Allocated before the trace began (model states, typically).
@@ -122,7 +124,7 @@ impl Trace {
             .allocs
             .iter()
             .map(|a| TensorSpec {
-                name: a.frame.clone(),
+                name: a.frame.to_string(),
                 role: a.role,
                 dtype: DType::U8,
                 shape: vec![a.bytes],
@@ -167,8 +169,8 @@ impl Trace {
                     .map_or(Phase::Setup, |e| e.phase);
                 Allocation {
                     bytes: t.bytes,
-                    frame: t.name.clone(),
-                    key: t.name.clone(),
+                    frame: t.name.as_str().into(),
+                    key: t.name.as_str().into(),
                     phase,
                     role: t.role,
                     before_trace: phase == Phase::Setup,
@@ -426,6 +428,23 @@ struct Collector {
     before: Vec<usize>,
     /// The device trace entry being read.
     entry: usize,
+    /// What `add` made of each stack, by the stack's place in memory: a snapshot's equal
+    /// stacks are one copy (`schema::Stack`), so a million allocations of a few thousand
+    /// stacks classify and join each stack once. The stacks outlive the collector.
+    seen: HashMap<Seen, Described>,
+}
+
+/// A stack (its frames' address and count) and what `add` was told with it.
+type Seen = (usize, usize, Option<String>, bool);
+
+/// An allocation's phase, role, top frame and key, as its stack gives them.
+#[derive(Clone)]
+struct Described {
+    phase: Phase,
+    role: Role,
+    role_known: bool,
+    frame: Arc<str>,
+    key: Arc<str>,
 }
 
 impl Collector {
@@ -436,24 +455,28 @@ impl Collector {
         category: Option<&str>,
         before_trace: bool,
     ) -> usize {
-        let (phase, role, role_known) = classify(frames, category, before_trace);
-        let key = frames
-            .iter()
-            .map(|f| format!("{}:{}:{}", f.filename, f.line, f.name))
-            .collect::<Vec<_>>()
-            .join("|");
+        let seen = (
+            frames.as_ptr() as usize,
+            frames.len(),
+            category.map(str::to_string),
+            before_trace,
+        );
+        let d = match self.seen.get(&seen) {
+            Some(d) => d.clone(),
+            None => {
+                let d = describe(frames, category, before_trace);
+                self.seen.insert(seen, d.clone());
+                d
+            }
+        };
         self.allocs.push(Allocation {
             bytes,
-            frame: if before_trace && frames.is_empty() {
-                "(allocated before recording)".into()
-            } else {
-                top_frame(frames)
-            },
-            key,
-            phase,
-            role,
+            frame: d.frame,
+            key: d.key,
+            phase: d.phase,
+            role: d.role,
             before_trace,
-            role_known,
+            role_known: d.role_known,
         });
         let a = self.allocs.len() - 1;
         if before_trace {
@@ -505,6 +528,28 @@ impl Collector {
             }),
             notes,
         }
+    }
+}
+
+/// What an allocation's stack says about it.
+fn describe(frames: &[Frame], category: Option<&str>, before_trace: bool) -> Described {
+    let (phase, role, role_known) = classify(frames, category, before_trace);
+    let key = frames
+        .iter()
+        .map(|f| format!("{}:{}:{}", f.filename, f.line, f.name))
+        .collect::<Vec<_>>()
+        .join("|");
+    let frame = if before_trace && frames.is_empty() {
+        "(allocated before recording)".into()
+    } else {
+        top_frame(frames)
+    };
+    Described {
+        phase,
+        role,
+        role_known,
+        frame: frame.into(),
+        key: key.into(),
     }
 }
 
@@ -756,7 +801,7 @@ fn unmap(
 fn oom_request(c: &mut Collector, e: &TraceEntry, bytes: u64, entry: usize) -> OomRecord {
     let a = c.add(bytes, &e.frames, None, false);
     let frame = c.allocs[a].frame.clone();
-    c.allocs[a].frame = format!("OOM request: {frame}");
+    c.allocs[a].frame = format!("OOM request: {frame}").into();
     c.push(true, a, &e.frames);
     let event = c.events.len() - 1;
     c.push(false, a, &e.frames);
@@ -764,7 +809,7 @@ fn oom_request(c: &mut Collector, e: &TraceEntry, bytes: u64, entry: usize) -> O
         requested: e.size,
         // PyTorch 2.0 put the driver's free bytes where other entries keep the address.
         device_free: e.device_free.or(e.addr),
-        frame,
+        frame: frame.to_string(),
         stack: stack_of(&e.frames),
         event,
         entry,

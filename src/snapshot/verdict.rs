@@ -9,7 +9,7 @@ use crate::units::fmt_bytes;
 use super::read::{load_file, Loaded};
 use super::replay::{self, ScaleSummary};
 use super::report::{report, report_file, DeviceReport, DeviceSelect, OomReport, SnapshotReport};
-use super::trace::trace_of_device;
+use super::trace::{self, trace_of_device};
 use super::{SnapshotError, Source};
 
 /// What `estimate --snapshot` reports. The top-level `breakdown`, `timeline` and `fits` are the
@@ -52,7 +52,7 @@ pub fn estimate(
 }
 
 /// [`estimate`] of the first file, already read.
-fn estimate_of(
+pub fn estimate_of(
     src: &Source,
     loaded: &Loaded,
     select: DeviceSelect,
@@ -153,10 +153,15 @@ pub fn card_memory(
                 "the recorded OOM has no free bytes: pass --memory SIZE (the card's memory)".into(),
             )),
         },
-        None => Err(SnapshotError::Device(
-            "the snapshot records no OOM, so not the card's memory: pass --memory SIZE".into(),
-        )),
+        None => Err(no_oom()),
     }
+}
+
+/// The card's memory is unknown: no `--memory` and no recorded OOM.
+fn no_oom() -> SnapshotError {
+    SnapshotError::Device(
+        "the snapshot records no OOM, so not the card's memory: pass --memory SIZE".into(),
+    )
 }
 
 /// Diagnose a source against `memory` (None: the card recorded at the OOM).
@@ -165,8 +170,21 @@ pub fn diagnose(
     select: DeviceSelect,
     memory: Option<u64>,
 ) -> Result<SnapshotDiagnosis, SnapshotError> {
-    let loaded = load_file(&src.files[0])?;
-    let e = estimate_of(src, &loaded, select, memory)?;
+    diagnose_of(src, &load_file(&src.files[0])?, select, memory)
+}
+
+/// [`diagnose`] of the first file, already read.
+pub fn diagnose_of(
+    src: &Source,
+    loaded: &Loaded,
+    select: DeviceSelect,
+    memory: Option<u64>,
+) -> Result<SnapshotDiagnosis, SnapshotError> {
+    if memory.is_none() && trace::oom_device(&loaded.snapshot).is_none() {
+        // Known before any replay: no OOM anywhere in the file, so no card to judge against.
+        return Err(no_oom());
+    }
+    let e = estimate_of(src, loaded, select, memory)?;
     let (memory, memory_from) = card_memory(&e, memory)?;
     let e = SnapshotEstimate {
         memory_bytes: Some(memory),

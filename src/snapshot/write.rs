@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use super::schema::{Block, Frame, Segment, Snapshot, TraceEntry};
+use super::schema::{Block, Frame, Segment, Snapshot, Stack, TraceEntry};
 use super::trace::{export_tag, Trace};
 use super::SnapshotError;
 use crate::plan::Phase;
@@ -32,11 +32,11 @@ pub fn to_snapshot(trace: &Trace) -> Snapshot {
     }
     let frames = |ix: usize, phase: Phase| {
         let a = &trace.allocs[ix];
-        vec![Frame {
+        Stack::from(vec![Frame {
             filename: export_tag(phase, a.role),
             line: 0,
-            name: a.frame.clone(),
-        }]
+            name: a.frame.to_string(),
+        }])
     };
     let mut entries = Vec::new();
     let mut live = vec![false; trace.allocs.len()];

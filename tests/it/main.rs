@@ -59,6 +59,7 @@ mod cli {
     mod probe;
     mod serve;
     mod snapshot;
+    mod snapshot_big;
     mod snapshot_fuzz;
     mod terminal;
 }
@@ -96,6 +97,7 @@ mod serve {
 mod snapshot {
     mod parse_scale_export;
     mod real_files;
+    mod shared_stacks;
 }
 
 mod workload {

@@ -17,20 +17,63 @@ use num_traits::ToPrimitive;
 use serde::de::Visitor;
 use serde::{de, forward_to_deserialize_any};
 use std::char;
-use std::collections::BTreeMap;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::io::{BufRead, BufReader, Read};
 use std::iter::FusedIterator;
 use std::mem;
 use std::str;
 use std::str::FromStr;
-use std::vec;
 
 use super::consts::*;
 use super::error::{Error, ErrorCode, Result};
 use super::value;
 
 type MemoId = u32;
+
+/// oomprobe's patch: the pickle memo, by id (value, number of refs), hashed by a multiply:
+/// SipHash of the id dominated reading a large pickle.
+type Memo = HashMap<MemoId, MemoEntry, BuildHasherDefault<IdHasher>>;
+
+/// oomprobe's patch: one memoized value and how many references to it there are. The cells let
+/// a walk take out a value visited for the last time while it reads others (`Walk::resolved`).
+struct MemoEntry {
+    value: RefCell<Value>,
+    /// While parsing: the stream's references (upstream's count). While walking: the
+    /// references in the value walked and in the memo, or -1 once the walk took the value.
+    refs: Cell<i32>,
+}
+
+/// Hashes a memo id (Fibonacci hashing: the id times 2^64 / golden ratio).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// oomprobe's patch: the newtype-struct name by which a type asks to learn whether its value is
+/// a memoized object, and which. `deserialize_newtype_struct(MEMO_ID, visitor)` on this crate's
+/// deserializer calls `visitor.visit_seq` with two elements: the memo id (a `u64`, `u64::MAX`
+/// when the value is not a memo reference) and the value itself, which the visitor may leave
+/// unread (it has read the same memo id before). Other deserializers call
+/// `visit_newtype_struct` as usual. The ids are those of one `from_*` call.
+pub const MEMO_ID: &str = "serde_pickle::MemoId";
 
 #[derive(Clone, Debug, PartialEq)]
 enum Global {
@@ -60,15 +103,15 @@ enum Value {
     None,
     Bool(bool),
     I64(i64),
-    Int(BigInt),
+    Int(Box<BigInt>),
     F64(f64),
-    Bytes(Vec<u8>),
-    String(String),
-    List(Vec<Value>),
-    Tuple(Vec<Value>),
-    Set(Vec<Value>),
-    FrozenSet(Vec<Value>),
-    Dict(Vec<(Value, Value)>),
+    Bytes(Box<Vec<u8>>),
+    String(Box<String>),
+    List(Box<Vec<Value>>),
+    Tuple(Box<Vec<Value>>),
+    Set(Box<Vec<Value>>),
+    FrozenSet(Box<Vec<Value>>),
+    Dict(Box<Vec<(Value, Value)>>),
 }
 
 /// Options for deserializing.
@@ -123,7 +166,7 @@ pub struct Deserializer<R: Read> {
     options: DeOptions,
     pos: usize,
     value: Option<Value>,                 // next value to deserialize
-    memo: BTreeMap<MemoId, (Value, i32)>, // pickle memo (value, number of refs)
+    memo: Memo, // pickle memo (value, number of refs)
     stack: Vec<Value>,                    // topmost items on the stack
     stacks: Vec<Vec<Value>>,              // items further down the stack, between MARKs
 }
@@ -135,7 +178,7 @@ impl<R: Read> Deserializer<R> {
             rdr: BufReader::new(rdr),
             pos: 0,
             value: None,
-            memo: BTreeMap::new(),
+            memo: Memo::default(),
             stack: Vec::with_capacity(128),
             stacks: Vec::with_capacity(16),
             options,
@@ -348,15 +391,15 @@ impl<R: Read> Deserializer<R> {
                 // Length-prefixed (byte)strings
                 SHORT_BINBYTES => {
                     let string = self.read_u8_prefixed_bytes()?;
-                    self.stack.push(Value::Bytes(string));
+                    self.stack.push(Value::Bytes(Box::new(string)));
                 }
                 BINBYTES => {
                     let string = self.read_u32_prefixed_bytes()?;
-                    self.stack.push(Value::Bytes(string));
+                    self.stack.push(Value::Bytes(Box::new(string)));
                 }
                 BINBYTES8 => {
                     let string = self.read_u64_prefixed_bytes()?;
-                    self.stack.push(Value::Bytes(string));
+                    self.stack.push(Value::Bytes(Box::new(string)));
                 }
                 SHORT_BINSTRING => {
                     let string = self.read_u8_prefixed_bytes()?;
@@ -385,36 +428,36 @@ impl<R: Read> Deserializer<R> {
                 }
                 BYTEARRAY8 => {
                     let string = self.read_u64_prefixed_bytes()?;
-                    self.stack.push(Value::Bytes(string));
+                    self.stack.push(Value::Bytes(Box::new(string)));
                 }
 
                 // Tuples
-                EMPTY_TUPLE => self.stack.push(Value::Tuple(Vec::new())),
+                EMPTY_TUPLE => self.stack.push(Value::Tuple(Box::new(Vec::new()))),
                 TUPLE1 => {
                     let item = self.pop()?;
-                    self.stack.push(Value::Tuple(vec![item]));
+                    self.stack.push(Value::Tuple(Box::new(vec![item])));
                 }
                 TUPLE2 => {
                     let item2 = self.pop()?;
                     let item1 = self.pop()?;
-                    self.stack.push(Value::Tuple(vec![item1, item2]));
+                    self.stack.push(Value::Tuple(Box::new(vec![item1, item2])));
                 }
                 TUPLE3 => {
                     let item3 = self.pop()?;
                     let item2 = self.pop()?;
                     let item1 = self.pop()?;
-                    self.stack.push(Value::Tuple(vec![item1, item2, item3]));
+                    self.stack.push(Value::Tuple(Box::new(vec![item1, item2, item3])));
                 }
                 TUPLE => {
                     let items = self.pop_mark()?;
-                    self.stack.push(Value::Tuple(items));
+                    self.stack.push(Value::Tuple(Box::new(items)));
                 }
 
                 // Lists
-                EMPTY_LIST => self.stack.push(Value::List(Vec::new())),
+                EMPTY_LIST => self.stack.push(Value::List(Box::new(Vec::new()))),
                 LIST => {
                     let items = self.pop_mark()?;
-                    self.stack.push(Value::List(items));
+                    self.stack.push(Value::List(Box::new(items)));
                 }
                 APPEND => {
                     let value = self.pop()?;
@@ -426,12 +469,12 @@ impl<R: Read> Deserializer<R> {
                 }
 
                 // Dicts
-                EMPTY_DICT => self.stack.push(Value::Dict(Vec::new())),
+                EMPTY_DICT => self.stack.push(Value::Dict(Box::new(Vec::new()))),
                 DICT => {
                     let items = self.pop_mark()?;
                     let mut dict = Vec::with_capacity(items.len() / 2);
                     Self::extend_dict(&mut dict, items);
-                    self.stack.push(Value::Dict(dict));
+                    self.stack.push(Value::Dict(Box::new(dict)));
                 }
                 SETITEM => {
                     let value = self.pop()?;
@@ -444,10 +487,10 @@ impl<R: Read> Deserializer<R> {
                 }
 
                 // Sets and frozensets
-                EMPTY_SET => self.stack.push(Value::Set(Vec::new())),
+                EMPTY_SET => self.stack.push(Value::Set(Box::new(Vec::new()))),
                 FROZENSET => {
                     let items = self.pop_mark()?;
-                    self.stack.push(Value::FrozenSet(items));
+                    self.stack.push(Value::FrozenSet(Box::new(items)));
                 }
                 ADDITEMS => {
                     let items = self.pop_mark()?;
@@ -480,7 +523,7 @@ impl<R: Read> Deserializer<R> {
                         other => return Self::stack_error("tuple", &other, self.pos),
                     };
                     let global = self.pop_resolve()?;
-                    self.reduce_global(global, argtuple)?;
+                    self.reduce_global(global, *argtuple)?;
                 }
 
                 // Arbitrary classes - make a best effort attempt to recover some data
@@ -492,9 +535,9 @@ impl<R: Read> Deserializer<R> {
                     // pop arguments to init
                     let args = self.pop_mark()?;
                     if self.options.keep_restore_state {
-                        self.stack.push(Value::Tuple(args));
+                        self.stack.push(Value::Tuple(Box::new(args)));
                     } else {
-                        self.stack.push(Value::Dict(Vec::new()));
+                        self.stack.push(Value::Dict(Box::new(Vec::new())));
                     }
                 }
                 OBJ => {
@@ -503,9 +546,9 @@ impl<R: Read> Deserializer<R> {
                     // pop class object
                     self.pop()?;
                     if self.options.keep_restore_state {
-                        self.stack.push(Value::Tuple(args));
+                        self.stack.push(Value::Tuple(Box::new(args)));
                     } else {
-                        self.stack.push(Value::Dict(Vec::new()));
+                        self.stack.push(Value::Dict(Box::new(Vec::new())));
                     }
                 }
                 NEWOBJ => {
@@ -515,7 +558,7 @@ impl<R: Read> Deserializer<R> {
                     if self.options.keep_restore_state {
                         self.stack.push(args);
                     } else {
-                        self.stack.push(Value::Dict(Vec::new()));
+                        self.stack.push(Value::Dict(Box::new(Vec::new())));
                     }
                 }
                 NEWOBJ_EX => {
@@ -524,9 +567,9 @@ impl<R: Read> Deserializer<R> {
                     let args = self.pop()?;
                     self.pop()?;
                     if self.options.keep_restore_state {
-                        self.stack.push(Value::Tuple(vec![args, kwargs]));
+                        self.stack.push(Value::Tuple(Box::new(vec![args, kwargs])));
                     } else {
-                        self.stack.push(Value::Dict(Vec::new()));
+                        self.stack.push(Value::Dict(Box::new(Vec::new())));
                     }
                 }
                 BUILD => {
@@ -578,7 +621,7 @@ impl<R: Read> Deserializer<R> {
             Some(&mut Value::MemoRef(n)) => self
                 .memo
                 .get_mut(&n)
-                .map(|&mut (ref mut v, _)| v)
+                .map(|e| e.value.get_mut())
                 .ok_or(Error::Syntax(ErrorCode::MissingMemo(n))),
             Some(other_value) => Ok(other_value),
             None => Err(Error::Eval(ErrorCode::StackUnderflow, self.pos)),
@@ -589,8 +632,8 @@ impl<R: Read> Deserializer<R> {
     fn push_memo_ref(&mut self, memo_id: MemoId) -> Result<()> {
         self.stack.push(Value::MemoRef(memo_id));
         match self.memo.get_mut(&memo_id) {
-            Some(&mut (_, ref mut count)) => {
-                *count += 1;
+            Some(e) => {
+                e.refs.set(e.refs.get() + 1);
                 Ok(())
             }
             None => Err(Error::Eval(ErrorCode::MissingMemo(memo_id), self.pos)),
@@ -604,11 +647,11 @@ impl<R: Read> Deserializer<R> {
         if let Value::MemoRef(id) = item {
             // TODO: is this even possible?
             item = match self.memo.get(&id) {
-                Some((v, _)) => v.clone(),
+                Some(e) => e.value.borrow().clone(),
                 None => return Err(Error::Eval(ErrorCode::MissingMemo(id), self.pos)),
             };
         }
-        self.memo.insert(memo_id, (item, 1));
+        self.memo.insert(memo_id, MemoEntry { value: RefCell::new(item), refs: Cell::new(1) });
         self.stack.push(Value::MemoRef(memo_id));
         Ok(())
     }
@@ -618,12 +661,12 @@ impl<R: Read> Deserializer<R> {
         match memo {
             Value::MemoRef(id) => match self.memo.get_mut(&id) {
                 None => Err(Error::Eval(ErrorCode::MissingMemo(id), self.pos)),
-                Some(&mut (ref val, ref mut count)) => {
+                Some(e) => {
                     // We can't remove it from the memo here, since we haven't
                     // decoded the whole stream yet and there may be further
                     // references to the value.
-                    *count -= 1;
-                    Ok(val.clone())
+                    e.refs.set(e.refs.get() - 1);
+                    Ok(e.value.get_mut().clone())
                 }
             },
             other => Ok(other),
@@ -639,7 +682,7 @@ impl<R: Read> Deserializer<R> {
         // from trying to depickle recursive structures, which we can't do
         // because our Values aren't references.
         let (value, mut count) = match self.memo.remove(&id) {
-            Some(entry) => entry,
+            Some(e) => (e.value.into_inner(), e.refs.get()),
             None => {
                 return {
                     if self.options.replace_recursive_structures {
@@ -657,7 +700,7 @@ impl<R: Read> Deserializer<R> {
         // with "recursive structure found" (upstream PR #24 and issue #25).
         count -= 1;
         let result = f(self, u, value.clone());
-        self.memo.insert(id, (value, count));
+        self.memo.insert(id, MemoEntry { value: RefCell::new(value), refs: Cell::new(count) });
         result
     }
 
@@ -818,7 +861,7 @@ impl<R: Read> Deserializer<R> {
             line.pop();
         }
         match BigInt::parse_bytes(&line, 10) {
-            Some(i) => Ok(Value::Int(i)),
+            Some(i) => Ok(Value::Int(Box::new(i))),
             None => self.error(ErrorCode::InvalidLiteral(line)),
         }
     }
@@ -896,7 +939,7 @@ impl<R: Read> Deserializer<R> {
                 _ => result.push(b as char),
             }
         }
-        Ok(Value::String(result))
+        Ok(Value::String(Box::new(result)))
     }
 
     // Decode a string - either as Unicode or as bytes.
@@ -904,20 +947,28 @@ impl<R: Read> Deserializer<R> {
         if self.options.decode_strings {
             self.decode_unicode(string)
         } else {
-            Ok(Value::Bytes(string))
+            Ok(Value::Bytes(Box::new(string)))
         }
     }
 
     // Decode a Unicode string from UTF-8.
     fn decode_unicode(&self, string: Vec<u8>) -> Result<Value> {
         match String::from_utf8(string) {
-            Ok(v) => Ok(Value::String(v)),
+            Ok(v) => Ok(Value::String(Box::new(v))),
             Err(_) => self.error(ErrorCode::StringNotUTF8),
         }
     }
 
     // Decode a binary-encoded long integer.
     fn decode_binary_long(&self, bytes: Vec<u8>) -> Value {
+        // oomprobe's patch: a long of at most 8 bytes (pickle writes every int above 2^31 as
+        // one: addresses, sizes, timestamps) is an i64, without a BigInt's two allocations.
+        if !bytes.is_empty() && bytes.len() <= 8 {
+            let fill = if bytes[bytes.len() - 1] & 0x80 != 0 { 0xff } else { 0 };
+            let mut le = [fill; 8];
+            le[..bytes.len()].copy_from_slice(&bytes);
+            return Value::I64(i64::from_le_bytes(le));
+        }
         // BigInt::from_bytes_le doesn't like a sign bit in the bytes, therefore
         // we have to extract that ourselves and do the two-s complement.
         let negative = !bytes.is_empty() && (bytes[bytes.len() - 1] & 0x80 != 0);
@@ -925,7 +976,7 @@ impl<R: Read> Deserializer<R> {
         if negative {
             val -= BigInt::from(1) << (bytes.len() * 8);
         }
-        Value::Int(val)
+        Value::Int(Box::new(val))
     }
 
     // Modify the stack-top list.
@@ -945,6 +996,9 @@ impl<R: Read> Deserializer<R> {
 
     // Push items from a (key, value, key, value) flattened list onto a (key, value) vec.
     fn extend_dict(dict: &mut Vec<(Value, Value)>, items: Vec<Value>) {
+        // oomprobe's patch: room for exactly these pairs (a million small dicts, each grown
+        // by doubling, held a third more than they needed).
+        dict.reserve_exact(items.len() / 2);
         let mut key = None;
         for value in items {
             match key.take() {
@@ -1030,7 +1084,7 @@ impl<R: Read> Deserializer<R> {
                         // The code points in the string are actually bytes values.
                         // So we need to collect them individually.
                         self.stack
-                            .push(Value::Bytes(string.chars().map(|ch| ch as u32 as u8).collect()));
+                            .push(Value::Bytes(Box::new(string.chars().map(|ch| ch as u32 as u8).collect())));
                         Ok(())
                     }
                     _ => self.error(ErrorCode::InvalidValue("bytearray() arg".into())),
@@ -1062,8 +1116,8 @@ impl<R: Read> Deserializer<R> {
                         // Now we have to convert the string to latin-1
                         // encoded bytes.  It never contains codepoints
                         // above 0xff.
-                        let bytes = s.chars().map(|ch| ch as u8).collect();
-                        self.stack.push(Value::Bytes(bytes));
+                        let bytes: Vec<u8> = s.chars().map(|ch| ch as u8).collect();
+                        self.stack.push(Value::Bytes(Box::new(bytes)));
                         Ok(())
                     }
                     _ => self.error(ErrorCode::InvalidValue("encode() arg".into())),
@@ -1075,11 +1129,11 @@ impl<R: Read> Deserializer<R> {
                 if self.options.keep_restore_state {
                     let state = match argtuple.pop().map(|v| self.resolve(v)).transpose()? {
                         Some(obj) => obj,
-                        None => Value::Dict(Vec::new()),
+                        None => Value::Dict(Box::new(Vec::new())),
                     };
                     self.stack.push(state);
                 } else {
-                    self.stack.push(Value::Dict(Vec::new()));
+                    self.stack.push(Value::Dict(Box::new(Vec::new())));
                 }
                 Ok(())
             }
@@ -1089,7 +1143,7 @@ impl<R: Read> Deserializer<R> {
                 // class is instantiated.
                 if self.options.keep_restore_state {
                     let result: Result<_> = argtuple.into_iter().map(|v| self.resolve(v)).collect();
-                    self.stack.push(Value::Tuple(result?));
+                    self.stack.push(Value::Tuple(Box::new(result?)));
                 } else {
                     self.stack.push(Value::Global(Global::Other));
                 }
@@ -1117,12 +1171,12 @@ impl<R: Read> Deserializer<R> {
                 if let Some(i) = v.to_i64() {
                     Ok(value::Value::I64(i))
                 } else {
-                    Ok(value::Value::Int(v))
+                    Ok(value::Value::Int(*v))
                 }
             }
             Value::F64(v) => Ok(value::Value::F64(v)),
-            Value::Bytes(v) => Ok(value::Value::Bytes(v)),
-            Value::String(v) => Ok(value::Value::String(v)),
+            Value::Bytes(v) => Ok(value::Value::Bytes(*v)),
+            Value::String(v) => Ok(value::Value::String(*v)),
             Value::List(v) => {
                 let new = v.into_iter().map(|v| self.convert_value(v)).collect::<Result<_>>();
                 Ok(value::Value::List(new?))
@@ -1147,7 +1201,7 @@ impl<R: Read> Deserializer<R> {
             }
             Value::Dict(v) => {
                 let mut map = BTreeMap::new();
-                for (key, value) in v {
+                for (key, value) in *v {
                     let real_key = self.convert_value(key).and_then(|rv| rv.into_hashable())?;
                     let real_value = self.convert_value(value)?;
                     map.insert(real_key, real_value);
@@ -1168,75 +1222,35 @@ impl<R: Read> Deserializer<R> {
     }
 }
 
+// oomprobe's patch: the parsed value is walked by reference. A memo reference is followed into
+// the memo, not resolved by deep-cloning the memoized value (upstream clones it at each use:
+// PyTorch's memory snapshots share stack-frame lists, frame dicts and strings between
+// thousands of trace entries, so the clones made reading a 58 MB file take gigabytes and
+// minutes). Recursion is still detected: a memo entry being visited is in `visiting`.
 impl<'de: 'a, 'a, R: Read> de::Deserializer<'de> for &'a mut Deserializer<R> {
     type Error = Error;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
-        let value = self.get_next_value()?;
-        match value {
-            Value::None => visitor.visit_unit(),
-            Value::Bool(v) => visitor.visit_bool(v),
-            Value::I64(v) => visitor.visit_i64(v),
-            Value::Int(v) => {
-                if let Some(i) = v.to_i64() {
-                    visitor.visit_i64(i)
-                } else {
-                    Err(Error::Syntax(ErrorCode::InvalidValue("integer too large".into())))
-                }
-            }
-            Value::F64(v) => visitor.visit_f64(v),
-            Value::Bytes(v) => visitor.visit_byte_buf(v),
-            Value::String(v) => visitor.visit_string(v),
-            Value::List(v) => {
-                let len = v.len();
-                visitor.visit_seq(SeqAccess { de: self, iter: v.into_iter(), len })
-            }
-            Value::Tuple(v) => visitor.visit_seq(SeqAccess { len: v.len(), iter: v.into_iter(), de: self }),
-            Value::Set(v) | Value::FrozenSet(v) => {
-                visitor.visit_seq(SeqAccess { de: self, len: v.len(), iter: v.into_iter() })
-            }
-            Value::Dict(v) => {
-                let len = v.len();
-                visitor.visit_map(MapAccess { de: self, iter: v.into_iter(), value: None, len })
-            }
-            Value::MemoRef(memo_id) => self.resolve_recursive(memo_id, visitor, |slf, visitor, value| {
-                slf.value = Some(value);
-                slf.deserialize_any(visitor)
-            }),
-            Value::Global(_) => {
-                if self.options.replace_unresolved_globals {
-                    visitor.visit_unit()
-                } else {
-                    Err(Error::Syntax(ErrorCode::UnresolvedGlobal))
-                }
-            }
-        }
+        self.walk(|w| w.deserialize_any(visitor))
     }
 
     #[inline]
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
-        let value = self.get_next_value()?;
-        match value {
-            Value::None => visitor.visit_none(),
-            _ => {
-                self.value = Some(value);
-                visitor.visit_some(self)
-            }
-        }
+        self.walk(|w| w.deserialize_option(visitor))
     }
 
     #[inline]
     fn deserialize_newtype_struct<V: Visitor<'de>>(
-        self, _name: &'static str, visitor: V,
+        self, name: &'static str, visitor: V,
     ) -> Result<V::Value> {
-        visitor.visit_newtype_struct(self)
+        self.walk(|w| w.deserialize_newtype_struct(name, visitor))
     }
 
     #[inline]
     fn deserialize_enum<V: Visitor<'de>>(
-        self, _name: &'static str, _variants: &'static [&'static str], visitor: V,
+        self, name: &'static str, variants: &'static [&'static str], visitor: V,
     ) -> Result<V::Value> {
-        visitor.visit_enum(VariantAccess { de: self })
+        self.walk(|w| w.deserialize_enum(name, variants, visitor))
     }
 
     forward_to_deserialize_any! {
@@ -1246,64 +1260,227 @@ impl<'de: 'a, 'a, R: Read> de::Deserializer<'de> for &'a mut Deserializer<R> {
     }
 }
 
-struct VariantAccess<'a, R: Read + 'a> {
-    de: &'a mut Deserializer<R>,
+impl<R: Read> Deserializer<R> {
+    /// Parse the next value and walk it, by reference, with `f`.
+    fn walk<T>(&mut self, f: impl FnOnce(Walk<'_>) -> Result<T>) -> Result<T> {
+        let value = self.get_next_value()?;
+        // Count the references: a value referenced once, from a part of the value visited
+        // once, is visited once, and freed after (a million trace entries need not be held
+        // while their typed copies are made).
+        for e in self.memo.values() {
+            e.refs.set(0);
+        }
+        count_refs(&value, &self.memo);
+        for e in self.memo.values() {
+            count_refs(&e.value.borrow(), &self.memo);
+        }
+        let visiting = RefCell::new(Vec::new());
+        let result =
+            f(Walk { value: &value, memo: &self.memo, visiting: &visiting, options: &self.options, once: true });
+        self.memo.retain(|_, e| e.refs.get() >= 0);
+        result
+    }
 }
 
-impl<'de: 'a, 'a, R: Read + 'a> de::EnumAccess<'de> for VariantAccess<'a, R> {
+/// Count the memo references in `value` (not in the values they point to) into `memo`.
+fn count_refs(value: &Value, memo: &Memo) {
+    match value {
+        Value::MemoRef(id) => {
+            if let Some(e) = memo.get(id) {
+                e.refs.set(e.refs.get().saturating_add(1));
+            }
+        }
+        Value::List(v) | Value::Tuple(v) | Value::Set(v) | Value::FrozenSet(v) => {
+            v.iter().for_each(|x| count_refs(x, memo))
+        }
+        Value::Dict(v) => v.iter().for_each(|(k, x)| {
+            count_refs(k, memo);
+            count_refs(x, memo);
+        }),
+        _ => {}
+    }
+}
+
+/// A parsed value and the memo its references point into.
+#[derive(Clone, Copy)]
+struct Walk<'v> {
+    value: &'v Value,
+    memo: &'v Memo,
+    /// The memo entries being visited (as deep as the value nests): meeting one again is a
+    /// recursive structure.
+    visiting: &'v RefCell<Vec<MemoId>>,
+    options: &'v DeOptions,
+    /// Whether this part of the value is visited once in the whole walk.
+    once: bool,
+}
+
+static NONE_VALUE: Value = Value::None;
+
+impl<'v> Walk<'v> {
+    fn at(self, value: &'v Value) -> Walk<'v> {
+        Walk { value, ..self }
+    }
+
+    /// Call `f` with the value a memo reference points to (or the value itself). A value
+    /// referenced once from a part visited once is taken out of the memo and freed after.
+    fn resolved<T>(self, f: impl for<'w> FnOnce(Walk<'w>) -> Result<T>) -> Result<T> {
+        let Value::MemoRef(id) = *self.value else {
+            return f(self);
+        };
+        let target = if self.visiting.borrow().contains(&id) {
+            Target::Recursive
+        } else {
+            let Some(entry) = self.memo.get(&id) else {
+                return Err(Error::Syntax(ErrorCode::MissingMemo(id)));
+            };
+            if self.once && entry.refs.get() == 1 {
+                match entry.value.try_borrow_mut() {
+                    Ok(mut v) => {
+                        entry.refs.set(-1);
+                        Target::Owned(mem::replace(&mut *v, Value::None))
+                    }
+                    Err(_) => Target::Recursive,
+                }
+            } else {
+                match entry.value.try_borrow() {
+                    Ok(v) => Target::Shared(v),
+                    Err(_) => Target::Recursive,
+                }
+            }
+        };
+        let (value, once): (&Value, bool) = match &target {
+            Target::Recursive if self.options.replace_recursive_structures => return f(self.at(&NONE_VALUE)),
+            Target::Recursive => return Err(Error::Syntax(ErrorCode::Recursive)),
+            Target::Owned(v) => (v, self.once),
+            Target::Shared(v) => (v, false),
+        };
+        self.visiting.borrow_mut().push(id);
+        let result = Walk { value, once, ..self }.resolved(f);
+        self.visiting.borrow_mut().pop();
+        result
+    }
+}
+
+/// What a memo reference leads to while walking.
+enum Target<'a> {
+    /// Taken out of the memo: visited for the last time.
+    Owned(Value),
+    Shared(std::cell::Ref<'a, Value>),
+    /// Being visited already.
+    Recursive,
+}
+
+impl<'de, 'v> de::Deserializer<'de> for Walk<'v> {
+    type Error = Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        self.resolved(|w| match w.value {
+            Value::None => visitor.visit_unit(),
+            Value::Bool(v) => visitor.visit_bool(*v),
+            Value::I64(v) => visitor.visit_i64(*v),
+            Value::Int(v) => {
+                if let Some(i) = v.to_i64() {
+                    visitor.visit_i64(i)
+                } else {
+                    Err(Error::Syntax(ErrorCode::InvalidValue("integer too large".into())))
+                }
+            }
+            Value::F64(v) => visitor.visit_f64(*v),
+            Value::Bytes(v) => visitor.visit_bytes(v),
+            Value::String(v) => visitor.visit_str(v),
+            Value::List(v) | Value::Tuple(v) | Value::Set(v) | Value::FrozenSet(v) => {
+                visitor.visit_seq(SeqAccess { walk: w, iter: v.iter() })
+            }
+            Value::Dict(v) => visitor.visit_map(MapAccess { walk: w, iter: v.iter(), value: None }),
+            // `resolved` follows references until it reaches a value.
+            Value::MemoRef(id) => Err(Error::Syntax(ErrorCode::MissingMemo(*id))),
+            Value::Global(_) => {
+                if w.options.replace_unresolved_globals {
+                    visitor.visit_unit()
+                } else {
+                    Err(Error::Syntax(ErrorCode::UnresolvedGlobal))
+                }
+            }
+        })
+    }
+
+    #[inline]
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        self.resolved(|w| match w.value {
+            Value::None => visitor.visit_none(),
+            _ => visitor.visit_some(w),
+        })
+    }
+
+    #[inline]
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self, name: &'static str, visitor: V,
+    ) -> Result<V::Value> {
+        if name != MEMO_ID {
+            return visitor.visit_newtype_struct(self);
+        }
+        let id = match *self.value {
+            Value::MemoRef(id) => Some(id),
+            _ => None,
+        };
+        visitor.visit_seq(MemoIdAccess { walk: self, id: Some(id), value: true })
+    }
+
+    #[inline]
+    fn deserialize_enum<V: Visitor<'de>>(
+        self, _name: &'static str, _variants: &'static [&'static str], visitor: V,
+    ) -> Result<V::Value> {
+        self.resolved(|w| visitor.visit_enum(VariantAccess { walk: w, args: None }))
+    }
+
+    forward_to_deserialize_any! {
+        bool u8 u16 u32 u64 i8 i16 i32 i64 f32 f64 char str string unit seq
+        bytes byte_buf map tuple_struct struct identifier
+        tuple ignored_any unit_struct
+    }
+}
+
+/// An enum as a `(name, args)` tuple, a `{name: args}` dict or a bare name.
+struct VariantAccess<'v> {
+    walk: Walk<'v>,
+    args: Option<Walk<'v>>,
+}
+
+impl<'de, 'v> de::EnumAccess<'de> for VariantAccess<'v> {
     type Error = Error;
     type Variant = Self;
 
     fn variant_seed<V: de::DeserializeSeed<'de>>(self, seed: V) -> Result<(V::Value, Self)> {
-        let value = self.de.get_next_value()?;
-        match value {
-            Value::Tuple(mut v) => {
-                if v.len() == 2 {
-                    let args = v.pop();
-                    self.de.value = v.pop();
-                    let val = seed.deserialize(&mut *self.de)?;
-                    self.de.value = args;
-                    Ok((val, self))
-                } else {
-                    self.de.value = v.pop();
-                    let val = seed.deserialize(&mut *self.de)?;
-                    Ok((val, self))
-                }
+        let w = self.walk;
+        let (name, args) = match w.value {
+            Value::Tuple(v) if v.len() == 2 => (&v[0], Some(w.at(&v[1]))),
+            Value::Tuple(v) if !v.is_empty() => (&v[v.len() - 1], None),
+            Value::Dict(v) if v.len() == 1 => (&v[0].0, Some(w.at(&v[0].1))),
+            Value::Dict(_) => {
+                return Err(Error::Syntax(ErrorCode::Structure(
+                    "enum variants must have one dict entry".into(),
+                )))
             }
-            Value::Dict(mut v) => {
-                if v.len() != 1 {
-                    Err(Error::Syntax(ErrorCode::Structure(
-                        "enum variants must have one dict entry".into(),
-                    )))
-                } else {
-                    let (name, args) = v.pop().unwrap();
-                    self.de.value = Some(name);
-                    let val = seed.deserialize(&mut *self.de)?;
-                    self.de.value = Some(args);
-                    Ok((val, self))
-                }
+            s @ Value::String(_) => (s, None),
+            _ => {
+                return Err(Error::Syntax(ErrorCode::Structure(
+                    "enums must be represented as dicts or tuples".into(),
+                )))
             }
-            Value::MemoRef(memo_id) => {
-                self.de.resolve_recursive(memo_id, (), |slf, (), value| {
-                    slf.value = Some(value);
-                    Ok(())
-                })?;
-                // retry with memo resolved
-                self.variant_seed(seed)
-            }
-            s @ Value::String(_) => {
-                self.de.value = Some(s);
-                let val = seed.deserialize(&mut *self.de)?;
-                Ok((val, self))
-            }
-            _ => Err(Error::Syntax(ErrorCode::Structure(
-                "enums must be represented as dicts or tuples".into(),
-            ))),
-        }
+        };
+        let val = seed.deserialize(w.at(name))?;
+        Ok((val, VariantAccess { walk: w, args }))
     }
 }
 
-impl<'de: 'a, 'a, R: Read + 'a> de::VariantAccess<'de> for VariantAccess<'a, R> {
+impl<'v> VariantAccess<'v> {
+    fn args(self) -> Result<Walk<'v>> {
+        self.args
+            .ok_or_else(|| Error::Syntax(ErrorCode::Structure("enum variant without its value".into())))
+    }
+}
+
+impl<'de, 'v> de::VariantAccess<'de> for VariantAccess<'v> {
     type Error = Error;
 
     fn unit_variant(self) -> Result<()> {
@@ -1311,75 +1488,92 @@ impl<'de: 'a, 'a, R: Read + 'a> de::VariantAccess<'de> for VariantAccess<'a, R> 
     }
 
     fn newtype_variant_seed<T: de::DeserializeSeed<'de>>(self, seed: T) -> Result<T::Value> {
-        seed.deserialize(self.de)
+        seed.deserialize(self.args()?)
     }
 
     fn tuple_variant<V: Visitor<'de>>(self, _len: usize, visitor: V) -> Result<V::Value> {
-        de::Deserializer::deserialize_any(self.de, visitor)
+        de::Deserializer::deserialize_any(self.args()?, visitor)
     }
 
     fn struct_variant<V: Visitor<'de>>(
         self, _fields: &'static [&'static str], visitor: V,
     ) -> Result<V::Value> {
-        de::Deserializer::deserialize_any(self.de, visitor)
+        de::Deserializer::deserialize_any(self.args()?, visitor)
     }
 }
 
-struct SeqAccess<'a, R: Read + 'a> {
-    de: &'a mut Deserializer<R>,
-    iter: vec::IntoIter<Value>,
-    len: usize,
+/// The two elements of a [`MEMO_ID`] newtype: the memo id, then the value.
+struct MemoIdAccess<'v> {
+    walk: Walk<'v>,
+    id: Option<Option<MemoId>>,
+    value: bool,
 }
 
-impl<'de: 'a, 'a, R: Read> de::SeqAccess<'de> for SeqAccess<'a, R> {
+impl<'de, 'v> de::SeqAccess<'de> for MemoIdAccess<'v> {
+    type Error = Error;
+
+    fn next_element_seed<T: de::DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>> {
+        if let Some(id) = self.id.take() {
+            return seed.deserialize(de::value::U64Deserializer::<Error>::new(id.map_or(u64::MAX, u64::from)))
+                .map(Some);
+        }
+        if mem::take(&mut self.value) {
+            return seed.deserialize(self.walk).map(Some);
+        }
+        Ok(None)
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(usize::from(self.id.is_some()) + usize::from(self.value))
+    }
+}
+
+struct SeqAccess<'v> {
+    walk: Walk<'v>,
+    iter: std::slice::Iter<'v, Value>,
+}
+
+impl<'de, 'v> de::SeqAccess<'de> for SeqAccess<'v> {
     type Error = Error;
 
     fn next_element_seed<T: de::DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>> {
         match self.iter.next() {
-            Some(value) => {
-                self.len -= 1;
-                self.de.value = Some(value);
-                Ok(Some(seed.deserialize(&mut *self.de)?))
-            }
+            Some(value) => Ok(Some(seed.deserialize(self.walk.at(value))?)),
             None => Ok(None),
         }
     }
 
     fn size_hint(&self) -> Option<usize> {
-        Some(self.len)
+        Some(self.iter.len())
     }
 }
 
-struct MapAccess<'a, R: Read + 'a> {
-    de: &'a mut Deserializer<R>,
-    iter: vec::IntoIter<(Value, Value)>,
-    value: Option<Value>,
-    len: usize,
+struct MapAccess<'v> {
+    walk: Walk<'v>,
+    iter: std::slice::Iter<'v, (Value, Value)>,
+    value: Option<&'v Value>,
 }
 
-impl<'de: 'a, 'a, R: Read> de::MapAccess<'de> for MapAccess<'a, R> {
+impl<'de, 'v> de::MapAccess<'de> for MapAccess<'v> {
     type Error = Error;
 
     fn next_key_seed<T: de::DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>> {
         match self.iter.next() {
             Some((key, value)) => {
-                self.len -= 1;
                 self.value = Some(value);
-                self.de.value = Some(key);
-                Ok(Some(seed.deserialize(&mut *self.de)?))
+                Ok(Some(seed.deserialize(self.walk.at(key))?))
             }
             None => Ok(None),
         }
     }
 
     fn next_value_seed<T: de::DeserializeSeed<'de>>(&mut self, seed: T) -> Result<T::Value> {
-        let value = self.value.take().unwrap();
-        self.de.value = Some(value);
-        seed.deserialize(&mut *self.de)
+        let value = self.value.take().unwrap_or(&NONE_VALUE);
+        seed.deserialize(self.walk.at(value))
     }
 
     fn size_hint(&self) -> Option<usize> {
-        Some(self.len)
+        Some(self.iter.len())
     }
 }
 

@@ -201,8 +201,20 @@ impl<'de> Visitor<'de> for StackVisitor {
     }
 }
 
-/// The stack of these frames: the copy read before, if any.
+/// A frame's strings as they may reach a terminal: control characters escaped (a file may put
+/// an escape sequence in a filename; `crate::error::one_line`).
+fn escaped(mut f: Frame) -> Frame {
+    for s in [&mut f.filename, &mut f.name] {
+        if s.chars().any(char::is_control) {
+            *s = crate::error::one_line(s);
+        }
+    }
+    f
+}
+
+/// The stack of these frames (their strings escaped): the copy read before, if any.
 fn intern(frames: Vec<Frame>) -> Stack {
+    let frames: Vec<Frame> = frames.into_iter().map(escaped).collect();
     INTERNER.with(|i| match i.borrow_mut().as_mut() {
         Some(seen) => match seen.by_content.get(&frames[..]) {
             Some(s) => Stack(s.clone()),

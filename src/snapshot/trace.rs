@@ -739,7 +739,7 @@ fn trace_notes(
         .filter(|a| !ACTIONS.contains(a))
         .collect();
     if !unknown.is_empty() {
-        let mut names: Vec<&str> = unknown.clone();
+        let mut names: Vec<String> = unknown.iter().map(|a| crate::error::one_line(a)).collect();
         names.sort_unstable();
         names.dedup();
         notes.push(format!(

@@ -352,12 +352,11 @@ fn a_rewritten_fixture_replays_as_the_file_and_a_mutation_changes_it() {
     eprintln!("snapshot fuzz: slowest run so far {:?}", fuzz::slowest());
 }
 
-/// A snapshot's strings (frame names and files, unknown actions) reach stdout raw, so a
-/// snapshot from elsewhere can send a terminal escape sequences (found by this fuzzer; issue
-/// 48 finding 7 escaped them in error lines only). Ignored until `snapshot::describe` escapes
-/// what it quotes; `cargo test --test it -- --ignored snapshot_fuzz` runs it.
+/// A snapshot's strings (frame names and files, unknown actions) reach stdout escaped, so a
+/// snapshot from elsewhere cannot send a terminal escape sequences (found by this fuzzer: they
+/// were printed raw; `snapshot::schema` escapes a frame's strings as it reads them, the trace's
+/// notes the actions they quote).
 #[test]
-#[ignore = "snapshot text echoes control characters raw (src/snapshot/, reported)"]
 fn a_snapshots_strings_reach_stdout_escaped() {
     let fx = fixtures()
         .iter()

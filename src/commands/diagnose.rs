@@ -263,7 +263,11 @@ fn ways_for(
         .as_ref()
         .and_then(|c| c.ids.first())
         .and_then(|id| crate::alloc::cards::get(id));
-    let max = if w.gpus > 1 { w.gpus } else { crate::ways::MAX_GPUS };
+    let max = if w.gpus > 1 {
+        w.gpus
+    } else {
+        crate::ways::MAX_GPUS
+    };
     crate::ways::search(&w, total, card, &crate::alloc::AllocConf::default(), max, 6)
         .map(Some)
         .map_err(plan_error)

@@ -358,3 +358,28 @@ fn a_size_in_exponent_form_is_read_in_either_wording() {
     let v: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["messages"][0]["total_bytes"], u64::MAX, "{v}");
 }
+
+/// Issue 47: a message from a 4090 (23.64 GiB total) with Llama-3-8B at 2048 given: the ways
+/// out on that card follow the messages (text) and sit beside them (JSON), each fitting.
+#[test]
+fn with_a_workload_the_ways_out_are_planned_on_the_messages_card() {
+    let args = ["--model", "llama3-8b", "--seq", "2048"];
+    let f = fixture("004");
+    let v: Value = serde_json::from_str(&stdout(
+        oomprobe()
+            .args(["diagnose", "--oom", &f, "--json"])
+            .args(args),
+    ))
+    .unwrap();
+    let ways = v["ways"]["ways"]
+        .as_array()
+        .expect("ways beside the messages");
+    assert!(!ways.is_empty(), "{v}");
+    // The message's total capacity is the memory searched.
+    assert_eq!(v["ways"]["memory_bytes"], v["messages"][0]["total_bytes"]);
+    assert!(ways.iter().all(|w| w["fits"] == true
+        && w["reserved_peak_bytes"].as_u64().unwrap()
+            <= v["ways"]["memory_bytes"].as_u64().unwrap()));
+    let text = stdout(oomprobe().args(["diagnose", "--oom", &f]).args(args));
+    assert!(text.contains("ways out ("), "{text}");
+}

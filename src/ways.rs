@@ -1,5 +1,5 @@
-//! The ways out: combinations of changes that make a training step fit (precision, optimizer,
-//! LoRA or QLoRA, checkpointing, FSDP over more cards, the micro-batch with gradient accumulation
+//! The ways out: combinations of changes that make a training step fit (precision, SDPA for
+//! eager attention, optimizer, LoRA or QLoRA, checkpointing, FSDP over more cards, the micro-batch with gradient accumulation
 //! to keep the global batch), each checked under PyTorch's caching allocator on the card and
 //! ranked by what it costs in time (`crate::cost`, an estimate).
 //!
@@ -27,7 +27,9 @@ use crate::plan::builder::PlanError;
 use crate::plan::Plan;
 use crate::units::fmt_bytes;
 use crate::workload::parallel::{Fsdp, Parallel};
-use crate::workload::{Checkpoint, Lora, Optimizer, Precision, Quant, QuantKind, Target, Workload};
+use crate::workload::{
+    Attention, Checkpoint, Lora, Optimizer, Precision, Quant, QuantKind, Target, Workload,
+};
 
 /// One way out.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -99,6 +101,12 @@ fn adapters(w: &Workload) -> Vec<(Option<Lora>, Option<Quant>, Vec<String>)> {
 /// view: `gpus` cards sharded by FSDP).
 fn candidates(w: &Workload, max_gpus: u64) -> Vec<(Candidate, u64)> {
     let mut out = Vec::new();
+    // Eager attention stores the [b, a, s, s] scores: SDPA's kernels do not.
+    let attentions = if w.attention == Attention::Naive {
+        vec![w.attention, Attention::Sdpa]
+    } else {
+        vec![w.attention]
+    };
     let precisions = if matches!(w.precision, Precision::Fp32) {
         vec![w.precision, Precision::AmpBf16, Precision::Bf16]
     } else {
@@ -125,7 +133,10 @@ fn candidates(w: &Workload, max_gpus: u64) -> Vec<(Candidate, u64)> {
         } else {
             vec![w.checkpoint, Checkpoint::Full]
         };
-        for &precision in &precisions {
+        for (&precision, &attention) in precisions
+            .iter()
+            .flat_map(|p| attentions.iter().map(move |a| (p, a)))
+        {
             for (oi, &opt) in optimizers.iter().enumerate() {
                 if oi > 0 && opt == w.optimizer {
                     continue;
@@ -143,6 +154,7 @@ fn candidates(w: &Workload, max_gpus: u64) -> Vec<(Candidate, u64)> {
                             precision
                         };
                         c.optimizer = opt;
+                        c.attention = attention;
                         c.checkpoint = ck;
                         c.lora = lora.clone();
                         c.quant = quant;
@@ -155,6 +167,9 @@ fn candidates(w: &Workload, max_gpus: u64) -> Vec<(Candidate, u64)> {
                         let mut changes = adapter_flags.clone();
                         if c.precision != w.precision {
                             changes.push(format!("--precision {}", c.precision.name()));
+                        }
+                        if attention != w.attention {
+                            changes.push("--attention sdpa".into());
                         }
                         if opt != w.optimizer {
                             changes.push(format!("--optimizer {}", opt.name()));
@@ -339,10 +354,21 @@ pub fn search(
     })
 }
 
-/// The ways as a person reads them.
+/// Ways the text shows (`--json` has every one kept).
+pub const SHOWN: usize = 3;
+
+/// The ways as a person reads them: the best [`SHOWN`].
 pub fn render(ways: &Ways) -> String {
+    let more = if ways.ways.len() > SHOWN {
+        format!(
+            "; the best {SHOWN} of {}, --json lists all",
+            ways.ways.len()
+        )
+    } else {
+        String::new()
+    };
     let mut s = format!(
-        "ways out ({} combinations tried, {} fit; global batch {} kept; time estimated, see docs/src/validation.md \"The cost model\"):\n",
+        "ways out ({} combinations tried, {} fit{more}; global batch {} kept; time estimated, see docs/src/validation.md \"The cost model\"):\n",
         ways.tried, ways.fitting, ways.global_batch
     );
     if ways.ways.is_empty() {
@@ -353,7 +379,7 @@ pub fn render(ways: &Ways) -> String {
         ));
         return s;
     }
-    for (i, w) in ways.ways.iter().enumerate() {
+    for (i, w) in ways.ways.iter().take(SHOWN).enumerate() {
         let speed =
             w.tokens_per_second_per_gpu
                 .map_or("speed unknown for this card".to_string(), |t| {

@@ -41,7 +41,7 @@ pub const RESERVED_UNLIMITED_LABEL: &str = "PyTorch reserved (no card limit)";
 pub const USABLE_LABEL: &str = "usable on the card";
 
 /// Role colours (Okabe-Ito, colour-blind friendly), in `Role::ALL` order.
-const ROLE_COLORS: [RGBColor; 6] = [
+pub const ROLE_COLORS: [RGBColor; 6] = [
     RGBColor(0x00, 0x72, 0xB2), // params
     RGBColor(0x56, 0xB4, 0xE9), // gradients
     RGBColor(0x00, 0x9E, 0x73), // optimizer
@@ -49,8 +49,9 @@ const ROLE_COLORS: [RGBColor; 6] = [
     RGBColor(0xCC, 0x79, 0xA7), // attention
     RGBColor(0x99, 0x99, 0x99), // workspace
 ];
-const RESERVED_COLOR: RGBColor = RGBColor(0x00, 0x00, 0x00);
-const USABLE_COLOR: RGBColor = RGBColor(0xC0, 0x39, 0x2B);
+/// Indigo (Paul Tol's palette): apart from the black axes and text.
+pub const RESERVED_COLOR: RGBColor = RGBColor(0x33, 0x22, 0x88);
+pub const USABLE_COLOR: RGBColor = RGBColor(0xC0, 0x39, 0x2B);
 const PEAK_COLOR: RGBColor = RGBColor(0xD5, 0x5E, 0x00);
 
 /// What `--out` writes, from the file's extension.
@@ -223,14 +224,14 @@ impl StepChart {
         // Legend entries, top to bottom: (text, colour, a band rather than a line).
         let mut legend: Vec<(String, RGBColor, bool)> = Vec::new();
         // Stacked: each role's area is drawn from zero to the sum of itself and the roles
-        // below it, the top one first, so each shows as its own band.
+        // below it, opaque, the top one first, so each shows as its own band.
         for k in (0..Role::ALL.len()).rev() {
             let color = ROLE_COLORS[k];
             let pts = self.stacks.iter().map(|(e, r)| {
                 let cum: u64 = r[..=k].iter().sum();
                 (*e as f64, y(cum))
             });
-            chart.draw_series(AreaSeries::new(pts, 0.0, color.mix(0.85)).border_style(color))?;
+            chart.draw_series(AreaSeries::new(pts, 0.0, color).border_style(color))?;
             legend.push((Role::ALL[k].name().to_string(), color, true));
         }
 

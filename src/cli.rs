@@ -94,6 +94,10 @@ pub struct EstimateArgs {
     /// Write the step's timeline as a PyTorch memory snapshot (for PyTorch's memory viewer).
     #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
     pub export_snapshot: Option<PathBuf>,
+    /// Draw the predicted step into FILE.svg or FILE.html: live bytes stacked by role over the
+    /// step's events, PyTorch's reserved curve, the card's usable line and the peak.
+    #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
+    pub out: Option<PathBuf>,
     /// Device memory to predict boundaries against, e.g. 40GiB, 80GB, 512MiB: raw bytes for
     /// the tensors and for PyTorch's caching allocator (nothing outside it is subtracted).
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]

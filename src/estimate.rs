@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::plan::build::PlanError;
-use crate::plan::{CurvePoint, EventKind, Peak, Phase, Plan, Role};
+use crate::plan::{CurvePoint, Peak, Phase, Plan, Role};
 use crate::scenario::Scenario;
 use crate::units::fmt_bytes;
 use crate::workload::{Arch, Checkpoint, Gelu, Grads, OptimizerImpl, StepKind, Workload};
@@ -91,10 +91,7 @@ pub struct TimelineSummary {
 /// The timeline summary of a plan.
 pub fn timeline_summary(plan: &Plan) -> TimelineSummary {
     let peak = plan.peak();
-    let peak_tensor = match plan.events.get(peak.event).map(|e| e.kind) {
-        Some(EventKind::Alloc(t)) if peak.bytes > 0 => Some(plan.tensors[t].name.clone()),
-        _ => None,
-    };
+    let peak_tensor = plan.peak_tensor(&peak).map(str::to_string);
     TimelineSummary {
         peak_phase: peak.phase,
         peak_event: peak.event,

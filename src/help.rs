@@ -16,7 +16,8 @@ Examples:
   oomprobe estimate --model gpt2 --precision fp16 --memory 24GiB --json
   oomprobe estimate --model vit-l16 --batch 32 --precision amp-fp16   # torch.autocast
   oomprobe estimate --snapshot snap.pickle --memory 24GiB   # a PyTorch memory snapshot
-  oomprobe estimate --model gpt2 --export-snapshot plan.pickle  # for PyTorch's memory viewer";
+  oomprobe estimate --model gpt2 --export-snapshot plan.pickle  # for PyTorch's memory viewer
+  oomprobe estimate --model gpt2 --gpu rtx4090 --out step.html  # the step drawn, by role";
 
 pub const PROBE: &str = "\
 Examples:

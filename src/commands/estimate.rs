@@ -11,6 +11,7 @@ use crate::estimate::{
 };
 use crate::plan::build::{param_count, PlanError};
 use crate::plan::Plan;
+use crate::report::step_chart::{Format, StepChart};
 use crate::resolve::resolve;
 use crate::term::out;
 use crate::units::{fmt_bytes, fmt_count, parse_size};
@@ -93,7 +94,9 @@ pub fn memory_arg(v: &str) -> CliResult<u64> {
 
 /// `oomprobe estimate`: a snapshot, the card list, every card, a serving sizing, or the breakdown.
 pub fn run(args: &EstimateArgs) -> CliResult<()> {
+    let picture = picture_format(args)?;
     if crate::commands::snapshot::wanted(&args.snapshot) {
+        no_picture(args, "--snapshot")?;
         let memory = args.memory.as_deref().map(memory_arg).transpose()?;
         return crate::commands::snapshot::estimate(
             &args.snapshot,
@@ -103,12 +106,14 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         );
     }
     if args.gpu.as_deref() == Some("list") {
+        no_picture(args, "--gpu list")?;
         return out(&crate::estimate::card_list(args.json));
     }
     let card_arg = card_arg(args)?;
     let r = resolve(&args.workload, "gpt2")?;
     let w = r.workload;
     if args.gpu.as_deref() == Some("all") {
+        no_picture(args, "--gpu all")?;
         for w in &r.warnings {
             crate::error::warn(w);
         }
@@ -118,6 +123,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
     }
     let (memory, detected) = card_memory(args, card_arg)?;
     if w.mode == crate::workload::Mode::Serve {
+        no_picture(args, "--mode serve")?;
         let m = memory.ok_or_else(|| {
             CliError::usage(
                 "--mode serve needs the card's memory: pass --memory SIZE (no GPU detected)",
@@ -161,7 +167,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         &conf,
         card.as_ref().map(|c| c.usable()),
         crate::alloc::timeline::STEPS,
-        args.json,
+        args.json || picture.is_some(),
     );
     let fit = card
         .as_ref()
@@ -170,6 +176,17 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         Some(m) => Some(boundaries(&w, m, card.as_ref()).map_err(plan_error)?),
         None => None,
     };
+    if let (Some(path), Some(format)) = (&args.out, picture) {
+        let name = card_arg.map(|c| c.name.to_string());
+        let name = name.or_else(|| memory.map(|m| format!("a card of {}", fmt_bytes(m))));
+        let usable = card.as_ref().map(|c| c.usable());
+        let chart = StepChart::new(describe(&w), name.as_deref(), &plan, &conf, &replay, usable);
+        let text = chart
+            .render(format)
+            .map_err(|e| CliError::run(format!("--out: {e}")))?;
+        std::fs::write(path, text)
+            .map_err(|e| CliError::usage(format!("--out {}: {e}", path.display())))?;
+    }
     let report = EstimateReport {
         schema_version: crate::report::SCHEMA_VERSION,
         param_count: param_count(&w).map_err(plan_error)?,
@@ -205,6 +222,25 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         card.as_ref(),
         non_pytorch,
     ))
+}
+
+/// `--out FILE`: the picture's format from its extension (bad input when it names none).
+fn picture_format(args: &EstimateArgs) -> CliResult<Option<Format>> {
+    args.out
+        .as_deref()
+        .map(Format::of_path)
+        .transpose()
+        .map_err(|e| CliError::usage(format!("--out: {e}")))
+}
+
+/// `--out` draws a workload's training step: bad input with `what`.
+fn no_picture(args: &EstimateArgs, what: &str) -> CliResult<()> {
+    match args.out {
+        Some(_) => Err(CliError::usage(format!(
+            "--out draws a workload's step, not with {what}"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// `--gpu ID`: the card from oomprobe's table (none for `all` or no `--gpu`).

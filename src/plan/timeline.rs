@@ -127,6 +127,14 @@ impl Plan {
         peak
     }
 
+    /// The tensor whose allocation reached `peak` (None for an empty plan).
+    pub fn peak_tensor(&self, peak: &Peak) -> Option<&str> {
+        match self.events.get(peak.event).map(|e| e.kind) {
+            Some(EventKind::Alloc(t)) if peak.bytes > 0 => Some(&self.tensors[t].name),
+            _ => None,
+        }
+    }
+
     /// The most bytes of model states (params, gradients, optimizer state) live at once: all
     /// of them, once backward has made every gradient.
     pub fn states_peak(&self) -> u64 {

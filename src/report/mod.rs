@@ -21,6 +21,7 @@ pub mod json;
 pub mod markdown;
 pub mod model;
 pub mod sample;
+pub mod step_chart;
 pub mod svg;
 pub mod table;
 pub mod throughput;

@@ -50,6 +50,7 @@ mod cli {
     mod diagnose;
     mod diagnose_oom;
     mod estimate;
+    mod estimate_chart;
     mod finetune;
     mod hostile_inputs;
     mod hub;

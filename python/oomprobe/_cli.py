@@ -56,7 +56,9 @@ ON_OFF = frozenset({"dropout", "kv_cache", "double_quant", "kbit_prep", "reshard
                     "offload", "bucket_view", "sequence_parallel"})
 # The flags whose value may be left out (`--ddp` is DDP's default buckets): True is the bare
 # flag, False leaves it out.
-BARE = frozenset({"ddp", "lenient"})
+BARE = frozenset({"ddp"})
+# The flags that take no value at all (`--lenient`): True is the flag, False leaves it out.
+SWITCHES = frozenset({"lenient"})
 # The flags the CLI takes once per value (`--snapshot a --snapshot b`): a list is the flag
 # repeated, not its values joined with commas (a file name may hold a comma).
 REPEATED = frozenset({"snapshot"})
@@ -107,7 +109,7 @@ def flag_args(flags: Mapping[str, Any], caller: str = "oomprobe",
         if isinstance(value, bool):
             if key in ON_OFF:
                 out += [name, "on" if value else "off"]
-            elif key in BARE:
+            elif key in BARE or key in SWITCHES:
                 out += [name] if value else []
             else:
                 raise TypeError(f"{caller}(): {key}= takes a value, not {value} (True/False "

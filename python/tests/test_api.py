@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import oomprobe
-from oomprobe._cli import BARE, ON_OFF, flag_args, _refusal
+from oomprobe._cli import BARE, ON_OFF, SWITCHES, flag_args, _refusal
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "tests" / "fixtures" / "configs"
@@ -230,7 +230,7 @@ def test_a_refusal_is_the_clis_whole_line():
 def test_the_bool_tables_are_the_clis():
     """ON_OFF and BARE are the flags the CLI's help shows as <on|off> and [<...>]."""
     import subprocess
-    on_off, bare = set(), set()
+    on_off, bare, switches = set(), set(), set()
     for cmd in ("estimate", "diagnose"):
         help_text = subprocess.run([oomprobe.binary(), cmd, "--help"], capture_output=True,
                                    text=True, check=True).stdout
@@ -240,8 +240,10 @@ def test_the_bool_tables_are_the_clis():
                 on_off.add(key)
             elif optional:
                 bare.add(key)
+        switches |= {f.replace("-", "_") for f in re.findall(r"^\s+--([a-z-]+)$", help_text, re.M)}
     assert on_off == ON_OFF
     assert bare == BARE
+    assert SWITCHES <= switches, switches
 
 
 def test_max_batch_names_the_way_out_when_nothing_fits():

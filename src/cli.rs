@@ -36,8 +36,8 @@ pub enum Command {
     /// parameter count that fits, measured, beside the prediction.
     #[command(after_help = help::PROBE)]
     Probe(ProbeArgs),
-    /// Why a workload runs out of memory (model, batch, sequence or stored activations), and what
-    /// each remedy buys.
+    /// Why a workload runs out of memory (model, batch, sequence or stored activations), what
+    /// each remedy buys, and the ways out: combinations of changes that fit, by estimated cost.
     #[command(after_help = help::DIAGNOSE)]
     Diagnose(DiagnoseArgs),
     /// Put several probe result files side by side.

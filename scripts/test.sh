@@ -71,20 +71,25 @@ have_nvrtc() {
   fi
 }
 
-if [ "$(uname -s)" = Linux ] && ! have_vulkan; then
+# apt_or_stop CHECK PACKAGES WHAT WHY: when CHECK fails on Linux, install PACKAGES with apt-get
+# (as root), or stop with the one command to run. WHAT names the thing, WHY says what needs it.
+apt_or_stop() {
+  local check=$1 packages=$2 what=$3 why=$4
+  [ "$(uname -s)" = Linux ] && ! "$check" || return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "no Vulkan driver: installing lavapipe ($LAVAPIPE_PACKAGES)"
+    say "no $what: installing $packages"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     # shellcheck disable=SC2086
-    apt-get install -y -qq $LAVAPIPE_PACKAGES >/dev/null
-    have_vulkan || stop "lavapipe was installed but no Vulkan driver is visible" \
-      "apt-get install -y $LAVAPIPE_PACKAGES"
+    apt-get install -y -qq $packages >/dev/null
+    "$check" || stop "$packages installed, but still no $what" "apt-get install -y $packages"
   else
-    stop "no Vulkan driver (the tests run on lavapipe, the software Vulkan driver, without a GPU)" \
-      "sudo apt-get install -y $LAVAPIPE_PACKAGES"
+    stop "no $what ($why)" "sudo apt-get install -y $packages"
   fi
-fi
+}
+
+apt_or_stop have_vulkan "$LAVAPIPE_PACKAGES" "Vulkan driver" \
+  "the tests run on lavapipe, the software Vulkan driver, without a GPU"
 
 # A Chromium for the headless screenshot of `estimate --out FILE.html`
 # (tests/it/cli/estimate_chart.rs fails without one).
@@ -93,20 +98,8 @@ have_chromium() {
     command -v google-chrome >/dev/null
 }
 
-if [ "$(uname -s)" = Linux ] && ! have_chromium; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "no Chromium: installing it ($CHROMIUM_PACKAGES)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    # shellcheck disable=SC2086
-    apt-get install -y -qq $CHROMIUM_PACKAGES >/dev/null
-    have_chromium || stop "chromium was installed but is not on PATH" \
-      "apt-get install -y $CHROMIUM_PACKAGES"
-  else
-    stop "no Chromium (the HTML picture of estimate --out is checked in headless Chromium)" \
-      "sudo apt-get install -y $CHROMIUM_PACKAGES"
-  fi
-fi
+apt_or_stop have_chromium "$CHROMIUM_PACKAGES" "Chromium" \
+  "the HTML picture of estimate --out is checked in headless Chromium"
 
 # True when pip may not install into this Python (PEP 668: Debian's system Python, outside a
 # virtual environment).

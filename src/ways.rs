@@ -192,7 +192,7 @@ fn candidates(w: &Workload, max_gpus: u64) -> Vec<(Candidate, u64)> {
 }
 
 /// Whether `w` fits on `card` under the allocator: (fits, tensors' peak, reserved peak).
-fn check(w: &Workload, card: &Card) -> Result<Option<(u64, u64)>, PlanError> {
+fn check(w: &Workload, card: &Card) -> Result<Option<Need>, PlanError> {
     let plan = match Plan::for_workload(w) {
         Ok(p) => p,
         Err(PlanError::Overflow { .. }) => return Ok(None),
@@ -215,6 +215,38 @@ fn card_for(w: &Workload, total: u64, table: Option<&cards::Card>, conf: &AllocC
         non_pytorch: table.map_or(0, |k| k.non_pytorch_for(w)),
         conf: conf.clone(),
     }
+}
+
+/// What a fitting step needs: (the tensors' peak, the allocator's reserved peak).
+type Need = (u64, u64);
+
+/// The largest micro-batch up to `wanted` that fits (monotone in the micro-batch), with what it
+/// needs; None when not even 1 fits. Each size is checked once.
+fn largest_fitting(
+    wanted: u64,
+    mut fits_at: impl FnMut(u64) -> Result<Option<Need>, PlanError>,
+) -> Result<Option<(u64, Need)>, PlanError> {
+    let Some(mut at) = fits_at(1)? else {
+        return Ok(None);
+    };
+    if wanted == 1 {
+        return Ok(Some((1, at)));
+    }
+    if let Some(p) = fits_at(wanted)? {
+        return Ok(Some((wanted, p)));
+    }
+    let (mut lo, mut hi) = (1u64, wanted);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        match fits_at(mid)? {
+            Some(p) => {
+                lo = mid;
+                at = p;
+            }
+            None => hi = mid,
+        }
+    }
+    Ok(Some((lo, at)))
 }
 
 /// Search the ways out for `w` (its `batch` per rank times its data-parallel ranks is the
@@ -245,37 +277,16 @@ pub fn search(
         if settled.contains(&key) {
             continue;
         }
-        let mut one = c.w.clone();
-        one.batch = 1;
-        let card = card_for(&one, total, table, conf);
-        if check(&one, &card)?.is_none() {
-            continue;
-        }
-        let wanted = global.div_ceil(g).max(1);
-        let fits_at = |m: u64| -> Result<Option<(u64, u64)>, PlanError> {
+        // What lives outside PyTorch depends on the layout (its communicators), not the batch.
+        let card = card_for(&c.w, total, table, conf);
+        let fits_at = |m: u64| -> Result<Option<Need>, PlanError> {
             let mut x = c.w.clone();
             x.batch = m;
             check(&x, &card)
         };
-        // The largest micro-batch up to `wanted` that fits (monotone in the micro-batch).
-        let (mut lo, mut hi) = (1u64, wanted);
-        let mut at = fits_at(1)?.unwrap_or((0, 0));
-        if let Some(p) = fits_at(wanted)? {
-            lo = wanted;
-            at = p;
-        } else {
-            while hi - lo > 1 {
-                let mid = lo + (hi - lo) / 2;
-                match fits_at(mid)? {
-                    Some(p) => {
-                        lo = mid;
-                        at = p;
-                    }
-                    None => hi = mid,
-                }
-            }
-        }
-        let micro = lo;
+        let Some((micro, at)) = largest_fitting(global.div_ceil(g).max(1), fits_at)? else {
+            continue;
+        };
         let accumulation = global.div_ceil(micro * g).max(1);
         if accumulation == 1 {
             settled.push(key);

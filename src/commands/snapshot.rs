@@ -75,7 +75,7 @@ fn source_read(args: &SnapshotArgs) -> CliResult<(Source, Loaded)> {
     let mut first = None;
     for f in &args.snapshot {
         let loaded = load_file(f).map_err(|e| bad(f, e))?;
-        if let Some(wrong) = crate::snapshot::consistency::check(&loaded.snapshot) {
+        if let Some(wrong) = loaded.snapshot.inconsistent.first() {
             if !args.lenient {
                 return Err(CliError::usage(format!(
                     "{}: a trace that cannot have happened: {wrong} (--lenient replays it anyway)",

@@ -25,34 +25,35 @@ const GB: f64 = 1e9;
 const PCIE4: f64 = 32.0 * GB;
 const PCIE5: f64 = 64.0 * GB;
 
+/// The A100 SXM (40 and 80 GB alike).
+const A100: Peak = Peak {
+    id: "a100-40gb",
+    half: 312.0 * T,
+    fp32: 19.5 * T,
+    link: 300.0 * GB,
+    pcie: PCIE4,
+    arch: "Ampere",
+    source: "NVIDIA A100 datasheet: BF16 312 TFLOPS dense, FP32 19.5; NVLink 3 600 GB/s both ways",
+};
+
+/// The H100 SXM5 (the H200 has the same compute and NVLink).
+const H100_SXM: Peak = Peak {
+    id: "h100-sxm",
+    half: 989.4 * T,
+    fp32: 66.9 * T,
+    link: 450.0 * GB,
+    pcie: PCIE5,
+    arch: "Hopper",
+    source: "NVIDIA H100 datasheet (SXM5): BF16 1,979 TFLOPS with sparsity, 989.4 dense; FP32 67; NVLink 4 900 GB/s both ways",
+};
+
 pub const PEAKS: &[Peak] = &[
-    Peak {
-        id: "a100-40gb",
-        half: 312.0 * T,
-        fp32: 19.5 * T,
-        link: 300.0 * GB,
-        pcie: PCIE4,
-        arch: "Ampere",
-        source: "NVIDIA A100 datasheet: BF16 312 TFLOPS dense, FP32 19.5; NVLink 3 600 GB/s both ways",
-    },
+    A100,
     Peak {
         id: "a100-80gb",
-        half: 312.0 * T,
-        fp32: 19.5 * T,
-        link: 300.0 * GB,
-        pcie: PCIE4,
-        arch: "Ampere",
-        source: "NVIDIA A100 datasheet: BF16 312 TFLOPS dense, FP32 19.5; NVLink 3 600 GB/s both ways",
+        ..A100
     },
-    Peak {
-        id: "h100-sxm",
-        half: 989.4 * T,
-        fp32: 66.9 * T,
-        link: 450.0 * GB,
-        pcie: PCIE5,
-        arch: "Hopper",
-        source: "NVIDIA H100 datasheet (SXM5): BF16 1,979 TFLOPS with sparsity, 989.4 dense; FP32 67; NVLink 4 900 GB/s both ways",
-    },
+    H100_SXM,
     Peak {
         id: "h100-pcie",
         half: 756.0 * T,
@@ -64,12 +65,8 @@ pub const PEAKS: &[Peak] = &[
     },
     Peak {
         id: "h200",
-        half: 989.4 * T,
-        fp32: 66.9 * T,
-        link: 450.0 * GB,
-        pcie: PCIE5,
-        arch: "Hopper",
         source: "NVIDIA H200 datasheet (SXM): BF16 1,979 TFLOPS with sparsity, 989 dense; FP32 67; NVLink 900 GB/s both ways",
+        ..H100_SXM
     },
     Peak {
         id: "rtx4090",

@@ -10,44 +10,27 @@
 //! never mapped. Only what contradicts the trace itself is a problem.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fmt;
 
+pub use super::schema::Inconsistency;
 use super::schema::{Snapshot, TraceEntry};
 use crate::units::fmt_bytes;
-
-/// The first event of a device's trace that cannot have happened, and how many did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Inconsistency {
-    pub device: usize,
-    /// The index in `device_traces[device]`; None for the state before the trace.
-    pub entry: Option<usize>,
-    pub what: String,
-    /// How many entries break the trace in all (this one included).
-    pub count: usize,
-}
-
-impl fmt::Display for Inconsistency {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.entry {
-            Some(i) => write!(f, "cuda:{} trace entry {i}: {}", self.device, self.what)?,
-            None => write!(f, "cuda:{}: {}", self.device, self.what)?,
-        }
-        if self.count > 1 {
-            write!(f, " ({} inconsistent entries in all)", self.count)?;
-        }
-        Ok(())
-    }
-}
 
 /// The first inconsistency of any device, in device order.
 pub fn check(snap: &Snapshot) -> Option<Inconsistency> {
     (0..snap.device_traces.len()).find_map(|d| check_device(snap, d))
 }
 
+/// The first inconsistency of each device that has one (what `read` keeps on the snapshot).
+pub fn check_all(snap: &Snapshot) -> Vec<Inconsistency> {
+    (0..snap.device_traces.len())
+        .filter_map(|d| check_device(snap, d))
+        .collect()
+}
+
 /// The first inconsistency of cuda:`device`'s trace, if any.
 pub fn check_device(snap: &Snapshot, device: usize) -> Option<Inconsistency> {
     let entries = snap.device_traces.get(device)?;
-    let with_segments = super::read::synthetic_segments(snap).is_none();
+    let with_segments = super::schema::synthetic_segments(snap).is_none();
     let mut w = Walk::new(snap, device, entries, with_segments);
     let mut first: Option<Inconsistency> = w.start();
     let mut count = usize::from(first.is_some());
@@ -355,6 +338,7 @@ mod tests {
             segments,
             device_traces: vec![entries],
             allocator_settings: None,
+            inconsistent: Vec::new(),
         }
     }
 

@@ -59,6 +59,7 @@ pub fn load_bytes(bytes: &[u8]) -> Result<Loaded, SnapshotError> {
     fill_from_history(&mut snapshot);
     fill_addresses(&mut snapshot);
     check(&snapshot)?;
+    snapshot.inconsistent = super::consistency::check_all(&snapshot);
     Ok(Loaded { snapshot, format })
 }
 
@@ -75,6 +76,7 @@ fn from_pickle(bytes: &[u8]) -> Result<(Snapshot, String), SnapshotError> {
                     segments,
                     device_traces: Vec::new(),
                     allocator_settings: None,
+                    inconsistent: Vec::new(),
                 },
                 "pickle (a bare list of segments: torch.cuda.memory_snapshot())".into(),
             )),
@@ -117,6 +119,7 @@ fn from_json(bytes: &[u8]) -> Result<(Snapshot, String), SnapshotError> {
                 segments: interning(|| serde_json::from_value(v)).map_err(schema)?,
                 device_traces: Vec::new(),
                 allocator_settings: None,
+                inconsistent: Vec::new(),
             },
             "JSON (a bare list of segments)".into(),
         )),
@@ -206,45 +209,16 @@ pub fn fill_addresses(snap: &mut Snapshot) {
     }
 }
 
-/// What serde cannot check: sane sizes. (Unknown actions and entries without an address are
-/// skipped with a note when the trace is built: a newer PyTorch may add actions.)
 /// The most bytes one segment, block or trace entry may claim: the 48-bit virtual address space
 /// of today's CPUs and GPUs (256 TiB). A larger size is no allocation that happened, and sums of
 /// such sizes would overflow.
 pub const MAX_ENTRY_BYTES: u64 = 1 << 48;
 
-/// More memory than any one device has (the largest, MI355X, has 288 GB).
-pub const MAX_DEVICE_BYTES: u64 = 1 << 40;
+pub use super::schema::{synthetic_segments, MAX_DEVICE_BYTES};
 
-/// Why the file's segments are no driver allocations, when they are not: a CPU or GPU profile
-/// turned into a snapshot by `torch.cuda._memory_viz._profile_to_snapshot` holds one made-up
-/// segment per device, from the lowest tensor address to the highest (tens of TiB for host
-/// memory), and trace entries with the profiler's `category`. Such a file is read as blocks.
-pub fn synthetic_segments(snap: &Snapshot) -> Option<String> {
-    if let Some(seg) = snap
-        .segments
-        .iter()
-        .find(|s| s.total_size > MAX_DEVICE_BYTES)
-    {
-        return Some(format!(
-            "a segment of {} at {:#x} is larger than any device: its segments are made up, as \
-             _profile_to_snapshot makes them (one per device, from the lowest tensor address to \
-             the highest)",
-            crate::units::fmt_bytes(seg.total_size),
-            seg.address
-        ));
-    }
-    snap.device_traces
-        .iter()
-        .flatten()
-        .any(|e| e.category.is_some())
-        .then(|| {
-            "its trace entries carry a profiler's categories: a profile turned into a snapshot by \
-             _profile_to_snapshot, whose segments are made up"
-                .to_string()
-        })
-}
-
+/// What serde cannot check: sane sizes. (Unknown actions and entries without an address are
+/// skipped with a note when the trace is built: a newer PyTorch may add actions; a trace that
+/// cannot have happened is `consistency`'s.)
 fn check(snap: &Snapshot) -> Result<(), SnapshotError> {
     let too_large = |what: String, size: u64| {
         SnapshotError::Schema(format!(

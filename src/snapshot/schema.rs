@@ -36,6 +36,35 @@ pub struct Snapshot {
     /// allocator replay runs with them.
     #[serde(default, skip_serializing)]
     pub allocator_settings: Option<serde_pickle::Value>,
+    /// Filled by `read` (`consistency::check_all`), once per file: the first inconsistency of
+    /// each device whose trace cannot have happened. Not part of the file.
+    #[serde(skip)]
+    pub inconsistent: Vec<Inconsistency>,
+}
+
+/// The first event of a device's trace that cannot have happened, and how many did
+/// (`super::consistency` finds them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inconsistency {
+    pub device: usize,
+    /// The index in `device_traces[device]`; None for the state before the trace.
+    pub entry: Option<usize>,
+    pub what: String,
+    /// How many entries break the trace in all (this one included).
+    pub count: usize,
+}
+
+impl std::fmt::Display for Inconsistency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.entry {
+            Some(i) => write!(f, "cuda:{} trace entry {i}: {}", self.device, self.what)?,
+            None => write!(f, "cuda:{}: {}", self.device, self.what)?,
+        }
+        if self.count > 1 {
+            write!(f, " ({} inconsistent entries in all)", self.count)?;
+        }
+        Ok(())
+    }
 }
 
 /// Memory returned by one cudaMalloc (or one expandable segment), split into blocks.
@@ -290,3 +319,35 @@ pub const ACTIONS: [&str; 11] = [
     "user_defined",
     "annotate",
 ];
+
+/// More memory than any one device has (the largest, MI355X, has 288 GB).
+pub const MAX_DEVICE_BYTES: u64 = 1 << 40;
+
+/// Why the file's segments are no driver allocations, when they are not: a CPU or GPU profile
+/// turned into a snapshot by `torch.cuda._memory_viz._profile_to_snapshot` holds one made-up
+/// segment per device, from the lowest tensor address to the highest (tens of TiB for host
+/// memory), and trace entries with the profiler's `category`. Such a file is read as blocks.
+pub fn synthetic_segments(snap: &Snapshot) -> Option<String> {
+    if let Some(seg) = snap
+        .segments
+        .iter()
+        .find(|s| s.total_size > MAX_DEVICE_BYTES)
+    {
+        return Some(format!(
+            "a segment of {} at {:#x} is larger than any device: its segments are made up, as \
+             _profile_to_snapshot makes them (one per device, from the lowest tensor address to \
+             the highest)",
+            crate::units::fmt_bytes(seg.total_size),
+            seg.address
+        ));
+    }
+    snap.device_traces
+        .iter()
+        .flatten()
+        .any(|e| e.category.is_some())
+        .then(|| {
+            "its trace entries carry a profiler's categories: a profile turned into a snapshot by \
+             _profile_to_snapshot, whose segments are made up"
+                .to_string()
+        })
+}

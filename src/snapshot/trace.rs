@@ -716,7 +716,7 @@ fn trace_notes(
             }
         });
     }
-    if let Some(wrong) = super::consistency::check_device(snap, device) {
+    if let Some(wrong) = snap.inconsistent.iter().find(|i| i.device == device) {
         notes.push(format!(
             "replayed although it cannot have happened (--lenient): {wrong}"
         ));

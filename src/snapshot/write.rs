@@ -102,6 +102,7 @@ pub fn to_snapshot(trace: &Trace) -> Snapshot {
         segments,
         device_traces: vec![entries],
         allocator_settings: None,
+        inconsistent: Vec::new(),
     }
 }
 

@@ -133,6 +133,7 @@ fn the_device_that_ran_out_of_memory_is_read_and_named() {
         ],
         device_traces: vec![busy, oom_dev, Vec::new()],
         allocator_settings: None,
+        inconsistent: Vec::new(),
     };
     let t = trace::trace_of(&snap, Granularity::Segments).unwrap();
     let oom = t.oom.as_ref().expect("the OOM is found");
@@ -187,6 +188,7 @@ fn segments_on_cuda_1_with_empty_traces_are_not_peak_0() {
         segments: vec![segment(1, 0x7f00_0000_0000, 20 << 20)],
         device_traces: vec![Vec::new(), Vec::new()],
         allocator_settings: None,
+        inconsistent: Vec::new(),
     };
     let t = trace::trace_of(&snap, Granularity::Segments).unwrap();
     assert_eq!(t.peak(), 20 << 20);

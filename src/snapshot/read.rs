@@ -67,7 +67,7 @@ pub fn load_bytes(bytes: &[u8]) -> Result<Loaded, SnapshotError> {
 fn from_pickle(bytes: &[u8]) -> Result<(Snapshot, String), SnapshotError> {
     // The decoder recurses as deep as the objects nest: refuse what would overflow the stack.
     super::nesting::check(bytes).map_err(|e| SnapshotError::NotSnapshot(e.to_string()))?;
-    let opts = serde_pickle::DeOptions::new;
+    let opts = || serde_pickle::DeOptions::new().take_list_items(super::schema::take_trace_entry);
     match interning(|| serde_pickle::from_slice::<Snapshot>(bytes, opts())) {
         Ok(s) => Ok((s, "pickle".into())),
         Err(e) => match interning(|| serde_pickle::from_slice::<Vec<Segment>>(bytes, opts())) {

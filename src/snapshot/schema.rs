@@ -14,12 +14,13 @@
 //! - `torch.cuda.memory._profile_to_snapshot` (the profiler's timeline as a snapshot): blocks
 //!   of only `size`/`state`, trace entries with a `category` (`parameter`, `activation`, ...).
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::ops::Deref;
 use std::sync::Arc;
 
-use serde::de::{SeqAccess, Visitor};
+use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// `torch.cuda.memory._snapshot()`: the segments at dump time and the allocator's history.
@@ -29,7 +30,7 @@ pub struct Snapshot {
     pub segments: Vec<Segment>,
     /// One list of trace entries per device: `device_traces[i]` is cuda:i (empty when history
     /// was not recorded or the device was not used).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "trace_lists")]
     pub device_traces: Vec<Vec<TraceEntry>>,
     /// PyTorch 2.5+: the allocator's settings when the snapshot was taken (a dict:
     /// `PYTORCH_CUDA_ALLOC_CONF`, `max_split_size`, `expandable_segments`, ...); the
@@ -257,21 +258,27 @@ fn intern(frames: Vec<Frame>) -> Stack {
     })
 }
 
-/// The stacks one read has seen.
+/// What one read keeps aside: the stacks it has seen, and the trace entries taken as the
+/// pickle was parsed ([`take_trace_entry`]).
 #[derive(Default)]
 struct Interner {
     by_content: HashSet<Arc<[Frame]>>,
     /// By the pickle memo id of their list.
     by_id: HashMap<u64, Stack>,
+    /// Trace entries, by the pickle memo id of the list they were appended to.
+    traces: HashMap<u64, Vec<TraceEntry>>,
+    /// The memo ids of lists whose first item was not a trace entry.
+    not_traces: HashSet<u64>,
 }
 
 thread_local! {
-    /// The stacks read so far by the [`interning`] call running on this thread.
+    /// What the [`interning`] call running on this thread has read so far.
     static INTERNER: RefCell<Option<Interner>> = const { RefCell::new(None) };
 }
 
-/// Run `read` (one deserialization) with equal stacks read as one shared copy. The stacks
-/// seen are forgotten when it returns.
+/// Run `read` (one deserialization) with equal stacks read as one shared copy, and trace
+/// entries kept as [`take_trace_entry`] takes them. What was kept is forgotten when it
+/// returns.
 pub fn interning<T>(read: impl FnOnce() -> T) -> T {
     let outer = INTERNER.with(|i| i.borrow_mut().replace(Interner::default()));
     let out = read();
@@ -279,11 +286,141 @@ pub fn interning<T>(read: impl FnOnce() -> T) -> T {
     out
 }
 
+/// serde-pickle's `take_list_items` (vendor/serde-pickle/PATCHED.md, change 5), called inside
+/// [`interning`]: each trace entry is made a [`TraceEntry`] as soon as the pickle has appended
+/// it to its list, and the parsed dict is dropped, so that a million entries are never held as
+/// parsed values. A list holds trace entries when its first item is a dict with an `action`
+/// key; an item of such a list that is not one fails the read, as it would have after.
+pub fn take_trace_entry(list: u64, item: serde_pickle::Walk<'_>) -> serde_pickle::Result<bool> {
+    let known = INTERNER.with(|i| {
+        let i = i.borrow();
+        let seen = i.as_ref()?;
+        Some((
+            seen.traces.contains_key(&list),
+            seen.not_traces.contains(&list),
+        ))
+    });
+    let (trace, not_trace) = match known {
+        Some(k) => k,
+        None => return Ok(false),
+    };
+    if not_trace {
+        return Ok(false);
+    }
+    if !trace && !HasAction::deserialize(item).is_ok_and(|h| h.0) {
+        INTERNER.with(|i| i.borrow_mut().as_mut().map(|s| s.not_traces.insert(list)));
+        return Ok(false);
+    }
+    let entry = TraceEntry::deserialize(item)?;
+    INTERNER.with(|i| {
+        if let Some(seen) = i.borrow_mut().as_mut() {
+            seen.traces.entry(list).or_default().push(entry);
+        }
+    });
+    Ok(true)
+}
+
+/// Whether a parsed value is a dict with an `action` key (a trace entry, by its shape).
+struct HasAction(bool);
+
+impl<'de> Deserialize<'de> for HasAction {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = HasAction;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a dict")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<HasAction, A::Error> {
+                let mut found = false;
+                while let Some(key) = map.next_key::<IsAction>()? {
+                    found |= key.0;
+                    map.next_value::<IgnoredAny>()?;
+                }
+                Ok(HasAction(found))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Whether a dict key is the string `action`.
+struct IsAction(bool);
+
+impl<'de> Deserialize<'de> for IsAction {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = IsAction;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<IsAction, E> {
+                Ok(IsAction(v == "action"))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// `Snapshot::device_traces`: each list either taken whole from what [`take_trace_entry`]
+/// kept (its items then read back as unit), or read as it stands.
+fn trace_lists<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<TraceEntry>>, D::Error> {
+    Ok(Vec::<TraceList>::deserialize(d)?
+        .into_iter()
+        .map(|t| t.0)
+        .collect())
+}
+
+struct TraceList(Vec<TraceEntry>);
+
+impl<'de> Deserialize<'de> for TraceList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_newtype_struct(serde_pickle::MEMO_ID, TraceListVisitor)
+    }
+}
+
+struct TraceListVisitor;
+
+impl<'de> Visitor<'de> for TraceListVisitor {
+    type Value = TraceList;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of trace entries")
+    }
+
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<TraceList, D::Error> {
+        Vec::deserialize(d).map(TraceList)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TraceList, A::Error> {
+        let missing = || serde::de::Error::custom("a memoized trace without its entries");
+        let id: u64 = seq.next_element()?.ok_or_else(missing)?;
+        let taken = (id != u64::MAX)
+            .then(|| INTERNER.with(|i| i.borrow_mut().as_mut()?.traces.remove(&id)))
+            .flatten();
+        let Some(taken) = taken else {
+            return Ok(TraceList(seq.next_element()?.ok_or_else(missing)?));
+        };
+        let items = seq
+            .next_element::<Vec<IgnoredAny>>()?
+            .ok_or_else(missing)?
+            .len();
+        if items != taken.len() {
+            return Err(serde::de::Error::custom(format!(
+                "a trace of {items} items, of which {} are trace entries",
+                taken.len()
+            )));
+        }
+        Ok(TraceList(taken))
+    }
+}
+
 /// One action of the caching allocator, in order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TraceEntry {
     /// One of [`ACTIONS`]; others are skipped with a note.
-    pub action: String,
+    pub action: Action,
     /// Absent for `oom` (its free bytes are in `device_free`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addr: Option<u64>,
@@ -302,6 +439,67 @@ pub struct TraceEntry {
     /// optimizer_state, activation, temporary, input, autograd_detail, unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub category: Option<String>,
+}
+
+/// A trace entry's action: one of [`ACTIONS`] without a copy of its own (a million entries
+/// each held an allocation for "alloc"), or any other name as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub struct Action(Cow<'static, str>);
+
+impl Action {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Action {
+    fn from(name: &str) -> Self {
+        match ACTIONS.iter().find(|a| **a == name) {
+            Some(known) => Action(Cow::Borrowed(known)),
+            None => Action(Cow::Owned(name.to_string())),
+        }
+    }
+}
+
+impl From<String> for Action {
+    fn from(name: String) -> Self {
+        match ACTIONS.iter().find(|a| **a == name) {
+            Some(known) => Action(Cow::Borrowed(known)),
+            None => Action(Cow::Owned(name)),
+        }
+    }
+}
+
+impl From<Action> for String {
+    fn from(a: Action) -> String {
+        a.0.into_owned()
+    }
+}
+
+impl Deref for Action {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for Action {
+    fn eq(&self, other: &str) -> bool {
+        *self.0 == *other
+    }
+}
+
+impl PartialEq<&str> for Action {
+    fn eq(&self, other: &&str) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// The actions PyTorch writes (`TraceEntry::Action` in CUDACachingAllocator.h), and

@@ -75,6 +75,17 @@ impl Hasher for IdHasher {
 /// `visit_newtype_struct` as usual. The ids are those of one `from_*` call.
 pub const MEMO_ID: &str = "serde_pickle::MemoId";
 
+/// oomprobe's patch: a function that may take the items appended to a memoized list while the
+/// stream is parsed (`DeOptions::take_list_items`), so that a long list of dicts is not held
+/// whole as parsed values before it is converted. It is called with the list's memo id and a
+/// deserializer over the appended item, already complete (a pickle refers only to what came
+/// before). `Ok(true)`: the caller took the item; it is dropped from the parse and reads back
+/// as unit (`visit_unit`) where the list is walked later; its memo entry is removed, and the
+/// values read through [`MEMO_ID`] while it was taken are dropped from the memo (a reader of
+/// `MEMO_ID` keeps what it read by id and does not read the value again). `Ok(false)`: the item
+/// stays. `Err`: the parse fails with it.
+pub type TakeListItem = fn(list: u64, item: Walk<'_>) -> Result<bool>;
+
 #[derive(Clone, Debug, PartialEq)]
 enum Global {
     Set,       // builtins/__builtin__.set
@@ -112,6 +123,8 @@ enum Value {
     Set(Box<Vec<Value>>),
     FrozenSet(Box<Vec<Value>>),
     Dict(Box<Vec<(Value, Value)>>),
+    /// oomprobe's patch: an item taken by `DeOptions::take_list_items`.
+    Taken,
 }
 
 /// Options for deserializing.
@@ -121,6 +134,7 @@ pub struct DeOptions {
     keep_restore_state: bool,
     replace_unresolved_globals: bool,
     replace_recursive_structures: bool,
+    take_list_items: Option<TakeListItem>,
 }
 
 impl DeOptions {
@@ -158,6 +172,13 @@ impl DeOptions {
         self.replace_recursive_structures = true;
         self
     }
+
+    /// oomprobe's patch: offer each item appended to a memoized list to `take` while parsing
+    /// ([`TakeListItem`]).
+    pub fn take_list_items(mut self, take: TakeListItem) -> Self {
+        self.take_list_items = Some(take);
+        self
+    }
 }
 
 /// Decodes pickle streams into values.
@@ -169,6 +190,9 @@ pub struct Deserializer<R: Read> {
     memo: Memo, // pickle memo (value, number of refs)
     stack: Vec<Value>,                    // topmost items on the stack
     stacks: Vec<Vec<Value>>,              // items further down the stack, between MARKs
+    // oomprobe's patch: memo entries removed by `offer_list_items` (MEMOIZE numbers entries
+    // by how many were memoized).
+    memo_taken: usize,
 }
 
 impl<R: Read> Deserializer<R> {
@@ -181,6 +205,7 @@ impl<R: Read> Deserializer<R> {
             memo: Memo::default(),
             stack: Vec::with_capacity(128),
             stacks: Vec::with_capacity(16),
+            memo_taken: 0,
             options,
         }
     }
@@ -236,6 +261,7 @@ impl<R: Read> Deserializer<R> {
     /// ```
     pub fn reset_memo(&mut self) {
         self.memo.clear();
+        self.memo_taken = 0;
     }
 
     /// Decode a Value from this pickle.  This is different from going through
@@ -306,7 +332,7 @@ impl<R: Read> Deserializer<R> {
                     self.memoize(memo_id)?;
                 }
                 MEMOIZE => {
-                    let memo_id = self.memo.len();
+                    let memo_id = self.memo.len() + self.memo_taken;
                     self.memoize(memo_id as MemoId)?;
                 }
 
@@ -460,11 +486,13 @@ impl<R: Read> Deserializer<R> {
                     self.stack.push(Value::List(Box::new(items)));
                 }
                 APPEND => {
-                    let value = self.pop()?;
-                    self.modify_list(|list| list.push(value))?;
+                    let mut value = vec![self.pop()?];
+                    self.offer_list_items(&mut value)?;
+                    self.modify_list(|list| list.extend(value))?;
                 }
                 APPENDS => {
-                    let items = self.pop_mark()?;
+                    let mut items = self.pop_mark()?;
+                    self.offer_list_items(&mut items)?;
                     self.modify_list(|list| list.extend(items))?;
                 }
 
@@ -980,6 +1008,45 @@ impl<R: Read> Deserializer<R> {
     }
 
     // Modify the stack-top list.
+    // oomprobe's patch: offer items about to be appended to the memoized list on the stack top
+    // to `DeOptions::take_list_items`; a taken item becomes `Value::Taken` and leaves the memo.
+    fn offer_list_items(&mut self, items: &mut [Value]) -> Result<()> {
+        let Some(take) = self.options.take_list_items else {
+            return Ok(());
+        };
+        let Some(&Value::MemoRef(list)) = self.stack.last() else {
+            return Ok(());
+        };
+        let visiting = RefCell::new(Vec::new());
+        let read_by_id = RefCell::new(Vec::new());
+        for item in items.iter_mut() {
+            let walk = Walk {
+                value: item,
+                memo: &self.memo,
+                visiting: &visiting,
+                options: &self.options,
+                once: false,
+                read_by_id: Some(&read_by_id),
+            };
+            let taken = take(u64::from(list), walk)?;
+            let read = mem::take(&mut *read_by_id.borrow_mut());
+            if !taken {
+                continue;
+            }
+            for id in read {
+                if let Some(e) = self.memo.get_mut(&id) {
+                    *e.value.get_mut() = Value::None;
+                }
+            }
+            if let Value::MemoRef(id) = mem::replace(item, Value::Taken) {
+                if self.memo.remove(&id).is_some() {
+                    self.memo_taken += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn modify_list<F>(&mut self, f: F) -> Result<()>
     where
         F: FnOnce(&mut Vec<Value>),
@@ -1164,7 +1231,7 @@ impl<R: Read> Deserializer<R> {
 
     fn convert_value(&mut self, value: Value) -> Result<value::Value> {
         match value {
-            Value::None => Ok(value::Value::None),
+            Value::None | Value::Taken => Ok(value::Value::None),
             Value::Bool(v) => Ok(value::Value::Bool(v)),
             Value::I64(v) => Ok(value::Value::I64(v)),
             Value::Int(v) => {
@@ -1276,7 +1343,14 @@ impl<R: Read> Deserializer<R> {
         }
         let visiting = RefCell::new(Vec::new());
         let result =
-            f(Walk { value: &value, memo: &self.memo, visiting: &visiting, options: &self.options, once: true });
+            f(Walk {
+                value: &value,
+                memo: &self.memo,
+                visiting: &visiting,
+                options: &self.options,
+                once: true,
+                read_by_id: None,
+            });
         self.memo.retain(|_, e| e.refs.get() >= 0);
         result
     }
@@ -1301,9 +1375,10 @@ fn count_refs(value: &Value, memo: &Memo) {
     }
 }
 
-/// A parsed value and the memo its references point into.
+/// A parsed value and the memo its references point into: the deserializer a
+/// [`TakeListItem`] is given.
 #[derive(Clone, Copy)]
-struct Walk<'v> {
+pub struct Walk<'v> {
     value: &'v Value,
     memo: &'v Memo,
     /// The memo entries being visited (as deep as the value nests): meeting one again is a
@@ -1312,6 +1387,9 @@ struct Walk<'v> {
     options: &'v DeOptions,
     /// Whether this part of the value is visited once in the whole walk.
     once: bool,
+    /// While an item is offered to `DeOptions::take_list_items`: the memo ids read through
+    /// `MEMO_ID`.
+    read_by_id: Option<&'v RefCell<Vec<MemoId>>>,
 }
 
 static NONE_VALUE: Value = Value::None;
@@ -1375,7 +1453,7 @@ impl<'de, 'v> de::Deserializer<'de> for Walk<'v> {
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
         self.resolved(|w| match w.value {
-            Value::None => visitor.visit_unit(),
+            Value::None | Value::Taken => visitor.visit_unit(),
             Value::Bool(v) => visitor.visit_bool(*v),
             Value::I64(v) => visitor.visit_i64(*v),
             Value::Int(v) => {
@@ -1423,6 +1501,9 @@ impl<'de, 'v> de::Deserializer<'de> for Walk<'v> {
             Value::MemoRef(id) => Some(id),
             _ => None,
         };
+        if let (Some(id), Some(read)) = (id, self.read_by_id) {
+            read.borrow_mut().push(id);
+        }
         visitor.visit_seq(MemoIdAccess { walk: self, id: Some(id), value: true })
     }
 

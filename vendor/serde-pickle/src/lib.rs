@@ -73,7 +73,7 @@ pub use self::ser::{to_vec, to_writer, value_to_vec, value_to_writer, SerOptions
 
 pub use self::de::{
     from_iter, from_reader, from_slice, value_from_iter, value_from_reader, value_from_slice, DeOptions, MEMO_ID,
-    Deserializer,
+    Deserializer, TakeListItem, Walk,
 };
 
 pub use self::value::{from_value, to_value, HashableValue, Value};

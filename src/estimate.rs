@@ -286,6 +286,9 @@ pub fn describe(w: &Workload) -> String {
                 OptimizerImpl::ForLoop => " (for-loop)",
             });
         }
+        if w.optimizer_in_backward {
+            s.push_str(", stepped in the backward");
+        }
     }
     if let Some(q) = &w.quant {
         s.push_str(&format!(

@@ -73,6 +73,24 @@ pub fn param_count(w: &Workload) -> Result<u64, PlanError> {
 }
 
 /// Check the shape fields the architecture uses.
+/// Optimizer-in-backward as torchtune runs it: one device, gradients freed by each step (it
+/// cannot accumulate them, `recipes/full_finetune_single_device.py` refuses
+/// `gradient_accumulation_steps > 1`), on the parameters themselves (no master copy).
+fn in_backward_allowed(w: &Workload) -> Result<(), PlanError> {
+    use crate::workload::{Grads, Precision};
+    let refuse = |why: &str| Err(PlanError::Invalid(format!("optimizer-in-backward {why}")));
+    if w.gpus > 1 || w.zero > 0 || !w.parallel.is_single() {
+        return refuse("is planned on one device only (torchtune's single-device recipes); drop the layout flags");
+    }
+    if w.grads == Grads::Keep {
+        return refuse("frees each gradient as it is stepped: it cannot keep them (--grads keep, gradient accumulation)");
+    }
+    if w.precision == Precision::Mixed {
+        return refuse("steps PyTorch's optimizers on the parameters themselves: --precision mixed keeps master weights it does not model");
+    }
+    Ok(())
+}
+
 pub fn validate(w: &Workload) -> Result<(), PlanError> {
     let need = |v: u64, what: &str| {
         if v == 0 {
@@ -93,6 +111,9 @@ pub fn validate(w: &Workload) -> Result<(), PlanError> {
     }
     if let crate::workload::Checkpoint::Every(0) = w.checkpoint {
         return Err(PlanError::Invalid("checkpoint every:K needs K >= 1".into()));
+    }
+    if w.optimizer_in_backward && !w.inference() {
+        in_backward_allowed(w)?;
     }
     match w.arch {
         Arch::Dense => {

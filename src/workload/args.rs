@@ -108,6 +108,10 @@ pub struct WorkloadArgs {
     /// foreach | fused | for-loop: the optimizer implementation (its temporaries).
     #[arg(long, value_name = "I", allow_hyphen_values = true)]
     pub optimizer_impl: Option<String>,
+    /// on | off: torchtune's optimizer_in_bwd: each parameter's update runs in the backward, as
+    /// soon as its gradient is made, and frees that gradient.
+    #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
+    pub optimizer_in_backward: Option<String>,
     /// fused | unfused: GELU as one op, or Hugging Face's gelu_new formula in separate ops.
     #[arg(long, value_name = "G", allow_hyphen_values = true)]
     pub gelu: Option<String>,
@@ -176,6 +180,7 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         dropout_mask,
         step,
         optimizer_impl,
+        optimizer_in_backward,
         gelu,
         kv_cache,
         kv_heads,

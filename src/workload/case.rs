@@ -130,6 +130,7 @@ fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
         "checkpoint" => &mut args.checkpoint,
         "dropout" => &mut args.dropout,
         "kv_cache" => &mut args.kv_cache,
+        "optimizer_in_backward" => &mut args.optimizer_in_backward,
         "mode" => &mut args.mode,
         "grads" => &mut args.grads,
         "outputs" => &mut args.outputs,
@@ -191,7 +192,7 @@ fn workload_key(
                 ))
             }
         }
-    } else if key == "dropout" || key == "kv_cache" {
+    } else if matches!(key, "dropout" | "kv_cache" | "optimizer_in_backward") {
         match v {
             T::Boolean(b) => set_arg(args, key, if *b { "on" } else { "off" }.to_string()),
             other => {

@@ -94,10 +94,11 @@ pub fn parse_optimizer(v: &str) -> Result<Optimizer, CliError> {
         }
         "lion" => Ok(Optimizer::Lion),
         "adafactor" => Ok(Optimizer::Adafactor),
+        "adafactor-beta1" | "adafactor_beta1" => Ok(Optimizer::AdafactorBeta1),
         "none" | "inference" => Ok(Optimizer::None),
         _ => Err(usage(
             "optimizer",
-            format!("unknown optimizer '{v}' (adam, sgd, sgd-momentum, adamw-8bit, paged-adamw-8bit, lion, adafactor, none)"),
+            format!("unknown optimizer '{v}' (adam, sgd, sgd-momentum, adamw-8bit, paged-adamw-8bit, lion, adafactor, adafactor-beta1, none)"),
         )),
     }
 }

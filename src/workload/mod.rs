@@ -125,9 +125,13 @@ pub enum Optimizer {
     PagedAdamW8bit,
     /// Lion (lion-pytorch, bitsandbytes): one momentum buffer.
     Lion,
-    /// transformers' `Adafactor` (defaults: no first moment): fp32 row and column second
-    /// moments for each ≥2-D parameter, a full one for 1-D.
+    /// transformers' `Adafactor` as its Trainer builds it (`beta1=None`: no first moment):
+    /// fp32 row and column second moments for each ≥2-D parameter, a full one for 1-D.
     Adafactor,
+    /// transformers' `Adafactor` with `beta1` set (`optim_args="beta1=0.9"`): also an fp32
+    /// first moment of every parameter (`exp_avg`).
+    #[serde(rename = "adafactor-beta1")]
+    AdafactorBeta1,
     /// Inference: weights only.
     None,
 }
@@ -143,6 +147,7 @@ impl Optimizer {
             Optimizer::PagedAdamW8bit => "paged-adamw-8bit",
             Optimizer::Lion => "lion",
             Optimizer::Adafactor => "adafactor",
+            Optimizer::AdafactorBeta1 => "adafactor-beta1",
             Optimizer::None => "none",
         }
     }
@@ -355,6 +360,11 @@ pub struct Workload {
     /// otherwise, PyTorch's CUDA default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer_impl: Option<OptimizerImpl>,
+    /// torchtune's `optimizer_in_bwd`: one optimizer per parameter, stepped from the
+    /// parameter's post-accumulate-grad hook, its gradient freed right after (no gradient
+    /// outlives its own update).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub optimizer_in_backward: bool,
     #[serde(default)]
     pub gelu: Gelu,
     /// Hugging Face's `use_cache` left on in training: each layer's key and value are kept in

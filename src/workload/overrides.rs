@@ -221,6 +221,14 @@ fn apply_numerics(
     if let Some(v) = &args.gelu {
         w.gelu = parse_gelu(v)?;
     }
+    if let Some(v) = &args.optimizer_in_backward {
+        w.optimizer_in_backward = parse_dropout(v).map_err(|_| {
+            usage(
+                "optimizer-in-backward",
+                format!("expected on or off, not '{v}'"),
+            )
+        })?;
+    }
     if let Some(v) = &args.kv_cache {
         w.kv_cache = parse_dropout(v)
             .map_err(|_| usage("kv-cache", format!("expected on or off, not '{v}'")))?;

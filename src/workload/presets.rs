@@ -81,6 +81,7 @@ pub fn base(name: &str, arch: Arch) -> Workload {
         dropout_mask: Default::default(),
         step: StepKind::Steady,
         optimizer_impl: None,
+        optimizer_in_backward: false,
         gelu: Gelu::Fused,
         kv_cache: false,
         autocast_device: Default::default(),

@@ -139,11 +139,18 @@ impl States {
                         b.free(part);
                     }
                 }
+                if self.in_backward {
+                    return self.stepped_in_backward(b, i, kind, w, self.pieces[i].elems);
+                }
                 return Ok(());
             }
             let sum = self.alloc_kind(b, kind, &format!("{}.sum", piece.name), i, w)?;
             b.free_all(parts);
             b.free(new);
+            if self.in_backward {
+                self.pieces[i].grad = Some(sum);
+                return self.stepped_in_backward(b, i, kind, w, self.pieces[i].elems);
+            }
             if self.pieces[i].grad.is_none() {
                 self.pieces[i].grad = Some(sum);
             } else {
@@ -168,6 +175,9 @@ impl States {
             self.shard = shard;
             self.unsharded.push((i, t?));
             return Ok(());
+        }
+        if self.in_backward {
+            return self.step_in_backward(b, i, kind, w);
         }
         if self.pieces[i].grad.is_none() {
             let t = self.alloc_kind(b, kind, &piece.name, i, w)?;

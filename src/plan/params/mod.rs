@@ -132,10 +132,17 @@ pub fn state_kinds(precision: Precision, optimizer: Optimizer) -> Vec<StateKind>
                 ..kind("opt.absmax", Role::Optimizer, DType::F32, 1)
             });
         }
-        Optimizer::Adafactor => v.push(StateKind {
-            count: Count::Factored,
-            ..kind("opt.adafactor_v", Role::Optimizer, DType::F32, 1)
-        }),
+        // transformers' Adafactor keeps its state in fp32 whatever the parameters' type (it
+        // steps an fp32 copy of a 16-bit gradient, `optimization.py:1220-1221`).
+        Optimizer::Adafactor | Optimizer::AdafactorBeta1 => {
+            if optimizer == Optimizer::AdafactorBeta1 {
+                v.push(kind("opt.adafactor_m", Role::Optimizer, DType::F32, 1));
+            }
+            v.push(StateKind {
+                count: Count::Factored,
+                ..kind("opt.adafactor_v", Role::Optimizer, DType::F32, 1)
+            })
+        }
         Optimizer::Sgd | Optimizer::None => {}
     }
     v
@@ -232,6 +239,13 @@ pub struct States {
     /// The last step's gradients are freed when the backward begins (`Grads::UntilBackward`).
     grads_until_backward: bool,
     first_step: bool,
+    /// Optimizer-in-backward: each piece is stepped as backward makes its gradient.
+    in_backward: bool,
+    /// Optimizer-in-backward: (piece, elements) whose step waits for `settle` (the op that
+    /// made their gradient has not yet released its inputs, or has not yet run).
+    deferred: Vec<(usize, u64)>,
+    /// Set while `gradient_deferred` or `gradient_split` runs.
+    defer: Defer,
     /// A tied parameter's first gradient contributions, waiting in autograd's input buffer for
     /// the last one: (piece, tensor).
     pending: Vec<(usize, TensorIx)>,
@@ -257,6 +271,15 @@ pub struct States {
     /// FSDP's mixed-precision parameter type: the unsharded gradients backward makes are in
     /// it (None: the gradients' own type).
     pub gather_dtype: Option<DType>,
+}
+
+/// Which part of an optimizer-in-backward step waits for `States::settle`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Defer {
+    No,
+    Whole,
+    /// All but the piece's first (largest) tensor.
+    Rest,
 }
 
 /// One piece's entry in autocast's weight-cast cache.
@@ -307,6 +330,9 @@ impl States {
             keep_grads: flat || w.grads == Grads::Keep,
             grads_until_backward: !flat && w.grads == Grads::UntilBackward,
             first_step: !flat && w.step == StepKind::First,
+            in_backward: w.optimizer_in_backward && !flat && !inference,
+            deferred: Vec::new(),
+            defer: Defer::No,
             pending: Vec::new(),
             low: autocast(w).filter(|_| !flat).map(|a| a.low),
             casts: Default::default(),
@@ -384,6 +410,44 @@ impl States {
             Count::Absmax256 => def.elems.div_ceil(256).saturating_mul(2),
             Count::Factored => def.factored.unwrap_or(def.elems),
         };
+        self.alloc_elems(b, kind, piece, i, w, psi)
+    }
+    /// `alloc_kind` for `part` of the piece's elements (its count scaled to match).
+    fn alloc_part(
+        &self,
+        b: &mut Builder,
+        kind: &StateKind,
+        piece: &str,
+        i: usize,
+        w: &Workload,
+        part: u64,
+    ) -> Result<TensorIx, PlanError> {
+        let elems = self.defs[i].elems.max(1);
+        if part >= elems {
+            return self.alloc_kind(b, kind, piece, i, w);
+        }
+        let def = &self.defs[i];
+        let psi = match kind.count {
+            Count::Each => part,
+            Count::Absmax256 => part.div_ceil(256).saturating_mul(2),
+            Count::Factored => {
+                let f = def.factored.unwrap_or(elems) as u128 * part as u128 / elems as u128;
+                f.max(1) as u64
+            }
+        };
+        self.alloc_elems(b, kind, piece, i, w, psi)
+    }
+    /// A state tensor of `kind` for piece `i` with `psi` elements before sharding.
+    fn alloc_elems(
+        &self,
+        b: &mut Builder,
+        kind: &StateKind,
+        piece: &str,
+        i: usize,
+        w: &Workload,
+        psi: u64,
+    ) -> Result<TensorIx, PlanError> {
+        let def = &self.defs[i];
         let elems = shard_elems(psi, kind, w.zero, w.gpus).div_ceil(self.shard.max(1));
         let name = if piece.is_empty() {
             kind.name.to_string()

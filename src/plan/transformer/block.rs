@@ -410,7 +410,7 @@ impl T<'_> {
 
     fn block_backward(&mut self, mut fr: Frame, incoming: TensorIx) -> Result<TensorIx, PlanError> {
         let w = self.w;
-        self.states.gradient(self.b, &fr.piece, w)?;
+        self.states.gradient_split(self.b, &fr.piece, w)?;
         if self.frozen() {
             self.adapter_backward(&fr.piece, fr.block == Block::Attn)?;
             self.states
@@ -525,6 +525,7 @@ impl T<'_> {
         // block's input.
         let mut gn = self.hidden(&format!("{p}.grad_norm_out"), Role::Workspace)?;
         self.b.free(inner);
+        self.states.settle(self.b, w)?;
         if self.r != c {
             let g = self.hidden_t(&format!("{p}.grad_norm_out32"), Role::Workspace, self.r)?;
             self.b.free(gn);

@@ -291,7 +291,9 @@ fn adapter_params(w: &Workload) -> Result<u64, PlanError> {
 /// transform and decoder bias, ViT's classifier) and `head` (an untied output head).
 pub fn base_pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
     if let Some(m) = &w.model {
-        return Ok(layer_pieces(m));
+        let mut out = layer_pieces(m);
+        factor(w, &mut out);
+        return Ok(out);
     }
     let s = spec_of(w)?;
     let (h, v) = (w.hidden, w.vocab);
@@ -345,7 +347,46 @@ pub fn base_pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
         out.push(Piece::new("head", emb));
     }
     out.retain(|p| p.elems > 0);
+    factor(w, &mut out);
     Ok(out)
+}
+
+/// Adafactor's factored second-moment elements of each piece (`Piece::factored`):
+/// transformers keeps a row and a column vector for each ≥2-D tensor (`shape[:-1]` and
+/// `shape[:-2] + shape[-1:]`, `optimization.py:1237-1238`) and a full one for a 1-D tensor.
+/// Exact for the embedding, the head and each layer's linears, whose shapes are known; every
+/// other parameter of a piece is counted as a vector (norms and biases are), except a piece
+/// whose matrices are not listed (a mixture of experts, a mixer described layer by layer),
+/// taken as [n/h, h] matrices (`n/h + h` per largest tensor).
+fn factor(w: &Workload, pieces: &mut [Piece]) {
+    let h = w.hidden.max(1);
+    let mats = linears(w).ok();
+    let layer_mats = |attn: bool| -> Option<(u64, u64)> {
+        let m = mats.as_ref()?;
+        let sel = m.iter().filter(|l| l.attn == attn);
+        let elems = sel.clone().map(|l| l.out.saturating_mul(l.inp)).sum();
+        Some((elems, sel.map(|l| l.out + l.inp).sum()))
+    };
+    for p in pieces.iter_mut().filter(|p| p.factored.is_none()) {
+        let block = p.name.rsplit_once('.').map(|(_, b)| b);
+        let known = match (p.name.as_str(), block) {
+            ("embed" | "head", _) => Some((w.vocab.saturating_mul(h), w.vocab + h)),
+            (n, Some("attn")) if n.starts_with('L') && w.model.is_none() => layer_mats(true),
+            (n, Some("mlp")) if n.starts_with('L') && w.model.is_none() && w.moe.is_none() => {
+                layer_mats(false)
+            }
+            _ => None,
+        };
+        p.factored = Some(match known {
+            Some((elems, rows_cols)) if elems <= p.elems => rows_cols + (p.elems - elems),
+            _ => {
+                let tensors = p.elems.div_ceil(p.largest.max(1));
+                (p.elems / h)
+                    .saturating_add(tensors.saturating_mul(h))
+                    .min(p.elems)
+            }
+        });
+    }
 }
 
 /// Autocast's casts of one layer's piece where the layer is its own (a model described layer

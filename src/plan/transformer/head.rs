@@ -357,11 +357,12 @@ impl T<'_> {
             // the head is the stage's own copy: its gradient is whole here).
             self.states.gradient_part(self.b, piece, w)?;
         } else {
-            self.states.gradient(self.b, piece, w)?;
+            self.states.gradient_deferred(self.b, piece, w)?;
         }
         // (ViT's classifier reads one token; its input gradient is still [b, s, h], zeros elsewhere.)
         let mut gx = self.hidden("grad.head_x", Role::Workspace)?;
         self.b.free(g_logits);
+        self.states.settle(self.b, w)?;
         if self.r != c {
             // ToCopyBackward0: the 16-bit gradient of the head's input copy becomes fp32.
             let g = self.hidden_t("grad.head_x32", Role::Workspace, self.r)?;

@@ -115,6 +115,11 @@ pub struct EstimateArgs {
     /// it): `--gpu rtx4090`, `--gpu list` for the table, `--gpu all` for the max on each.
     #[arg(long, value_name = "NAME", conflicts_with = "memory")]
     pub gpu: Option<String>,
+    /// Consecutive steps of these sequence lengths through one caching allocator (batches of
+    /// varying length): `512,2048,1024` or `@FILE` (lengths separated by commas, spaces or new
+    /// lines; at most 4096).
+    #[arg(long, value_name = "LIST|@FILE", allow_hyphen_values = true)]
+    pub seq_lengths: Option<String>,
     #[arg(long)]
     pub json: bool,
 }

@@ -10,6 +10,7 @@ pub mod conf;
 pub mod device;
 pub mod fit;
 pub mod render;
+pub mod sequence;
 pub mod sizes;
 pub mod timeline;
 

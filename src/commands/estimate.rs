@@ -134,6 +134,13 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
         }
         return serve(w, m, detected, args.json);
     }
+    if let Some(v) = &args.seq_lengths {
+        no_picture(args, "--seq-lengths")?;
+        for w in &r.warnings {
+            crate::error::warn(w);
+        }
+        return seq_lengths(args, &w, v, memory, card_arg);
+    }
     let plan = Plan::for_workload(&w).map_err(plan_error)?;
     if let Some(path) = &args.export_snapshot {
         crate::commands::snapshot::export(&plan, path)?;
@@ -362,6 +369,81 @@ fn render_text(
 /// from; a bad one is bad input naming its source.
 fn alloc_conf(args: &EstimateArgs) -> CliResult<(crate::alloc::AllocConf, &'static str)> {
     crate::alloc::conf::from_flag_or_env(args.alloc_conf.as_deref()).map_err(CliError::usage)
+}
+
+/// The most bytes a `--seq-lengths @FILE` may have.
+const LENGTHS_FILE_CAP: u64 = 1 << 20;
+
+/// `estimate --seq-lengths`: steps of varying length through one allocator.
+fn seq_lengths(
+    args: &EstimateArgs,
+    w: &Workload,
+    v: &str,
+    memory: Option<u64>,
+    card_arg: Option<&'static crate::alloc::cards::Card>,
+) -> CliResult<()> {
+    use crate::alloc::sequence;
+    let text = match v.strip_prefix('@') {
+        Some(path) => crate::input::read_text_capped(std::path::Path::new(path), LENGTHS_FILE_CAP)
+            .map_err(|e| CliError::usage(format!("--seq-lengths: {e}")))?,
+        None => v.to_string(),
+    };
+    let lengths = sequence::parse_lengths(&text)
+        .map_err(|e| CliError::usage(format!("--seq-lengths: {e}")))?;
+    if w.mode != crate::workload::Mode::Train {
+        return Err(CliError::usage(
+            "--seq-lengths replays training steps: not with --mode inference or serve",
+        ));
+    }
+    let mut plans: std::collections::BTreeMap<u64, Plan> = Default::default();
+    for &s in &lengths {
+        if let std::collections::btree_map::Entry::Vacant(e) = plans.entry(s) {
+            let mut at = w.clone();
+            at.seq = s;
+            at.step = crate::workload::StepKind::Steady;
+            e.insert(Plan::for_workload(&at).map_err(plan_error)?);
+        }
+    }
+    let (conf, _) = alloc_conf(args)?;
+    let non_pytorch = args
+        .non_pytorch
+        .as_deref()
+        .map(|v| parse_size(v).map_err(|e| CliError::usage(format!("--non-pytorch: {e}"))))
+        .transpose()?;
+    let usable = memory.map(|m| {
+        m.saturating_sub(non_pytorch.unwrap_or(card_arg.map_or(0, |c| c.non_pytorch_for(w))))
+    });
+    let steps: Vec<(u64, &Plan)> = lengths.iter().map(|s| (*s, &plans[s])).collect();
+    let bad = |e: sequence::SequenceError| CliError::usage(format!("--seq-lengths: {e}"));
+    let unlimited = sequence::replay(&steps, &conf, None).map_err(bad)?;
+    let seq = match usable {
+        Some(_) => sequence::replay(&steps, &conf, usable).map_err(bad)?,
+        None => unlimited.clone(),
+    };
+    let (longest, plan) = plans.iter().next_back().expect("at least one length");
+    let alone =
+        crate::alloc::timeline::replay(plan, &conf, None, crate::alloc::timeline::STEPS, false);
+    if args.json {
+        let doc = serde_json::json!({
+            "schema_version": crate::report::SCHEMA_VERSION,
+            "workload": w,
+            "alloc_conf": conf.text,
+            "card_usable_bytes": usable,
+            "longest": longest,
+            "longest_alone_reserved_peak_bytes": alone.reserved_peak_bytes,
+            "unlimited": unlimited,
+            "sequence": seq,
+        });
+        let s = serde_json::to_string_pretty(&doc).map_err(|e| CliError::run(e.to_string()))?;
+        return out(&format!("{s}\n"));
+    }
+    let mut described = w.clone();
+    described.seq = *longest;
+    out(&format!(
+        "{}\n{}",
+        describe(&described),
+        sequence::text(&seq, &unlimited, &alone, usable)
+    ))
 }
 
 /// `estimate --mode serve`: the serving sizing on a card of `memory` bytes.

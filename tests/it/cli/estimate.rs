@@ -749,3 +749,56 @@ fn a_refusal_with_the_tensors_fitting_is_still_fragmentation() {
     assert_eq!(v["allocator"]["failure"]["fragmentation"], true);
     assert_eq!(v["allocator"]["failure"]["shortage_bytes"], 0);
 }
+
+/// `--seq-lengths`: steps of varying length through one cache; a card too small names the step
+/// that fails and still exits 0 (an OOM is a result); bad lists exit 2 with one line.
+#[test]
+fn seq_lengths_replays_steps_of_varying_length() {
+    let base = ["estimate", "--model", "qwen2.5-0.5b", "--precision", "bf16"];
+    let v = json(&[&base[..], &["--seq-lengths", "512,128,1024,256"]].concat());
+    let steps = v["sequence"]["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 4);
+    assert_eq!(u(&v, "/longest"), 1024);
+    assert_eq!(steps[2]["value"], 1024);
+    // The longest step sets the tensors' peak; the cache the shorter ones left can only add
+    // to what it reserves alone.
+    let peak = steps
+        .iter()
+        .map(|s| s["tensors_peak_bytes"].as_u64().unwrap())
+        .max();
+    assert_eq!(peak, Some(u(&v, "/sequence/tensors_peak_bytes")));
+    assert_eq!(peak, steps[2]["tensors_peak_bytes"].as_u64());
+    assert!(u(&v, "/unlimited/reserved_peak_bytes") >= u(&v, "/longest_alone_reserved_peak_bytes"));
+    // On a card the longest step does not fit: the failure names step 3.
+    let v = json(
+        &[
+            &base[..],
+            &["--seq-lengths", "512,128,8192,256", "--memory", "8GiB"],
+        ]
+        .concat(),
+    );
+    assert_eq!(u(&v, "/sequence/failure/step"), 3);
+    let text = oomprobe()
+        .args(base)
+        .args(["--seq-lengths", "512,128,8192,256", "--memory", "8GiB"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(text).unwrap();
+    assert!(text.contains("does not fit"), "{text}");
+    for bad in ["", "1,0", "12,x", "@/nonexistent/lengths"] {
+        let out = oomprobe()
+            .args(base)
+            .args(["--seq-lengths", bad])
+            .assert()
+            .code(2)
+            .get_output()
+            .stderr
+            .clone();
+        let err = String::from_utf8(out).unwrap();
+        assert_eq!(err.lines().count(), 1, "{bad}: {err}");
+        assert!(err.contains("--seq-lengths"), "{bad}: {err}");
+    }
+}

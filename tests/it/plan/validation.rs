@@ -12,7 +12,8 @@ use oomprobe::plan::build::param_count;
 use oomprobe::plan::Plan;
 use oomprobe::workload::presets::{self, vit_tokens};
 use oomprobe::workload::{
-    Arch, Attention, Gelu, Grads, Mode, Moe, OptimizerImpl, Precision, StepKind, Workload,
+    Arch, Attention, Gelu, Grads, Mode, Moe, Optimizer, OptimizerImpl, Precision, StepKind,
+    Workload,
 };
 use serde_json::Value;
 
@@ -613,7 +614,12 @@ fn lora_row_trace() {
     let mut w = lora_workload(r);
     w.step = StepKind::First;
     w.optimizer_impl = Some(OptimizerImpl::Foreach);
-    let p = Plan::for_workload(&w).unwrap();
+    print_trace(&w);
+}
+
+/// The plan's events of `w` with the live bytes after each (see `lora_row_trace`).
+fn print_trace(w: &Workload) {
+    let p = Plan::for_workload(w).unwrap();
     p.walk(|_, e, live| {
         let (sign, t) = match e.kind {
             oomprobe::plan::EventKind::Alloc(t) => ('+', t),
@@ -813,4 +819,156 @@ fn family_row_trace() {
     for t in p.live_after(start) {
         println!("{:>11} {}", p.tensors[t].bytes, p.tensors[t].name);
     }
+}
+
+/// The checks of `tests/fixtures/optimizers_measured.json` (`validation/measure_optimizers.py`:
+/// PyTorch 2.15 + transformers 5.24 on the CPU): transformers' Adafactor as its Trainer builds
+/// it, with and without `beta1`, and torchtune's optimizer-in-backward (AdamW fused and
+/// for-loop), on the small LLaMA of the LoRA rows, fp32 and bf16. `holdout`: only the rows
+/// held out (true) or the rows the model was built from (false).
+fn optimizer_checks(holdout: bool) -> Vec<Check> {
+    let fx = load("optimizers_measured.json");
+    let mut out = Vec::new();
+    for r in fx["rows"].as_array().unwrap() {
+        if r["holdout"].as_bool().unwrap() != holdout {
+            continue;
+        }
+        let id = r["id"].as_str().unwrap().to_string();
+        let w = optimizer_workload(r);
+        assert_eq!(param_count(&w).unwrap(), u(r, "params_total"), "{id}");
+        for (key, step) in [("first", StepKind::First), ("steady", StepKind::Steady)] {
+            let mut w = w.clone();
+            w.step = step;
+            let p = Plan::for_workload(&w).unwrap();
+            p.check_timeline().unwrap();
+            let peak = p.peak();
+            out.push(Check {
+                row: id.clone(),
+                what: format!("train {key}"),
+                measured: u(r, &format!("{key}_peak_bytes")),
+                estimated: peak.bytes,
+                tol: 0.02,
+                phases: Some((
+                    r[format!("{key}_peak_phase")]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
+                    peak.phase.map_or("", |p| p.name()).to_string(),
+                )),
+            });
+        }
+    }
+    out
+}
+
+/// A row of `tests/fixtures/optimizers_measured.json` as a workload.
+fn optimizer_workload(r: &Value) -> Workload {
+    let mut w = lora_workload(r);
+    let opt = r["optimizer"].as_str().unwrap();
+    w.optimizer = match opt {
+        "adafactor" => Optimizer::Adafactor,
+        "adafactor-beta1" => Optimizer::AdafactorBeta1,
+        _ => Optimizer::Adam,
+    };
+    w.optimizer_in_backward = opt.starts_with("adamw-in-backward");
+    w.optimizer_impl = Some(match opt {
+        "adamw-in-backward-fused" => OptimizerImpl::Fused,
+        _ => OptimizerImpl::ForLoop,
+    });
+    w
+}
+
+/// Optimizers as frameworks build them (issue 45): step peaks within 2 % of PyTorch's, on the
+/// rows the model was built from.
+#[test]
+fn optimizer_rows_are_reproduced() {
+    assert_checks(&optimizer_checks(false), "OOMPROBE_OPTIMIZER_TABLE");
+}
+
+/// The same on the rows held out until the model was done (another depth, batch and length,
+/// and combinations not fitted on).
+#[test]
+fn optimizer_holdout_rows_are_reproduced() {
+    assert_checks(&optimizer_checks(true), "OOMPROBE_OPTIMIZER_HOLDOUT_TABLE");
+}
+
+/// Developer aid: `OOMPROBE_OPTIMIZER_TRACE=<row id> cargo test --test it
+/// plan::validation::optimizer_row_trace -- --ignored --nocapture` prints the plan's events for
+/// one row of `optimizers_measured.json` (first step).
+#[test]
+#[ignore]
+fn optimizer_row_trace() {
+    let id = std::env::var("OOMPROBE_OPTIMIZER_TRACE").expect("OOMPROBE_OPTIMIZER_TRACE=<row id>");
+    let fx = load("optimizers_measured.json");
+    let r = fx["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("no row {id}"));
+    let mut w = optimizer_workload(r);
+    w.step = StepKind::First;
+    print_trace(&w);
+}
+
+/// The checks of `tests/fixtures/lengths_measured.json` (`validation/measure_lengths.py`):
+/// consecutive steady steps of varying length on the CPU, the sequence's tensors' peak against
+/// `alloc::sequence`'s (the CPU allocator does not cache: reserved is not compared). The
+/// measured baseline holds every step's inputs (a few KiB of token ids), the plan its own.
+fn length_checks(holdout: bool) -> Vec<Check> {
+    use oomprobe::alloc::{sequence, AllocConf};
+    let fx = load("lengths_measured.json");
+    let mut out = Vec::new();
+    for r in fx["rows"].as_array().unwrap() {
+        if r["holdout"].as_bool().unwrap() != holdout {
+            continue;
+        }
+        let mut w = lora_workload(r);
+        w.optimizer_impl = Some(OptimizerImpl::Foreach);
+        w.step = StepKind::Steady;
+        let lengths: Vec<u64> = r["lengths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        let plans: Vec<Plan> = lengths
+            .iter()
+            .map(|&s| {
+                let mut at = w.clone();
+                at.seq = s;
+                Plan::for_workload(&at).unwrap()
+            })
+            .collect();
+        let steps: Vec<(u64, &Plan)> = lengths.iter().copied().zip(plans.iter()).collect();
+        let seq = sequence::replay(&steps, &AllocConf::default(), None).unwrap();
+        let measured_step = r["peak_step"].as_str().unwrap().to_string();
+        let at = seq
+            .steps
+            .iter()
+            .max_by_key(|s| (s.tensors_peak_bytes, std::cmp::Reverse(s.step)))
+            .unwrap();
+        out.push(Check {
+            row: r["id"].as_str().unwrap().to_string(),
+            what: format!("sequence peak ({lengths:?})"),
+            measured: u(r, "peak_bytes"),
+            estimated: seq.tensors_peak_bytes,
+            tol: 0.02,
+            phases: Some((measured_step, format!("step{}", at.step))),
+        });
+    }
+    out
+}
+
+/// Steps of varying length (issue 45): the sequence's peak within 2 % of PyTorch's, on the
+/// rows built from.
+#[test]
+fn length_rows_are_reproduced() {
+    assert_checks(&length_checks(false), "OOMPROBE_LENGTHS_TABLE");
+}
+
+/// The same on the rows held out.
+#[test]
+fn length_holdout_rows_are_reproduced() {
+    assert_checks(&length_checks(true), "OOMPROBE_LENGTHS_HOLDOUT_TABLE");
 }

@@ -194,12 +194,24 @@ pub const CARDS: &[Card] = &[
 /// NVIDIA/nccl#1685); more after all_to_all, and per extra communicator (nccl#864, #986).
 pub const NCCL_COMMUNICATOR: u64 = 1 << 30;
 
+/// What eager module loading adds to the table's (lazy) figure: every kernel of PyTorch's own
+/// libraries in the context. The transformers docs' "Model training anatomy" measured 1,343 MB
+/// with a 1×1 tensor on a V100 under CUDA 11 (nvidia-smi), against the table's 300 MiB lazy
+/// Volta figure: about 1 GiB. ptrblck (pytorch#107667): ">1000MB" before CUDA 11.7.
+/// pytorch#86509 measured less, +380 MB, with PyTorch 1.13's kernels: a range (modelled).
+pub const EAGER_MODULES: u64 = 1 << 30;
+
 impl Card {
     /// Outside PyTorch on this card for one rank of `w`: one NCCL communicator per process
     /// group the rank is in (data, tensor, pipeline, context parallel; one where more than one
     /// GPU runs without a layout).
     pub fn non_pytorch_for(&self, w: &crate::workload::Workload) -> u64 {
+        let eager = match w.cuda_modules {
+            crate::workload::ModuleLoading::Lazy => 0,
+            crate::workload::ModuleLoading::Eager => EAGER_MODULES,
+        };
         self.non_pytorch
+            .saturating_add(eager)
             .saturating_add(NCCL_COMMUNICATOR.saturating_mul(w.communicators()))
     }
 }

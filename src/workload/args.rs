@@ -112,6 +112,10 @@ pub struct WorkloadArgs {
     /// soon as its gradient is made, and frees that gradient.
     #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
     pub optimizer_in_backward: Option<String>,
+    /// lazy | eager: how the CUDA stack loads its kernels (CUDA_MODULE_LOADING); eager (PyTorch
+    /// before 1.13, CUDA before 11.7) holds about 1 GiB more outside PyTorch on a --gpu card.
+    #[arg(long, value_name = "lazy|eager", allow_hyphen_values = true)]
+    pub cuda_modules: Option<String>,
     /// fused | unfused: GELU as one op, or Hugging Face's gelu_new formula in separate ops.
     #[arg(long, value_name = "G", allow_hyphen_values = true)]
     pub gelu: Option<String>,
@@ -181,6 +185,7 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         step,
         optimizer_impl,
         optimizer_in_backward,
+        cuda_modules,
         gelu,
         kv_cache,
         kv_heads,

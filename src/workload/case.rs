@@ -80,7 +80,7 @@ impl CaseFile {
 pub const MAX_EXPECTS: usize = 256;
 
 /// Workload keys of a case file and how each is typed.
-const STRING_KEYS: [&str; 13] = [
+const STRING_KEYS: [&str; 14] = [
     "precision",
     "optimizer",
     "attention",
@@ -94,6 +94,7 @@ const STRING_KEYS: [&str; 13] = [
     "optimizer_impl",
     "gelu",
     "autocast_device",
+    "cuda_modules",
 ];
 const NUMBER_KEYS: [&str; 14] = [
     "batch",
@@ -131,6 +132,7 @@ fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
         "dropout" => &mut args.dropout,
         "kv_cache" => &mut args.kv_cache,
         "optimizer_in_backward" => &mut args.optimizer_in_backward,
+        "cuda_modules" => &mut args.cuda_modules,
         "mode" => &mut args.mode,
         "grads" => &mut args.grads,
         "outputs" => &mut args.outputs,

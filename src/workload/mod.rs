@@ -296,6 +296,25 @@ pub enum OptimizerImpl {
     ForLoop,
 }
 
+/// `CUDA_MODULE_LOADING` (`--cuda-modules`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModuleLoading {
+    /// Kernels loaded at first use: the default of CUDA 12.2+ on Linux (12.3+ everywhere), and
+    /// set by PyTorch itself since 1.13 with CUDA 11.7+ (pytorch#86509).
+    #[default]
+    Lazy,
+    /// Every kernel of every library loaded with the context: PyTorch before 1.13, CUDA before
+    /// 11.7, or `CUDA_MODULE_LOADING=EAGER`.
+    Eager,
+}
+
+impl ModuleLoading {
+    pub fn is_lazy(&self) -> bool {
+        *self == ModuleLoading::Lazy
+    }
+}
+
 /// GELU as the model implements it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -360,6 +379,10 @@ pub struct Workload {
     /// otherwise, PyTorch's CUDA default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer_impl: Option<OptimizerImpl>,
+    /// How the CUDA stack loads its kernels (`CUDA_MODULE_LOADING`): what the process holds
+    /// outside PyTorch on a card of the table follows it.
+    #[serde(default, skip_serializing_if = "ModuleLoading::is_lazy")]
+    pub cuda_modules: ModuleLoading,
     /// torchtune's `optimizer_in_bwd`: one optimizer per parameter, stepped from the
     /// parameter's post-accumulate-grad hook, its gradient freed right after (no gradient
     /// outlives its own update).

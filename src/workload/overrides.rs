@@ -221,6 +221,18 @@ fn apply_numerics(
     if let Some(v) = &args.gelu {
         w.gelu = parse_gelu(v)?;
     }
+    if let Some(v) = &args.cuda_modules {
+        w.cuda_modules = match v.to_ascii_lowercase().as_str() {
+            "lazy" => super::ModuleLoading::Lazy,
+            "eager" | "default" => super::ModuleLoading::Eager,
+            _ => {
+                return Err(usage(
+                    "cuda-modules",
+                    format!("expected lazy or eager, not '{}'", v.escape_debug()),
+                ))
+            }
+        };
+    }
     if let Some(v) = &args.optimizer_in_backward {
         w.optimizer_in_backward = parse_dropout(v).map_err(|_| {
             usage(

@@ -802,3 +802,31 @@ fn seq_lengths_replays_steps_of_varying_length() {
         assert!(err.contains("--seq-lengths"), "{bad}: {err}");
     }
 }
+
+/// `--cuda-modules eager` (PyTorch before 1.13, CUDA before 11.7): the card holds about 1 GiB
+/// more outside PyTorch, so the allocator's boundary moves down; lazy is the default.
+#[test]
+fn eager_module_loading_holds_more_outside_pytorch() {
+    let base = [
+        "estimate",
+        "--model",
+        "gpt2",
+        "--gpu",
+        "v100-16gb",
+        "--batch",
+        "8",
+    ];
+    let lazy = json(&base);
+    let eager = json(&[&base[..], &["--cuda-modules", "eager"]].concat());
+    assert_eq!(
+        u(&eager, "/non_pytorch_bytes") - u(&lazy, "/non_pytorch_bytes"),
+        oomprobe::alloc::cards::EAGER_MODULES
+    );
+    assert_eq!(eager["workload"]["cuda_modules"], "eager");
+    assert!(lazy["workload"].get("cuda_modules").is_none());
+    let same = json(&[&base[..], &["--cuda-modules", "lazy"]].concat());
+    assert_eq!(
+        u(&same, "/non_pytorch_bytes"),
+        u(&lazy, "/non_pytorch_bytes")
+    );
+}

@@ -148,17 +148,7 @@ pub fn replay(
                             }
                         }
                         Err(oom) => {
-                            let shortage =
-                                capacity.map_or(0, |c| plan.peak_bytes().saturating_sub(c));
-                            out.failure = Some(Failure {
-                                step,
-                                event: i,
-                                phase: e.phase,
-                                tensor: plan.tensors[t].name.clone(),
-                                shortage_bytes: shortage,
-                                fragmentation: oom.fragmentation() && shortage < oom.cached_free,
-                                oom,
-                            });
+                            out.failure = Some(Failure::at(plan, step, i, t, capacity, oom));
                             row.reserved_end_bytes = a.stats().reserved;
                             out.steps.push(row);
                             break 'steps;

@@ -48,6 +48,30 @@ pub struct Failure {
     pub fragmentation: bool,
 }
 
+impl Failure {
+    /// `plan`'s event `event` (allocating tensor `t`) at `step` refused with `oom` on a card
+    /// whose allocator may take `capacity` bytes.
+    pub fn at(
+        plan: &Plan,
+        step: usize,
+        event: usize,
+        t: usize,
+        capacity: Option<u64>,
+        oom: Oom,
+    ) -> Failure {
+        let shortage = capacity.map_or(0, |c| plan.peak_bytes().saturating_sub(c));
+        Failure {
+            step,
+            event,
+            phase: plan.events[event].phase,
+            tensor: plan.tensors[t].name.clone(),
+            shortage_bytes: shortage,
+            fragmentation: oom.fragmentation() && shortage < oom.cached_free,
+            oom,
+        }
+    }
+}
+
 /// The allocator's view of a plan.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Replay {
@@ -125,17 +149,7 @@ pub fn replay(
                     match a.malloc(&mut dev, plan.tensors[t].bytes, 0, None) {
                         Ok(id) => live[t] = Some(id),
                         Err(oom) => {
-                            let shortage =
-                                capacity.map_or(0, |c| plan.peak_bytes().saturating_sub(c));
-                            out.failure = Some(Failure {
-                                step,
-                                event: i,
-                                phase: e.phase,
-                                tensor: plan.tensors[t].name.clone(),
-                                shortage_bytes: shortage,
-                                fragmentation: oom.fragmentation() && shortage < oom.cached_free,
-                                oom,
-                            });
+                            out.failure = Some(Failure::at(plan, step, i, t, capacity, oom));
                             break 'steps;
                         }
                     }

@@ -404,13 +404,7 @@ impl States {
         i: usize,
         w: &Workload,
     ) -> Result<TensorIx, PlanError> {
-        let def = &self.defs[i];
-        let psi = match kind.count {
-            Count::Each => def.elems,
-            Count::Absmax256 => def.elems.div_ceil(256).saturating_mul(2),
-            Count::Factored => def.factored.unwrap_or(def.elems),
-        };
-        self.alloc_elems(b, kind, piece, i, w, psi)
+        self.alloc_part(b, kind, piece, i, w, self.defs[i].elems)
     }
     /// `alloc_kind` for `part` of the piece's elements (its count scaled to match).
     fn alloc_part(
@@ -422,17 +416,13 @@ impl States {
         w: &Workload,
         part: u64,
     ) -> Result<TensorIx, PlanError> {
-        let elems = self.defs[i].elems.max(1);
-        if part >= elems {
-            return self.alloc_kind(b, kind, piece, i, w);
-        }
-        let def = &self.defs[i];
-        let psi = match kind.count {
-            Count::Each => part,
-            Count::Absmax256 => part.div_ceil(256).saturating_mul(2),
-            Count::Factored => {
-                let f = def.factored.unwrap_or(elems) as u128 * part as u128 / elems as u128;
-                f.max(1) as u64
+        let elems = self.defs[i].elems;
+        let psi = match (kind.count, self.defs[i].factored) {
+            (Count::Each, _) | (Count::Factored, None) => part,
+            (Count::Absmax256, _) => part.div_ceil(256).saturating_mul(2),
+            (Count::Factored, Some(f)) if part >= elems => f,
+            (Count::Factored, Some(f)) => {
+                ((f as u128 * part as u128 / elems.max(1) as u128) as u64).max(1)
             }
         };
         self.alloc_elems(b, kind, piece, i, w, psi)

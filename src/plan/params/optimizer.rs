@@ -121,10 +121,7 @@ impl States {
         name: &str,
         w: &Workload,
     ) -> Result<(), PlanError> {
-        self.defer = Defer::Whole;
-        let r = self.gradient(b, name, w);
-        self.defer = Defer::No;
-        r
+        self.gradient_with(Defer::Whole, b, name, w)
     }
 
     /// `gradient` for a layer's block, whose backward makes its output projection's weight
@@ -137,7 +134,18 @@ impl States {
         name: &str,
         w: &Workload,
     ) -> Result<(), PlanError> {
-        self.defer = Defer::Rest;
+        self.gradient_with(Defer::Rest, b, name, w)
+    }
+
+    /// `gradient` with its optimizer-in-backward step deferred as `defer` says.
+    fn gradient_with(
+        &mut self,
+        defer: Defer,
+        b: &mut Builder,
+        name: &str,
+        w: &Workload,
+    ) -> Result<(), PlanError> {
+        self.defer = defer;
         let r = self.gradient(b, name, w);
         self.defer = Defer::No;
         r

@@ -201,6 +201,15 @@ HOLDOUT_ROWS = [
     dict(id="holdout-tp-replicated", kind="tp", world=2, sp=False, cfg=HOLDOUT_MODEL),
     dict(id="holdout-pp3-1f1b", kind="pp", world=3, schedule="1F1B", microbatches=6, cfg=HOLDOUT_MODEL),
     dict(id="holdout-single", kind="single", world=1, cfg=HOLDOUT_MODEL),
+    # Issue 45, item 9: the two layouts the issue found off, on this model's shape.
+    dict(id="holdout-fsdp2-hf-ckpt", kind="fsdp2", world=2, reshard_after_forward=True,
+         checkpoint="hf_gradient_checkpointing", cfg=HOLDOUT_MODEL),
+    dict(id="holdout-fsdp2-w4-hf-ckpt", kind="fsdp2", world=4, reshard_after_forward=True,
+         checkpoint="hf_gradient_checkpointing", cfg=HOLDOUT_MODEL),
+    dict(id="holdout-fsdp2-hf-ckpt-mini", kind="fsdp2", world=2, reshard_after_forward=True,
+         checkpoint="hf_gradient_checkpointing", cfg=MODEL),
+    dict(id="holdout-tp-sp-sdpa-b2", kind="tp", world=2, sp=True,
+         cfg=dict(HOLDOUT_MODEL, attn_implementation="sdpa", batch=2, seq=512)),
 ]
 
 

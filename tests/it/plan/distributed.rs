@@ -26,7 +26,7 @@ fn fixture() -> Value {
 }
 
 /// The oomprobe flags of a row's layout, at rank `rank`: its model (the LLaMA-style mini of
-/// `validation/measure.py`, eager attention, fp32, CPU kernels, foreach Adam, gradients freed)
+/// `validation/measure.py`, its attention kernel, fp32, CPU kernels, foreach Adam, gradients freed)
 /// and the layout as the frameworks name it. `--batch` is one rank's micro-batch.
 fn flags(r: &Value, rank: u64, step: &str) -> Vec<String> {
     let m = &r["model"];
@@ -35,7 +35,7 @@ fn flags(r: &Value, rank: u64, step: &str) -> Vec<String> {
     let mb = l["microbatches"].as_u64().unwrap_or(1).max(1);
     let mut f: Vec<String> = format!(
         "x --model llama-7b --layers {} --hidden {} --heads {} --kv-heads {} --ffn {} --vocab {} \
-         --attention eager --precision fp32 --autocast-device cpu --optimizer-impl foreach \
+         --attention {} --precision fp32 --autocast-device cpu --optimizer-impl foreach \
          --grads free --batch {} --seq {} --step {step}",
         n(&m["layers"]),
         n(&m["hidden"]),
@@ -43,6 +43,7 @@ fn flags(r: &Value, rank: u64, step: &str) -> Vec<String> {
         n(&m["kv_heads"]),
         n(&m["ffn"]),
         n(&m["vocab"]),
+        m["attn_implementation"].as_str().unwrap_or("eager"),
         n(&m["batch"]) / mb,
         n(&m["seq"]),
     )
@@ -153,6 +154,13 @@ fn check(fx: &Value) -> (Vec<String>, usize) {
                 let err = (peak.bytes as f64 - measured as f64) / measured as f64;
                 let got = peak.phase.map_or("", |p| p.name());
                 checked += 1;
+                if std::env::var_os("OOMPROBE_DISTRIBUTED_TABLE").is_some() {
+                    println!(
+                        "| {id} | {rank} | {step} | {measured} | {} | {:+.2} % |",
+                        peak.bytes,
+                        err * 100.0
+                    );
+                }
                 if err.abs() > 0.02 || got != phase {
                     failures.push(format!(
                         "{id} rank {rank} {step}: measured {measured} in {phase}, planned {} in {got} ({:+.2} %)",
@@ -195,11 +203,13 @@ fn every_rank_of_every_layout_is_reproduced() {
 
 /// The held-out rows (`validation/distributed.py --holdout`: a wider 6-layer LLaMA-style model,
 /// DDP with 1 MiB buckets, FSDP2 over 4 ranks, TP with and without SP, a 3-stage 1F1B pipeline
-/// with 6 micro-batches), measured after the model above was built.
+/// with 6 micro-batches), measured after the model above was built; and issue 45's two
+/// reported misses measured on our shapes (FSDP2 under transformers' gradient checkpointing on
+/// 2 and 4 ranks and on the mini, TP + SP with SDPA at b2 s512).
 #[test]
 fn held_out_layouts_are_reproduced() {
     let (failures, checked) = check(&load("distributed_holdout.json"));
-    assert!(checked >= 60, "only {checked} checks in the holdout");
+    assert!(checked >= 110, "only {checked} checks in the holdout");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -3,7 +3,7 @@
 //! plan of one micro-batch.
 
 use super::builder::PlanError;
-use super::{Event, EventKind, Phase, Plan, Role, Step, TensorIx};
+use super::{Event, EventKind, Phase, Plan, Role, Step, TensorIx, TensorSpec};
 use crate::workload::parallel::{self, Schedule, Stage};
 use crate::workload::Workload;
 
@@ -192,14 +192,15 @@ pub fn schedule(one: Plan, st: &Stage, w: &Workload) -> Result<Plan, PlanError> 
     let mut clones: Vec<Vec<TensorIx>> = Vec::new();
     let m_count = w.parallel.microbatches();
     for m in 0..simulated(st, w) {
+        // Names built by concatenation, not `format!`: a long pipeline's plan copies thousands
+        // of tensors per micro-batch, for every value a boundary search tries.
+        let prefix = format!("mb{m}.");
         let map: Vec<TensorIx> = (0..n)
             .map(|t| {
                 if m == 0 || !per_mb(t) {
                     t
                 } else {
-                    let mut spec = one.tensors[t].clone();
-                    spec.name = format!("mb{m}.{}", spec.name);
-                    tensors.push(spec);
+                    tensors.push(renamed(&one.tensors[t], &prefix, ""));
                     tensors.len() - 1
                 }
             })
@@ -236,8 +237,7 @@ pub fn schedule(one: Plan, st: &Stage, w: &Workload) -> Result<Plan, PlanError> 
                 EventKind::Kernel(k) => EventKind::Kernel(step_of(m, k, &mut steps)),
                 EventKind::Alloc(t) if backward && !per_mb(t) && !first_backward => {
                     // A later micro-batch's gradient: a temporary added into the first's.
-                    let mut spec = one.tensors[t].clone();
-                    spec.name = format!("mb{m}.{}.new", spec.name);
+                    let mut spec = renamed(&one.tensors[t], &format!("mb{m}."), ".new");
                     spec.role = Role::Workspace;
                     tensors.push(spec);
                     let tmp = tensors.len() - 1;
@@ -293,6 +293,22 @@ pub fn schedule(one: Plan, st: &Stage, w: &Workload) -> Result<Plan, PlanError> 
         events,
         notes,
     })
+}
+
+/// A copy of `t` named `prefix` + its name + `suffix`.
+fn renamed(t: &TensorSpec, prefix: &str, suffix: &str) -> TensorSpec {
+    let mut name = String::with_capacity(prefix.len() + t.name.len() + suffix.len());
+    name.push_str(prefix);
+    name.push_str(&t.name);
+    name.push_str(suffix);
+    TensorSpec {
+        name,
+        role: t.role,
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+        bytes: t.bytes,
+        row_elems: t.row_elems,
+    }
 }
 
 /// Which rank a plan is (JSON `rank` of `estimate`; None without a layout).

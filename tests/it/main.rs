@@ -74,6 +74,7 @@ mod plan {
     mod closed_forms;
     mod distributed;
     mod parallel_props;
+    mod published_memory;
     mod step_order;
     mod validation;
 }

@@ -117,7 +117,7 @@ pub struct EstimateArgs {
     pub gpu: Option<String>,
     /// Consecutive steps of these sequence lengths through one caching allocator (batches of
     /// varying length): `512,2048,1024` or `@FILE` (lengths separated by commas, spaces or new
-    /// lines; at most 4096).
+    /// lines; at most 4096, each within --seq's limit).
     #[arg(long, value_name = "LIST|@FILE", allow_hyphen_values = true)]
     pub seq_lengths: Option<String>,
     #[arg(long)]

@@ -16,8 +16,8 @@ use super::device::ModelDevice;
 use super::timeline::Failure;
 use crate::plan::{EventKind, Phase, Plan};
 
-/// The most steps a sequence may have.
-pub const MAX_STEPS: usize = 4096;
+/// The most steps a sequence may have (`--seq-lengths`' bound).
+pub const MAX_STEPS: usize = crate::workload::flags::MAX_SEQ_LENGTHS as usize;
 
 /// One step of the sequence.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -194,35 +194,6 @@ pub fn replay(
     Ok(out)
 }
 
-/// The lengths of `--seq-lengths`: integers ≥ 1 separated by commas, spaces or new lines (a
-/// file of one length per batch, as a data loader's log gives them).
-pub fn parse_lengths(text: &str) -> Result<Vec<u64>, String> {
-    let mut out = Vec::new();
-    for (i, tok) in text
-        .split(|c: char| c == ',' || c.is_whitespace())
-        .filter(|t| !t.is_empty())
-        .enumerate()
-    {
-        if i >= MAX_STEPS {
-            return Err(format!("more than {MAX_STEPS} lengths"));
-        }
-        let v: u64 = tok.parse().map_err(|_| {
-            format!(
-                "'{}' is not a length (a whole number >= 1)",
-                tok.escape_debug()
-            )
-        })?;
-        if v == 0 {
-            return Err("a length of 0".into());
-        }
-        out.push(v);
-    }
-    if out.is_empty() {
-        return Err("no lengths".into());
-    }
-    Ok(out)
-}
-
 /// The sequence as text: a row per step (the first few, the longest, the reserved peak's and
 /// the last, when there are many), then the reserved peak against the longest step replayed
 /// alone, and the failure on the card if there is one.
@@ -369,18 +340,6 @@ mod tests {
         )
         .unwrap();
         assert_eq!(seq.failure.as_ref().map(|f| f.step), Some(2));
-    }
-
-    #[test]
-    fn lengths_are_read_from_lists_and_files() {
-        assert_eq!(
-            parse_lengths("512,1024 2048\n16\n"),
-            Ok(vec![512, 1024, 2048, 16])
-        );
-        assert!(parse_lengths("").is_err());
-        assert!(parse_lengths("12,0").is_err());
-        assert!(parse_lengths("12,x\u{1b}").unwrap_err().contains("\\u{1b}"));
-        assert!(parse_lengths(&"1 ".repeat(MAX_STEPS + 1)).is_err());
     }
 
     #[test]

@@ -388,7 +388,7 @@ fn seq_lengths(
             .map_err(|e| CliError::usage(format!("--seq-lengths: {e}")))?,
         None => v.to_string(),
     };
-    let lengths = sequence::parse_lengths(&text)
+    let lengths = crate::workload::flags::parse_seq_lengths(&text)
         .map_err(|e| CliError::usage(format!("--seq-lengths: {e}")))?;
     if w.mode != crate::workload::Mode::Train {
         return Err(CliError::usage(

@@ -24,6 +24,39 @@ pub fn count(flag: &str, v: &str) -> Result<u64, CliError> {
 /// The most micro-batches a pipeline step may have (`--microbatches`).
 pub const MAX_MICROBATCHES: u64 = 4096;
 
+/// The most lengths `estimate --seq-lengths` takes (each is one step's plan, replayed).
+pub const MAX_SEQ_LENGTHS: u64 = 4096;
+
+/// The lengths of `--seq-lengths`: integers ≥ 1 separated by commas, spaces or new lines (a
+/// file of one length per batch, as a data loader's log gives them), each within `--seq`'s
+/// limit, at most [`MAX_SEQ_LENGTHS`] of them.
+pub fn parse_seq_lengths(text: &str) -> Result<Vec<u64>, String> {
+    let mut out = Vec::new();
+    for (i, tok) in text
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|t| !t.is_empty())
+        .enumerate()
+    {
+        if i as u64 >= MAX_SEQ_LENGTHS {
+            return Err(format!("more than {MAX_SEQ_LENGTHS} lengths"));
+        }
+        let v: u64 = tok.parse().map_err(|_| {
+            format!(
+                "'{}' is not a length (a whole number >= 1)",
+                tok.escape_debug()
+            )
+        })?;
+        if v == 0 {
+            return Err("a length of 0".into());
+        }
+        out.push(check_limit("seq", v)?);
+    }
+    if out.is_empty() {
+        return Err("no lengths".into());
+    }
+    Ok(out)
+}
+
 /// The largest value a size may take, by its flag name (a config field maps to the same
 /// size): anything above is a typo (the deepest published models have ~130 layers). They also
 /// bound the cost of a plan, which holds a few tensors and events per layer: `estimate
@@ -251,4 +284,27 @@ pub fn parse_gelu(v: &str) -> Result<Gelu, CliError> {
         v,
         &[("fused", Gelu::Fused), ("unfused", Gelu::Unfused)],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seq_lengths_are_read_from_lists_and_files_within_bounds() {
+        assert_eq!(
+            parse_seq_lengths("512,1024 2048\n16\n"),
+            Ok(vec![512, 1024, 2048, 16])
+        );
+        assert!(parse_seq_lengths("").is_err());
+        assert!(parse_seq_lengths("12,0").is_err());
+        assert!(parse_seq_lengths("12,x\u{1b}")
+            .unwrap_err()
+            .contains("\\u{1b}"));
+        assert!(parse_seq_lengths(&"1 ".repeat(MAX_SEQ_LENGTHS as usize + 1)).is_err());
+        let over = limit("seq").unwrap() + 1;
+        assert!(parse_seq_lengths(&format!("16,{over}"))
+            .unwrap_err()
+            .contains("at most"));
+    }
 }

@@ -788,7 +788,7 @@ fn seq_lengths_replays_steps_of_varying_length() {
         .clone();
     let text = String::from_utf8(text).unwrap();
     assert!(text.contains("does not fit"), "{text}");
-    for bad in ["", "1,0", "12,x", "@/nonexistent/lengths"] {
+    for bad in ["", "1,0", "12,x", "@/nonexistent/lengths", "16,99999999999"] {
         let out = oomprobe()
             .args(base)
             .args(["--seq-lengths", bad])

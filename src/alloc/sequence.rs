@@ -86,16 +86,17 @@ pub fn replay(
     conf: &AllocConf,
     capacity: Option<u64>,
 ) -> Result<Sequence, SequenceError> {
-    let Some(&(first_value, first)) = steps.first() else {
+    let Some(&(first_value, _)) = steps.first() else {
         return Err(SequenceError::Empty);
     };
     if steps.len() > MAX_STEPS {
         return Err(SequenceError::TooMany(steps.len()));
     }
-    let setup = setup_of(first);
-    for &(v, p) in &steps[1..] {
-        let other = setup_of(p);
-        let same = other.len() == setup.len() && other.iter().zip(&setup).all(|(a, b)| a.1 == b.1);
+    // Each step's model states (its plan's setup), found once.
+    let setups: Vec<Vec<(usize, u64)>> = steps.iter().map(|&(_, p)| setup_of(p)).collect();
+    let setup = &setups[0];
+    for (&(v, _), other) in steps.iter().zip(&setups).skip(1) {
+        let same = other.len() == setup.len() && other.iter().zip(setup).all(|(a, b)| a.1 == b.1);
         if !same {
             return Err(SequenceError::StatesDiffer(first_value, v));
         }
@@ -168,18 +169,16 @@ pub fn replay(
             }
         }
         // The model states are still there; what the step leaves live beyond them goes with it.
-        let held = setup_of(plan)
-            .iter()
-            .zip(&states)
-            .all(|(&(t, _), &id)| live[t] == Some(id));
-        if !held || states.len() != setup.len() {
+        let held = states.len() == setup.len()
+            && setups[k]
+                .iter()
+                .zip(&states)
+                .all(|(&(t, _), &id)| live[t].take() == Some(id));
+        if !held {
             return Err(SequenceError::StatesFreed);
         }
-        let kept: std::collections::HashSet<BlockId> = states.iter().copied().collect();
         for id in live.into_iter().flatten() {
-            if !kept.contains(&id) {
-                a.free(id);
-            }
+            a.free(id);
         }
         row.reserved_end_bytes = a.stats().reserved;
         if row.reserved_peak_bytes > out.reserved_peak_bytes {

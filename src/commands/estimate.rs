@@ -150,25 +150,7 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
     }
     let b = breakdown(&plan);
     let (conf, conf_from) = alloc_conf(args)?;
-    let non_pytorch = args
-        .non_pytorch
-        .as_deref()
-        .map(|v| parse_size(v).map_err(|e| CliError::usage(format!("--non-pytorch: {e}"))))
-        .transpose()?;
-    let card = memory.map(|m| crate::estimate::Card {
-        total: m,
-        non_pytorch: non_pytorch.unwrap_or(card_arg.map_or(0, |c| c.non_pytorch_for(&w))),
-        conf: conf.clone(),
-    });
-    if let (Some(c), Some(n)) = (&card, non_pytorch) {
-        if n >= c.total {
-            return Err(CliError::usage(format!(
-                "--non-pytorch {} leaves nothing of --memory {}",
-                fmt_bytes(n),
-                fmt_bytes(c.total)
-            )));
-        }
-    }
+    let (card, non_pytorch) = card_of(args, &w, memory, card_arg, &conf)?;
     let replay = crate::alloc::timeline::replay(
         &plan,
         &conf,
@@ -371,6 +353,37 @@ fn alloc_conf(args: &EstimateArgs) -> CliResult<(crate::alloc::AllocConf, &'stat
     crate::alloc::conf::from_flag_or_env(args.alloc_conf.as_deref()).map_err(CliError::usage)
 }
 
+/// The card the allocator is judged on: `memory` less what lives outside PyTorch
+/// (`--non-pytorch`, else the `--gpu` card's figure for `w`), and the `--non-pytorch` given.
+fn card_of(
+    args: &EstimateArgs,
+    w: &Workload,
+    memory: Option<u64>,
+    card_arg: Option<&'static crate::alloc::cards::Card>,
+    conf: &crate::alloc::AllocConf,
+) -> CliResult<(Option<crate::estimate::Card>, Option<u64>)> {
+    let non_pytorch = args
+        .non_pytorch
+        .as_deref()
+        .map(|v| parse_size(v).map_err(|e| CliError::usage(format!("--non-pytorch: {e}"))))
+        .transpose()?;
+    let card = memory.map(|m| crate::estimate::Card {
+        total: m,
+        non_pytorch: non_pytorch.unwrap_or(card_arg.map_or(0, |c| c.non_pytorch_for(w))),
+        conf: conf.clone(),
+    });
+    if let (Some(c), Some(n)) = (&card, non_pytorch) {
+        if n >= c.total {
+            return Err(CliError::usage(format!(
+                "--non-pytorch {} leaves nothing of --memory {}",
+                fmt_bytes(n),
+                fmt_bytes(c.total)
+            )));
+        }
+    }
+    Ok((card, non_pytorch))
+}
+
 /// The most bytes a `--seq-lengths @FILE` may have.
 const LENGTHS_FILE_CAP: u64 = 1 << 20;
 
@@ -405,14 +418,9 @@ fn seq_lengths(
         }
     }
     let (conf, _) = alloc_conf(args)?;
-    let non_pytorch = args
-        .non_pytorch
-        .as_deref()
-        .map(|v| parse_size(v).map_err(|e| CliError::usage(format!("--non-pytorch: {e}"))))
-        .transpose()?;
-    let usable = memory.map(|m| {
-        m.saturating_sub(non_pytorch.unwrap_or(card_arg.map_or(0, |c| c.non_pytorch_for(w))))
-    });
+    let usable = card_of(args, w, memory, card_arg, &conf)?
+        .0
+        .map(|c| c.usable());
     let steps: Vec<(u64, &Plan)> = lengths.iter().map(|s| (*s, &plans[s])).collect();
     let bad = |e: sequence::SequenceError| CliError::usage(format!("--seq-lengths: {e}"));
     let unlimited = sequence::replay(&steps, &conf, None).map_err(bad)?;

@@ -542,7 +542,6 @@ fn lora_checks() -> Vec<Check> {
             v.optimizer_impl = Some(OptimizerImpl::Foreach);
             let p = Plan::for_workload(&v).unwrap();
             p.check_timeline().unwrap();
-            let peak = p.peak();
             let k = format!("train_foreach_free_{key}");
             let tol = checkpointed_tolerance(&w).unwrap_or(0.01);
             out.push(Check {
@@ -553,23 +552,30 @@ fn lora_checks() -> Vec<Check> {
                 tol,
                 phases: None,
             });
-            out.push(Check {
-                row: id.clone(),
-                what: format!("train {key}"),
-                measured: u(r, &format!("{k}_peak_bytes")),
-                estimated: peak.bytes,
-                tol,
-                phases: Some((
-                    r[format!("{k}_peak_phase")]
-                        .as_str()
-                        .unwrap_or("")
-                        .to_string(),
-                    peak.phase.map_or("", |p| p.name()).to_string(),
-                )),
-            });
+            out.push(step_peak_check(&id, key, r, &k, &p, tol));
         }
     }
     out
+}
+
+/// Row `id`'s step peak (`train {key}`) against `{prefix}_peak_bytes`, with the phase the
+/// fixture recorded (`{prefix}_peak_phase`) beside the plan's.
+fn step_peak_check(id: &str, key: &str, r: &Value, prefix: &str, p: &Plan, tol: f64) -> Check {
+    let peak = p.peak();
+    Check {
+        row: id.to_string(),
+        what: format!("train {key}"),
+        measured: u(r, &format!("{prefix}_peak_bytes")),
+        estimated: peak.bytes,
+        tol,
+        phases: Some((
+            r[format!("{prefix}_peak_phase")]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+            peak.phase.map_or("", |p| p.name()).to_string(),
+        )),
+    }
 }
 
 /// The step-peak tolerance of a checkpointed row (None without checkpointing). Eager layers
@@ -603,18 +609,23 @@ fn lora_rows_are_reproduced() {
 #[test]
 #[ignore]
 fn lora_row_trace() {
-    let id = std::env::var("OOMPROBE_LORA_TRACE").expect("OOMPROBE_LORA_TRACE=<row id>");
-    let fx = load("finetune/lora_measured.json");
-    let r = fx["rows"]
+    let r = traced_row("OOMPROBE_LORA_TRACE", "finetune/lora_measured.json");
+    let mut w = lora_workload(&r);
+    w.step = StepKind::First;
+    w.optimizer_impl = Some(OptimizerImpl::Foreach);
+    print_trace(&w);
+}
+
+/// The row of fixture `file` whose id the environment variable `var` names (the trace aids).
+fn traced_row(var: &str, file: &str) -> Value {
+    let id = std::env::var(var).unwrap_or_else(|_| panic!("{var}=<row id>"));
+    load(file)["rows"]
         .as_array()
         .unwrap()
         .iter()
         .find(|r| r["id"] == id.as_str())
-        .unwrap_or_else(|| panic!("no row {id}"));
-    let mut w = lora_workload(r);
-    w.step = StepKind::First;
-    w.optimizer_impl = Some(OptimizerImpl::Foreach);
-    print_trace(&w);
+        .unwrap_or_else(|| panic!("no row {id}"))
+        .clone()
 }
 
 /// The plan's events of `w` with the live bytes after each (see `lora_row_trace`).
@@ -841,21 +852,7 @@ fn optimizer_checks(holdout: bool) -> Vec<Check> {
             w.step = step;
             let p = Plan::for_workload(&w).unwrap();
             p.check_timeline().unwrap();
-            let peak = p.peak();
-            out.push(Check {
-                row: id.clone(),
-                what: format!("train {key}"),
-                measured: u(r, &format!("{key}_peak_bytes")),
-                estimated: peak.bytes,
-                tol: 0.02,
-                phases: Some((
-                    r[format!("{key}_peak_phase")]
-                        .as_str()
-                        .unwrap_or("")
-                        .to_string(),
-                    peak.phase.map_or("", |p| p.name()).to_string(),
-                )),
-            });
+            out.push(step_peak_check(&id, key, r, key, &p, 0.02));
         }
     }
     out
@@ -898,15 +895,8 @@ fn optimizer_holdout_rows_are_reproduced() {
 #[test]
 #[ignore]
 fn optimizer_row_trace() {
-    let id = std::env::var("OOMPROBE_OPTIMIZER_TRACE").expect("OOMPROBE_OPTIMIZER_TRACE=<row id>");
-    let fx = load("optimizers_measured.json");
-    let r = fx["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["id"] == id.as_str())
-        .unwrap_or_else(|| panic!("no row {id}"));
-    let mut w = optimizer_workload(r);
+    let r = traced_row("OOMPROBE_OPTIMIZER_TRACE", "optimizers_measured.json");
+    let mut w = optimizer_workload(&r);
     w.step = StepKind::First;
     print_trace(&w);
 }

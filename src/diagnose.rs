@@ -142,6 +142,11 @@ fn finetune_remedies(w: &Workload, memory: u64) -> Result<Vec<Remedy>, PlanError
     if !matches!(base.precision, Precision::Bf16 | Precision::Fp16) {
         base.precision = Precision::Bf16;
     }
+    // Adapters under torchtitan's op-level checkpointing are not modelled: PEFT's runs
+    // checkpoint whole layers.
+    if base.checkpoint == Checkpoint::Ops {
+        base.checkpoint = Checkpoint::Full;
+    }
     base.lora = Some(Lora {
         rank: 16,
         targets: Target::ALL.to_vec(),

@@ -335,6 +335,7 @@ pub fn describe(w: &Workload) -> String {
             Checkpoint::Full => s.push_str(", full checkpointing"),
             Checkpoint::Sqrt => s.push_str(", sqrt checkpointing"),
             Checkpoint::Every(k) => s.push_str(&format!(", checkpoint every {k}")),
+            Checkpoint::Ops => s.push_str(", op-level selective checkpointing"),
         }
         if w.dropout && !w.inference() {
             s.push_str(", dropout");

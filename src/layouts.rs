@@ -150,7 +150,9 @@ pub fn search(
     for c in &cands {
         let plan = match Plan::for_workload(c) {
             Ok(p) => p,
-            Err(PlanError::Overflow { .. }) => continue,
+            // A layout a setting is not modelled under (op-level checkpointing with tensor
+            // parallelism) is not offered.
+            Err(PlanError::Overflow { .. } | PlanError::Unsupported(_)) => continue,
             Err(e) => return Err(e),
         };
         let card = Card {

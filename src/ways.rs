@@ -195,7 +195,9 @@ fn candidates(w: &Workload, max_gpus: u64) -> Vec<(Candidate, u64)> {
 fn check(w: &Workload, card: &Card) -> Result<Option<Need>, PlanError> {
     let plan = match Plan::for_workload(w) {
         Ok(p) => p,
-        Err(PlanError::Overflow { .. }) => return Ok(None),
+        // A way a setting is not modelled under (op-level checkpointing under autocast) is not
+        // offered.
+        Err(PlanError::Overflow { .. } | PlanError::Unsupported(_)) => return Ok(None),
         Err(e) => return Err(e),
     };
     let usable = card.usable();

@@ -693,11 +693,13 @@ def analyse_profile(prof, baseline: int, tagged: dict[str, tuple[set[int], tuple
     freed_pre_step = 0
     freed_pre_at_peak = 0
     phase_peaks: dict[str, int] = {}
+    phase_starts: dict[str, int] = {}
     for i, n in enumerate(allocs):
         ef = n.extra_fields
         size = ef.alloc_size
         cum += size
         ph = phase_at(n.start_time_ns)
+        phase_starts.setdefault(ph, cum - size)
         if size > 0:
             live[ef.ptr] = (size, n, ph)
         else:
@@ -748,6 +750,9 @@ def analyse_profile(prof, baseline: int, tagged: dict[str, tuple[set[int], tuple
         "baseline_freed_before_peak_bytes": freed_pre_at_peak,
         "top_live_allocations_at_peak": [{"what": k, "bytes": v} for k, v in top_ops],
         "phase_max_bytes": {ph: baseline + v for ph, v in phase_peaks.items()},
+        # what was live when the phase's first allocator event came (its start, give or take
+        # frees before that event)
+        "phase_start_bytes": {ph: baseline + v for ph, v in phase_starts.items()},
         "events": len(allocs),
     }
 

@@ -77,6 +77,8 @@ LORA_ALPHA = 16
 BASE = dict(M.LLAMA, model="llama-gqa-lora-mini", vocab=1024, seq=192, batch=2, max_positions=1024,
             dropout=0.0, use_cache=False, precision="fp32")
 PREFIX = "base_model.model."
+# Extra keywords for torch.utils.checkpoint.checkpoint (measure_sac.py sets a context_fn).
+GC_EXTRA: dict = {}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -202,7 +204,7 @@ def build(row: dict):
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
     model, head = M.build_model(row)
-    gc_kwargs = {"use_reentrant": False}
+    gc_kwargs = {"use_reentrant": False, **GC_EXTRA}
     if row["method"] == "full":
         if row["grad_ckpt"]:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gc_kwargs)

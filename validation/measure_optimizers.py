@@ -87,6 +87,8 @@ def rows() -> list[dict]:
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter]):
     """(optimizer or None, per-parameter optimizers or None)."""
+    if name == "adamw-forloop":
+        return torch.optim.AdamW(params, foreach=False), None
     if name.startswith("adafactor"):
         from transformers.optimization import Adafactor
 

@@ -178,8 +178,11 @@ impl Shape {
 }
 
 /// The share of the forward that `checkpoint` recomputes in backward over `layers` layers.
+/// Op-level selective checkpointing recomputes a LLaMA layer's k, o and up projections and no
+/// attention core: their share of the layer's matmul FLOPs per token (`ops_share`).
 pub fn recompute_share(checkpoint: Checkpoint, layers: u64) -> f64 {
     match checkpoint {
+        Checkpoint::Ops => 0.0,
         Checkpoint::None => 0.0,
         // checkpoint_sequential recomputes every segment: a whole forward.
         Checkpoint::Full | Checkpoint::Sqrt => 1.0,
@@ -190,6 +193,22 @@ pub fn recompute_share(checkpoint: Checkpoint, layers: u64) -> f64 {
                 (layers.div_ceil(u64::from(k)) as f64 / layers as f64).min(1.0)
             }
         }
+    }
+}
+
+/// The share of a LLaMA layer's forward FLOPs per token that torchtitan's op-level policy
+/// recomputes: k_proj, o_proj and up_proj, of the seven projections and the causal attention
+/// core (about 2·s·(query width) multiply-adds per token).
+fn ops_share(w: &Workload) -> f64 {
+    let (h, f, s) = (w.hidden as f64, w.ffn as f64, w.seq as f64);
+    let qw = (w.heads * w.head_dim()) as f64;
+    let kvw = (w.kv_heads() * w.head_dim()) as f64;
+    let recomputed = h * kvw + qw * h + h * f;
+    let all = 2.0 * h * qw + 2.0 * h * kvw + 3.0 * h * f + 2.0 * s * qw;
+    if all > 0.0 {
+        recomputed / all
+    } else {
+        0.0
     }
 }
 
@@ -243,7 +262,10 @@ pub fn shape_of(w: &Workload) -> Result<Shape, PlanError> {
         seq: w.seq,
         micro_batch: w.batch,
         accumulation: p.microbatches(),
-        recompute: recompute_share(w.checkpoint, w.layers),
+        recompute: match w.checkpoint {
+            Checkpoint::Ops => ops_share(w),
+            c => recompute_share(c, w.layers),
+        },
         half: !matches!(w.precision, Precision::Fp32),
         shard: if sharded { dp.max(1) } else { 1 },
         replicate: if sharded { 1 } else { dp.max(1) },

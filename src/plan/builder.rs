@@ -50,6 +50,10 @@ pub struct Builder {
     pub(crate) notes: Vec<String>,
     phase: Phase,
     live: u64,
+    /// Selective checkpointing's store: names whose free keeps the tensor instead.
+    stash_names: Vec<String>,
+    /// What the store holds, by name, until a push of that name takes it back.
+    stashed: Vec<(String, TensorIx)>,
 }
 
 impl Default for Builder {
@@ -61,6 +65,8 @@ impl Default for Builder {
             notes: Vec::new(),
             phase: Phase::Setup,
             live: 0,
+            stash_names: Vec::new(),
+            stashed: Vec::new(),
         }
     }
 }
@@ -83,6 +89,9 @@ impl Builder {
         shape: &[u64],
         row_elems: u64,
     ) -> Result<TensorIx, PlanError> {
+        if let Some(ix) = self.take_stashed(name, dtype, shape) {
+            return Ok(ix);
+        }
         let what = || {
             let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
             format!("tensor '{name}' [{}]", dims.join(" x "))
@@ -112,14 +121,50 @@ impl Builder {
         });
         Ok(ix)
     }
-    /// Free a live tensor now.
+    /// Free a live tensor now (unless the selective-checkpoint store keeps it).
     pub fn free(&mut self, ix: TensorIx) {
+        let name = &self.tensors[ix].name;
+        if self.stash_names.iter().any(|n| n == name) && !self.stashed.iter().any(|s| s.1 == ix) {
+            self.stashed.push((name.clone(), ix));
+            return;
+        }
         self.live = self.live.saturating_sub(self.tensors[ix].bytes);
         self.events.push(Event {
             phase: self.phase,
             kind: EventKind::Free(ix),
         });
     }
+    /// Selective activation checkpointing's store (`torch.utils.checkpoint`'s
+    /// `_CachingTorchDispatchMode` under a `MUST_SAVE` policy): from now on, until
+    /// `stash_end`, a tensor named in `names` is kept live when it is freed; the recomputation's
+    /// push of the same name (`_CachedTorchDispatchMode`) takes it back without allocating.
+    pub fn stash_begin(&mut self, names: Vec<String>) {
+        self.stash_names = names;
+    }
+
+    /// The store takes no more tensors (what it holds stays until taken back or `stash_free`).
+    pub fn stash_end(&mut self) {
+        self.stash_names.clear();
+    }
+
+    /// Free what the store still holds of `prefix` (a recomputation that did not take it).
+    pub fn stash_free(&mut self, prefix: &str) {
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.stashed)
+            .into_iter()
+            .partition(|(n, _)| n.starts_with(prefix));
+        self.stashed = kept;
+        self.free_all(gone.into_iter().map(|(_, ix)| ix));
+    }
+
+    /// The stored tensor of `name`, taken out of the store, when its type and shape match.
+    fn take_stashed(&mut self, name: &str, dtype: DType, shape: &[u64]) -> Option<TensorIx> {
+        let at = self.stashed.iter().position(|(n, ix)| {
+            let t = &self.tensors[*ix];
+            n == name && t.dtype == dtype && t.shape == shape
+        })?;
+        Some(self.stashed.swap_remove(at).1)
+    }
+
     /// Free several tensors now, in order.
     pub fn free_all(&mut self, ixs: impl IntoIterator<Item = TensorIx>) {
         for ix in ixs {

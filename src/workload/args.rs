@@ -73,7 +73,8 @@ pub struct WorkloadArgs {
     /// compare with a run on the CPU).
     #[arg(long, value_name = "D", allow_hyphen_values = true)]
     pub autocast_device: Option<String>,
-    /// none | full | sqrt | every:K
+    /// none | full | sqrt | every:K | ops (torchtitan's op-level selective checkpointing: each
+    /// layer checkpointed, its odd matmuls' and its attention kernel's outputs kept)
     #[arg(long, value_name = "C", allow_hyphen_values = true)]
     pub checkpoint: Option<String>,
     /// on | off: dropout masks stored for the backward pass.

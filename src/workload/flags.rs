@@ -162,6 +162,7 @@ pub fn parse_checkpoint(v: &str) -> Result<Checkpoint, CliError> {
         "none" | "off" => Ok(Checkpoint::None),
         "full" => Ok(Checkpoint::Full),
         "sqrt" => Ok(Checkpoint::Sqrt),
+        "ops" | "selective-op" => Ok(Checkpoint::Ops),
         _ => match l.strip_prefix("every:") {
             Some(k) => {
                 let k = parse_count(k)
@@ -173,7 +174,7 @@ pub fn parse_checkpoint(v: &str) -> Result<Checkpoint, CliError> {
             }
             None => Err(usage(
                 "checkpoint",
-                format!("unknown mode '{v}' (none, full, sqrt, every:K)"),
+                format!("unknown mode '{v}' (none, full, sqrt, every:K, ops)"),
             )),
         },
     }

@@ -203,6 +203,10 @@ pub enum Checkpoint {
     Full,
     Sqrt,
     Every(u32),
+    /// torchtitan's op-level selective checkpointing (`SelectiveAC`): every layer is
+    /// checkpointed, but the outputs of its odd-numbered matmuls and of its attention kernel
+    /// are kept from the forward (`plan::transformer::sac`).
+    Ops,
 }
 
 /// What the step is: a training step (forward, loss, backward, optimizer) or an inference

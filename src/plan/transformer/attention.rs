@@ -377,6 +377,13 @@ impl T<'_> {
                 }
             }
         };
+        if backend == SdpaBackend::Math && self.train && self.w.checkpoint == Checkpoint::Ops {
+            return Err(PlanError::Unsupported(
+                "--checkpoint ops is modelled for SDPA's flash and memory-efficient kernels; this \
+                 step falls back to the math kernel (fp32 with grouped heads, or dropout)"
+                    .into(),
+            ));
+        }
         let eager = self.w.attention == Attention::Naive;
         let qkv = if masked && g != a && backend != SdpaBackend::Math {
             // repeat_kv: expand + reshape, copies at the query heads.

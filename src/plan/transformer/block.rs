@@ -5,7 +5,7 @@ use super::{decoder, fsdp_layer, lora, Block, Frame, Mlp, T};
 use crate::plan::build::PlanError;
 use crate::plan::{Phase, Role, TensorIx};
 use crate::workload::layers::{BlockForm, Mixer, MlpSpec};
-use crate::workload::Target;
+use crate::workload::{Checkpoint, Target};
 
 impl T<'_> {
     /// One layer's forward reading `x`: its frames (the mixer's and the MLP's; a hybrid's
@@ -24,6 +24,11 @@ impl T<'_> {
     ) -> Result<(Vec<Frame>, TensorIx), PlanError> {
         self.saving = saving;
         self.live_in = self.live;
+        // torchtitan's selective checkpointing keeps some of a checkpointed layer's outputs.
+        let stash = !saving && self.train && self.w.checkpoint == Checkpoint::Ops;
+        if stash {
+            self.b.stash_begin(super::sac::kept(i));
+        }
         self.enter_layer(i);
         self.unshard_layer(i)?;
         let (has_mixer, has_mlp) = self.layer.map_or((true, true), |l| {
@@ -72,6 +77,9 @@ impl T<'_> {
         }
         let tail = std::mem::take(&mut self.layer_tail);
         self.b.free_all(tail);
+        if stash {
+            self.b.stash_end();
+        }
         // FSDP2 reshards after the forward (not after a recomputation in backward).
         if self.b.current_phase() != Phase::Backward && !self.w.parallel.keeps_unsharded() {
             self.reshard(&format!("L{i}"));

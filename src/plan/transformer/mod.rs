@@ -105,6 +105,7 @@ mod moe;
 mod phi3;
 mod qwen;
 mod recurrent;
+mod sac;
 mod sample;
 pub mod spec;
 mod step;
@@ -622,7 +623,7 @@ fn ordinal(k: u64) -> String {
 pub fn segment(checkpoint: Checkpoint, layers: u64) -> Option<u64> {
     match checkpoint {
         Checkpoint::None => None,
-        Checkpoint::Full => Some(1),
+        Checkpoint::Full | Checkpoint::Ops => Some(1),
         Checkpoint::Every(k) => Some(u64::from(k).max(1)),
         Checkpoint::Sqrt => {
             let mut r = (layers as f64).sqrt().ceil() as u64;

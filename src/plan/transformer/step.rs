@@ -8,7 +8,7 @@ use crate::plan::build::{prod, Builder, PlanError};
 use crate::plan::params::{self, residual_dtype, States};
 use crate::plan::{DType, Phase, Role, Step, TensorIx};
 use crate::workload::parallel::{Stage, TpHead};
-use crate::workload::{Attention, Precision, Workload};
+use crate::workload::{Attention, Checkpoint, Precision, Workload};
 
 /// What the forward leaves for the phases after it.
 pub(super) struct Fwd {
@@ -103,6 +103,9 @@ impl<'a> T<'a> {
         stage: &Stage,
     ) -> Result<Self, PlanError> {
         let spec = spec_of(w)?;
+        if w.checkpoint == Checkpoint::Ops && !w.inference() {
+            super::sac::allowed(w, &spec)?;
+        }
         let (qw, kvw, d) = widths(w)?;
         let train = !w.inference();
         // A quantized base in training runs in fp32 around its 4-bit matmuls: PEFT's
@@ -454,6 +457,9 @@ impl<'a> T<'a> {
             let kept = fr.iter().any(|f| f.saved.contains(&x));
             while let Some(f) = fr.pop() {
                 g = self.backward(f, g)?;
+            }
+            for i in from..to {
+                self.b.stash_free(&format!("L{i}."));
             }
             if !kept {
                 self.b.free(x);

@@ -830,3 +830,57 @@ fn eager_module_loading_holds_more_outside_pytorch() {
         u(&lazy, "/non_pytorch_bytes")
     );
 }
+
+/// `--checkpoint ops` (torchtitan's op-level selective checkpointing) saves between full
+/// checkpointing and none: each layer's input plus its odd matmuls' and its attention's
+/// outputs. Where it is not modelled it says so in one line.
+#[test]
+fn selective_checkpointing_saves_between_full_and_none() {
+    let saved = |c: &str| {
+        let args = [
+            "estimate",
+            "--model",
+            "llama3-8b",
+            "--batch",
+            "1",
+            "--seq",
+            "4096",
+            "--precision",
+            "bf16",
+            "--checkpoint",
+            c,
+        ];
+        u(&json(&args), "/timeline/saved_bytes")
+    };
+    let (none, full, ops) = (saved("none"), saved("full"), saved("ops"));
+    assert!(
+        full < ops && ops < none,
+        "full {full} ops {ops} none {none}"
+    );
+    // Per layer: the input (h), q_proj (h), v_proj (kv width), the attention's output (h) and
+    // logsumexp (fp32 per head and row), gate (ffn), down_proj's output (h); bf16, s = 4096.
+    let (s, h, kv, f, a) = (4096u64, 4096, 1024, 14336, 32);
+    let per_layer = 2 * s * (4 * h + kv + f) + 4 * a * s;
+    let extra = ops - full;
+    let want = 32 * (per_layer - 2 * s * h);
+    assert!(
+        extra.abs_diff(want) * 100 < want,
+        "ops keeps {extra} more than full; the layers' stored outputs are {want}"
+    );
+    fails_with_one_line(
+        &["estimate", "--model", "gpt2", "--checkpoint", "ops"],
+        "--checkpoint ops",
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "llama3-8b",
+            "--checkpoint",
+            "ops",
+            "--lora",
+            "8",
+        ],
+        "--checkpoint ops",
+    );
+}

@@ -23,8 +23,9 @@ fn rows() -> Vec<Value> {
     fx["rows"].as_array().unwrap().clone()
 }
 
-/// The plan's peak for a row's flags.
-fn predicted(flags: &str) -> u64 {
+/// The plan's peak for a row's flags (`tensors_peak`), or the caching allocator's reserved peak
+/// over two steps (`reserved_peak`).
+fn predicted(flags: &str, compare: &str) -> u64 {
     let args: Vec<&str> = std::iter::once("x")
         .chain(flags.split_whitespace())
         .collect();
@@ -32,7 +33,15 @@ fn predicted(flags: &str) -> u64 {
     let w = oomprobe::resolve::resolve(&a.w, "gpt2")
         .unwrap_or_else(|e| panic!("{flags}: {e}"))
         .workload;
-    Plan::for_workload(&w).unwrap().peak().bytes
+    let plan = Plan::for_workload(&w).unwrap();
+    match compare {
+        "tensors_peak" => plan.peak().bytes,
+        "reserved_peak" => {
+            let conf = oomprobe::alloc::AllocConf::default();
+            oomprobe::alloc::timeline::replay(&plan, &conf, None, 2, false).reserved_peak_bytes
+        }
+        other => panic!("{flags}: compare {other}"),
+    }
 }
 
 #[test]
@@ -43,13 +52,12 @@ fn published_rows_hold_or_stay_in_their_known_gap() {
     let mut held = 0;
     for r in &rows {
         let id = r["id"].as_str().unwrap();
-        assert_eq!(r["compare"], "tensors_peak", "{id}");
         assert!(
             r["source"].as_str().unwrap().starts_with("https://"),
             "{id}"
         );
         let published = r["published_bytes"].as_u64().unwrap();
-        let got = predicted(r["flags"].as_str().unwrap());
+        let got = predicted(r["flags"].as_str().unwrap(), r["compare"].as_str().unwrap());
         let err = (got as f64 - published as f64) / published as f64;
         let (lo, hi) = match r["expect"].as_str().unwrap() {
             "holds" => {
@@ -74,4 +82,25 @@ fn published_rows_hold_or_stay_in_their_known_gap() {
     }
     assert!(held >= 3, "{held} rows hold");
     assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// Developer aid: `cargo test --test it published_table -- --ignored --nocapture` prints every
+/// row's published figure beside the plan's.
+#[test]
+#[ignore]
+fn published_table() {
+    println!("| row | counter | published GiB | planned GiB | error |\n|---|---|---:|---:|---:|");
+    for r in rows() {
+        let published = r["published_bytes"].as_u64().unwrap();
+        let compare = r["compare"].as_str().unwrap();
+        let got = predicted(r["flags"].as_str().unwrap(), compare);
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        println!(
+            "| {} | {compare} | {:.2} | {:.2} | {:+.2} % |",
+            r["id"].as_str().unwrap(),
+            gib(published),
+            gib(got),
+            (got as f64 - published as f64) / published as f64 * 100.0
+        );
+    }
 }

@@ -123,6 +123,18 @@ pub fn allocate(
     elems: u64,
     row_elems: u64,
 ) -> Result<DeviceTensor, AllocError> {
+    allocate_on(backend, name, dtype, elems, row_elems, 0)
+}
+
+/// `allocate` from `stream`'s pool (see `Backend::alloc_buffer_on`).
+fn allocate_on(
+    backend: &mut dyn Backend,
+    name: &str,
+    dtype: DType,
+    elems: u64,
+    row_elems: u64,
+    stream: i64,
+) -> Result<DeviceTensor, AllocError> {
     let layout = plan_chunks(
         elems,
         dtype.bytes(),
@@ -131,7 +143,7 @@ pub fn allocate(
     )?;
     let mut chunks = Vec::with_capacity(layout.len());
     for l in layout {
-        match backend.alloc_buffer(l.bytes) {
+        match backend.alloc_buffer_on(l.bytes, stream) {
             Ok(buffer) => chunks.push(Chunk {
                 buffer,
                 first_elem: l.first_elem,
@@ -160,12 +172,13 @@ pub fn allocate_tensor(
     backend: &mut dyn Backend,
     spec: &TensorSpec,
 ) -> Result<DeviceTensor, AllocError> {
-    allocate(
+    allocate_on(
         backend,
         &spec.name,
         spec.dtype,
         spec.elems(),
         spec.row_elems,
+        spec.stream.id(),
     )
 }
 

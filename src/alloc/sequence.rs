@@ -141,7 +141,12 @@ pub fn replay(
                     if live[t].is_some() {
                         continue;
                     }
-                    match a.malloc(&mut dev, plan.tensors[t].bytes, 0, None) {
+                    match a.malloc(
+                        &mut dev,
+                        plan.tensors[t].bytes,
+                        plan.tensors[t].stream.id(),
+                        None,
+                    ) {
                         Ok(id) => {
                             live[t] = Some(id);
                             if e.phase == Phase::Setup {

@@ -146,7 +146,12 @@ pub fn replay(
                     if live[t].is_some() {
                         continue;
                     }
-                    match a.malloc(&mut dev, plan.tensors[t].bytes, 0, None) {
+                    match a.malloc(
+                        &mut dev,
+                        plan.tensors[t].bytes,
+                        plan.tensors[t].stream.id(),
+                        None,
+                    ) {
                         Ok(id) => live[t] = Some(id),
                         Err(oom) => {
                             out.failure = Some(Failure::at(plan, step, i, t, capacity, oom));

@@ -232,6 +232,13 @@ pub trait Backend {
     /// Allocate one buffer of `bytes` (at most `info().max_chunk_bytes()`), contents undefined.
     /// Must return `OutOfMemory` when the device refuses, never panic.
     fn alloc_buffer(&mut self, bytes: u64) -> Result<BufferId, AllocError>;
+    /// `alloc_buffer` from `stream`'s pool (`plan::Stream::id`): a backend that pools freed
+    /// blocks per stream (`pooled`, as PyTorch's caching allocator) keeps them apart; the
+    /// others allocate alike whatever the stream.
+    fn alloc_buffer_on(&mut self, bytes: u64, stream: i64) -> Result<BufferId, AllocError> {
+        let _ = stream;
+        self.alloc_buffer(bytes)
+    }
     /// Release a buffer. Freeing an unknown id is a no-op.
     fn free_buffer(&mut self, id: BufferId);
     /// Copy host bytes into a buffer at `offset`.

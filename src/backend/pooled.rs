@@ -222,6 +222,10 @@ impl Backend for PooledBackend {
     }
 
     fn alloc_buffer(&mut self, bytes: u64) -> Result<BufferId, AllocError> {
+        self.alloc_buffer_on(bytes, 0)
+    }
+
+    fn alloc_buffer_on(&mut self, bytes: u64, stream: i64) -> Result<BufferId, AllocError> {
         if bytes > self.info.max_chunk_bytes() {
             return Err(AllocError::ExceedsLimit {
                 requested: bytes,
@@ -229,7 +233,7 @@ impl Backend for PooledBackend {
             });
         }
         self.seg.refused = None;
-        let block = match self.alloc.malloc(&mut self.seg, bytes, 0, None) {
+        let block = match self.alloc.malloc(&mut self.seg, bytes, stream, None) {
             Ok(b) => b,
             Err(oom) => return Err(self.refusal(bytes, &oom)),
         };

@@ -113,6 +113,7 @@ impl Builder {
             shape: shape.to_vec(),
             bytes,
             row_elems: row_elems.max(1),
+            stream: Default::default(),
         });
         let ix = self.tensors.len() - 1;
         self.events.push(Event {
@@ -120,6 +121,10 @@ impl Builder {
             kind: EventKind::Alloc(ix),
         });
         Ok(ix)
+    }
+    /// Tensor `ix` is allocated on `stream` (its pool in the caching allocator).
+    pub fn on_stream(&mut self, ix: TensorIx, stream: super::Stream) {
+        self.tensors[ix].stream = stream;
     }
     /// Free a live tensor now (unless the selective-checkpoint store keeps it).
     pub fn free(&mut self, ix: TensorIx) {

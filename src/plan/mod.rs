@@ -98,6 +98,40 @@ pub struct TensorSpec {
     /// Elements in one row: chunks of a big tensor never split a row, so row-wise kernels
     /// (matmul rows, softmax, layer norm) work across chunk boundaries.
     pub row_elems: u64,
+    /// The CUDA stream whose context allocates it: the caching allocator keeps a pool per
+    /// stream, and a freed block is reused only by its own stream's allocations.
+    #[serde(default, skip_serializing_if = "Stream::is_compute")]
+    pub stream: Stream,
+}
+
+/// The streams a step allocates on (PyTorch's caching allocator: `Block::stream`, and
+/// `get_free_block` searches the allocating stream's blocks only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    /// The default (compute) stream: activations, parameters, gradients, optimizer state.
+    #[default]
+    Compute,
+    /// FSDP2's all-gather copy-in stream: each unit's all-gather input and output
+    /// (`foreach_all_gather` under `all_gather_copy_in_stream`).
+    AllGather,
+    /// FSDP2's reduce-scatter stream: each unit's reduce-scatter output, which the sharded
+    /// gradients are views of (`foreach_reduce`, `reduce_output` under `reduce_scatter_stream`).
+    ReduceScatter,
+}
+
+impl Stream {
+    /// The stream id the allocator model keys its pools by.
+    pub fn id(self) -> i64 {
+        match self {
+            Stream::Compute => 0,
+            Stream::AllGather => 1,
+            Stream::ReduceScatter => 2,
+        }
+    }
+    pub fn is_compute(&self) -> bool {
+        *self == Stream::Compute
+    }
 }
 
 impl TensorSpec {

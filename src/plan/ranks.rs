@@ -308,6 +308,7 @@ fn renamed(t: &TensorSpec, prefix: &str, suffix: &str) -> TensorSpec {
         shape: t.shape.clone(),
         bytes: t.bytes,
         row_elems: t.row_elems,
+        stream: t.stream,
     }
 }
 

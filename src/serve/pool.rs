@@ -63,6 +63,7 @@ pub fn probe_plan(w: &Workload, total: u64) -> Result<(Plan, ServeSizing, Pool),
                 shape: vec![k, row],
                 bytes: k * z.page_bytes_per_layer,
                 row_elems: row,
+                stream: Default::default(),
             });
             plan.events.push(Event {
                 phase: Phase::Forward,

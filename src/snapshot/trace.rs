@@ -130,6 +130,7 @@ impl Trace {
                 shape: vec![a.bytes],
                 bytes: a.bytes,
                 row_elems: 1,
+                stream: Default::default(),
             })
             .collect();
         let events = self

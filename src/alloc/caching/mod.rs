@@ -6,9 +6,11 @@
 //! then every unsplit cached segment, retry) and expandable segments mapped in pages.
 //!
 //! Segments come from a [`Device`]: a modelled card (`estimate`), a trace's recorded addresses
-//! (snapshot replay) or a real backend (`probe --allocator pytorch`). Streams are numbers; CUDA
-//! graph private pools are pool ids. Cross-stream uses (`record_stream`, events) are not
-//! modelled: a free is completed at once, as on a single stream.
+//! (snapshot replay) or a real backend (`probe --allocator pytorch`). Streams are numbers, each
+//! with its own free blocks (a plan's tensors carry theirs: FSDP2's all-gather and
+//! reduce-scatter outputs; `plan::Stream`); CUDA graph private pools are pool ids.
+//! `record_stream` and its deferred frees are not modelled: a free is completed at once (FSDP2
+//! holds its buffers itself until the next collective, which its plan follows).
 //!
 //! The allocator is here; `expandable` maps expandable segments in pages, `release` gives
 //! cached segments back, `alloc::sizes` holds the sizes it rounds to and `alloc::device` the

@@ -114,6 +114,7 @@ impl States {
             &[out_elems.max(1)],
             out_elems.clamp(1, 4096),
         )?;
+        b.on_stream(out, crate::plan::Stream::ReduceScatter);
         // FSDP2 keeps a unit's reduce-scatter input until the next unit's reduce-scatter has
         // been waited on; the last one until the backward is finalized (`finalize_backward`).
         if let Some(prev) = self.rs_kept.replace(input) {

@@ -492,6 +492,7 @@ impl T<'_> {
             &[elems],
             elems.clamp(1, 4096),
         )?;
+        self.b.on_stream(flat, crate::plan::Stream::AllGather);
         let t = self.b.push(
             &format!("fsdp.unsharded.{unit}"),
             Role::Params,

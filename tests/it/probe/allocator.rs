@@ -147,3 +147,36 @@ fn every_tensor_byte_is_written_and_read_back_inside_shared_segments() {
     assert_eq!(s.allocated, 0, "every block freed at the end");
     assert!(s.segments >= 1 && s.reserved >= SMALL_SEGMENT);
 }
+
+/// FSDP2's all-gather and reduce-scatter outputs come from their own streams' pools (`Stream`):
+/// the model reserves more than one shared pool would, and the probe's pooled backend holds
+/// the segments the model says.
+#[test]
+fn fsdp_streams_keep_their_own_pools_in_the_model_and_the_probe() {
+    use oomprobe::plan::Stream;
+    use oomprobe::workload::parallel::Fsdp;
+    let mut w = presets::get("tiny-gpt").unwrap();
+    w.gpus = 2;
+    w.parallel.fsdp = Some(Fsdp::Full);
+    let p = Plan::for_value(&w, Scenario::Batch, 16).unwrap();
+    for s in [Stream::AllGather, Stream::ReduceScatter] {
+        assert!(p.tensors.iter().any(|t| t.stream == s), "{s:?}");
+    }
+    let conf = AllocConf::default();
+    let split = timeline::replay(&p, &conf, None, timeline::STEPS, false);
+    let mut one = p.clone();
+    for t in &mut one.tensors {
+        t.stream = Stream::Compute;
+    }
+    let shared = timeline::replay(&one, &conf, None, timeline::STEPS, false);
+    assert!(
+        split.reserved_peak_bytes > shared.reserved_peak_bytes,
+        "per-stream pools {} vs one pool {}",
+        split.reserved_peak_bytes,
+        shared.reserved_peak_bytes
+    );
+    let extra = if has_small(&p) { 0 } else { SMALL_SEGMENT };
+    let rec = execute_plan(&mut pooled(1 << 34, &conf), &p, Compute::Touch);
+    assert_eq!(rec.outcome, Outcome::Fit, "{:?}", rec.detail);
+    assert_eq!(rec.bytes_allocated, split.reserved_peak_bytes + extra);
+}

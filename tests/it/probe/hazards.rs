@@ -34,6 +34,7 @@ fn stack_plan(n: usize, each: u64) -> Plan {
             shape: vec![each / 4],
             bytes: each,
             row_elems: 1,
+            stream: Default::default(),
         })
         .collect();
     let alloc = (0..n).map(|t| Event {

@@ -177,12 +177,13 @@ impl Shape {
     }
 }
 
-/// The share of the forward that `checkpoint` recomputes in backward over `layers` layers.
-/// Op-level selective checkpointing recomputes a LLaMA layer's k, o and up projections and no
-/// attention core: their share of the layer's matmul FLOPs per token (`ops_share`).
-pub fn recompute_share(checkpoint: Checkpoint, layers: u64) -> f64 {
-    match checkpoint {
-        Checkpoint::Ops => 0.0,
+/// The share of `w`'s forward that its checkpointing recomputes in backward. Op-level
+/// selective checkpointing recomputes a LLaMA layer's k, o and up projections and no attention
+/// core: their share of the layer's matmul FLOPs per token (`ops_share`).
+pub fn recompute_share(w: &Workload) -> f64 {
+    let layers = w.layers;
+    match w.checkpoint {
+        Checkpoint::Ops => ops_share(w),
         Checkpoint::None => 0.0,
         // checkpoint_sequential recomputes every segment: a whole forward.
         Checkpoint::Full | Checkpoint::Sqrt => 1.0,
@@ -262,10 +263,7 @@ pub fn shape_of(w: &Workload) -> Result<Shape, PlanError> {
         seq: w.seq,
         micro_batch: w.batch,
         accumulation: p.microbatches(),
-        recompute: match w.checkpoint {
-            Checkpoint::Ops => ops_share(w),
-            c => recompute_share(c, w.layers),
-        },
+        recompute: recompute_share(w),
         half: !matches!(w.precision, Precision::Fp32),
         shard: if sharded { dp.max(1) } else { 1 },
         replicate: if sharded { 1 } else { dp.max(1) },
@@ -326,8 +324,17 @@ mod tests {
 
     #[test]
     fn every_kth_layer_recomputes_its_share() {
-        assert_eq!(recompute_share(Checkpoint::Every(2), 32), 0.5);
-        assert_eq!(recompute_share(Checkpoint::None, 32), 0.0);
-        assert_eq!(recompute_share(Checkpoint::Full, 32), 1.0);
+        let mut w = crate::workload::presets::get("llama3-8b").expect("a preset");
+        let mut share = |c| {
+            w.checkpoint = c;
+            recompute_share(&w)
+        };
+        assert_eq!(share(Checkpoint::Every(2)), 0.5);
+        assert_eq!(share(Checkpoint::None), 0.0);
+        assert_eq!(share(Checkpoint::Full), 1.0);
+        // k (1024 wide), o (4096) and up (14336) of q, k, v, o, gate, up, down and the
+        // attention core at s 2048: between a quarter and a half of a whole forward.
+        let ops = share(Checkpoint::Ops);
+        assert!(ops > 0.25 && ops < 0.5, "{ops}");
     }
 }

@@ -289,6 +289,9 @@ pub fn describe(w: &Workload) -> String {
         if w.optimizer_in_backward {
             s.push_str(", stepped in the backward");
         }
+        if !w.float8.is_off() {
+            s.push_str(&format!(", float8 {}", w.float8.name()));
+        }
     }
     if let Some(q) = &w.quant {
         s.push_str(&format!(

@@ -117,6 +117,29 @@ def dropout_mode(cuda_like: bool):
 # ----------------------------------------------------------------------------------------------
 
 
+def write_fixture(path: str, schema_version: int, method: str, threads: int, seconds: float,
+                  rows: list[dict], **versions: str) -> None:
+    """Write a measuring script's fixture: its schema, when, the versions (torch, transformers,
+    python and any given), the device (cpu), threads, the script's docstring, seconds, rows."""
+    import transformers
+
+    doc = {
+        "schema_version": schema_version,
+        "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     **versions, "python": platform.python_version()},
+        "device": "cpu",
+        "threads": threads,
+        "method": method,
+        "seconds": round(seconds, 1),
+        "rows": rows,
+    }
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    print(f"wrote {path} ({len(rows)} rows, {doc['seconds']} s)")
+
+
 def storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 

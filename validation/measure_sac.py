@@ -30,10 +30,7 @@ was fitted on the others, and compared once.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import os
-import platform
 import re
 import sys
 import time
@@ -147,7 +144,6 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    import transformers
 
     sel = [r for r in rows() if re.search(args.only, r["id"])]
     t0 = time.time()
@@ -163,21 +159,7 @@ def main(argv=None) -> int:
                 counts[op] += 1
             print("    saved per layer:", dict(counts), flush=True)
         measured.append(m)
-    doc = {
-        "schema_version": SCHEMA_VERSION,
-        "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": platform.python_version()},
-        "device": "cpu",
-        "threads": args.threads,
-        "method": __doc__,
-        "seconds": round(time.time() - t0, 1),
-        "rows": measured,
-    }
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    print(f"wrote {args.out} ({len(measured)} rows, {doc['seconds']} s)")
+    M.write_fixture(args.out, SCHEMA_VERSION, __doc__, args.threads, time.time() - t0, measured)
     return 0
 
 

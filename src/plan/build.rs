@@ -91,6 +91,31 @@ fn in_backward_allowed(w: &Workload) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// Where torchao's float8 training is planned: decoder LLMs with dense layers, trained (or run)
+/// in bf16 (`--precision bf16`, or `amp-bf16` under FSDP2's mixed precision, as torchtitan),
+/// the whole model (no adapters or quantized base); the float8 all-gather under FSDP.
+fn float8_allowed(w: &Workload) -> Result<(), PlanError> {
+    use crate::workload::{Float8, Precision};
+    let refuse = |why: &str| Err(PlanError::Unsupported(format!("--float8 {why}")));
+    let bf16 = w.precision == Precision::Bf16
+        || (w.precision == Precision::AmpBf16 && w.parallel.fsdp.is_some());
+    if !w.is_decoder_llm() || w.moe.is_some() {
+        return refuse(
+            "is planned for the dense decoder LLMs (torchao converts their layers' nn.Linear)",
+        );
+    }
+    if !bf16 {
+        return refuse("is planned in bf16 (--precision bf16, or amp-bf16 with --fsdp: FSDP2's bf16 mixed precision)");
+    }
+    if w.lora.is_some() || w.quant.is_some() {
+        return refuse("is planned for training the whole model (no adapters or quantized base)");
+    }
+    if w.float8 == Float8::TensorwiseAllGather && w.parallel.fsdp.is_none() {
+        return refuse("tensorwise-all-gather is FSDP2's float8 all-gather: it needs --fsdp");
+    }
+    Ok(())
+}
+
 pub fn validate(w: &Workload) -> Result<(), PlanError> {
     let need = |v: u64, what: &str| {
         if v == 0 {
@@ -114,6 +139,10 @@ pub fn validate(w: &Workload) -> Result<(), PlanError> {
     }
     if w.optimizer_in_backward && !w.inference() {
         in_backward_allowed(w)?;
+    }
+    // (A bare parameter count, the params scenario's model, has no linears to convert.)
+    if !w.float8.is_off() && w.arch != Arch::Dense {
+        float8_allowed(w)?;
     }
     match w.arch {
         Arch::Dense => {

@@ -113,6 +113,10 @@ pub struct WorkloadArgs {
     /// soon as its gradient is made, and frees that gradient.
     #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
     pub optimizer_in_backward: Option<String>,
+    /// off | tensorwise | tensorwise-all-gather | rowwise: torchao's float8 training of the
+    /// decoder layers' linears (tensorwise-all-gather: FSDP2 gathers their weights in float8).
+    #[arg(long, value_name = "F", allow_hyphen_values = true)]
+    pub float8: Option<String>,
     /// lazy | eager: how the CUDA stack loads its kernels (CUDA_MODULE_LOADING); eager (PyTorch
     /// before 1.13, CUDA before 11.7) holds about 1 GiB more outside PyTorch on a --gpu card.
     #[arg(long, value_name = "lazy|eager", allow_hyphen_values = true)]
@@ -186,6 +190,7 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         step,
         optimizer_impl,
         optimizer_in_backward,
+        float8,
         cuda_modules,
         gelu,
         kv_cache,

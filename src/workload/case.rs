@@ -80,7 +80,7 @@ impl CaseFile {
 pub const MAX_EXPECTS: usize = 256;
 
 /// Workload keys of a case file and how each is typed.
-const STRING_KEYS: [&str; 14] = [
+const STRING_KEYS: [&str; 15] = [
     "precision",
     "optimizer",
     "attention",
@@ -95,6 +95,7 @@ const STRING_KEYS: [&str; 14] = [
     "gelu",
     "autocast_device",
     "cuda_modules",
+    "float8",
 ];
 const NUMBER_KEYS: [&str; 14] = [
     "batch",
@@ -133,6 +134,7 @@ fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
         "kv_cache" => &mut args.kv_cache,
         "optimizer_in_backward" => &mut args.optimizer_in_backward,
         "cuda_modules" => &mut args.cuda_modules,
+        "float8" => &mut args.float8,
         "mode" => &mut args.mode,
         "grads" => &mut args.grads,
         "outputs" => &mut args.outputs,

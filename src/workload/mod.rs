@@ -300,6 +300,36 @@ pub enum OptimizerImpl {
     ForLoop,
 }
 
+/// torchao's float8 training (`--float8`): each decoder layer's `nn.Linear` a `Float8Linear`
+/// (the head left in the compute type, as torchtitan's `filter_fqns = ["output"]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Float8 {
+    #[default]
+    Off,
+    /// One scale per tensor (`Float8LinearConfig.from_recipe_name("tensorwise")`).
+    Tensorwise,
+    /// Tensorwise with FSDP2 all-gathering the weights in float8
+    /// (`enable_fsdp_float8_all_gather`).
+    TensorwiseAllGather,
+    /// One scale per row (`"rowwise"`).
+    Rowwise,
+}
+
+impl Float8 {
+    pub fn is_off(&self) -> bool {
+        *self == Float8::Off
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Float8::Off => "off",
+            Float8::Tensorwise => "tensorwise",
+            Float8::TensorwiseAllGather => "tensorwise-all-gather",
+            Float8::Rowwise => "rowwise",
+        }
+    }
+}
+
 /// `CUDA_MODULE_LOADING` (`--cuda-modules`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -392,6 +422,9 @@ pub struct Workload {
     /// outlives its own update).
     #[serde(default, skip_serializing_if = "is_false")]
     pub optimizer_in_backward: bool,
+    /// torchao's float8 training (`convert_to_float8_training`) of the decoder layers' linears.
+    #[serde(default, skip_serializing_if = "Float8::is_off")]
+    pub float8: Float8,
     #[serde(default)]
     pub gelu: Gelu,
     /// Hugging Face's `use_cache` left on in training: each layer's key and value are kept in

@@ -233,6 +233,23 @@ fn apply_numerics(
             }
         };
     }
+    if let Some(v) = &args.float8 {
+        w.float8 = match v.to_ascii_lowercase().as_str() {
+            "off" | "none" => super::Float8::Off,
+            "tensorwise" => super::Float8::Tensorwise,
+            "tensorwise-all-gather" => super::Float8::TensorwiseAllGather,
+            "rowwise" => super::Float8::Rowwise,
+            _ => {
+                return Err(usage(
+                    "float8",
+                    format!(
+                        "expected off, tensorwise, tensorwise-all-gather or rowwise, not '{}'",
+                        v.escape_debug()
+                    ),
+                ))
+            }
+        };
+    }
     if let Some(v) = &args.optimizer_in_backward {
         w.optimizer_in_backward = parse_dropout(v).map_err(|_| {
             usage(

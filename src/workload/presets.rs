@@ -82,6 +82,7 @@ pub fn base(name: &str, arch: Arch) -> Workload {
         step: StepKind::Steady,
         optimizer_impl: None,
         optimizer_in_backward: false,
+        float8: Default::default(),
         cuda_modules: Default::default(),
         gelu: Gelu::Fused,
         kv_cache: false,

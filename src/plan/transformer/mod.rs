@@ -473,13 +473,17 @@ impl T<'_> {
     /// output of the whole unit in the parameters' type (FSDP2's `foreach_all_gather`, copied
     /// out into the unsharded parameters).
     fn unshard(&mut self, unit: &str, elems: u64) -> Result<(), PlanError> {
-        if self.w.parallel.fsdp.is_none() || self.units.contains_key(unit) || elems == 0 {
-            return Ok(());
-        }
         // Under `amp-*`, FSDP2's MixedPrecisionPolicy(param_dtype=the 16-bit type,
         // reduce_dtype=fp32), as torchtitan sets it: the gathered parameters are 16-bit and
         // autocast has nothing to cast.
         let dt = self.ac.map_or(param_dtype(self.w.precision), |a| a.low);
+        self.unshard_as(unit, elems, dt)
+    }
+    /// `unshard` with the gathered unit `elems` elements of `dt`.
+    fn unshard_as(&mut self, unit: &str, elems: u64, dt: DType) -> Result<(), PlanError> {
+        if self.w.parallel.fsdp.is_none() || self.units.contains_key(unit) || elems == 0 {
+            return Ok(());
+        }
         // The flat all-gather output, copied out into the unsharded parameters. In forward
         // FSDP2 keeps it until the next unit's all-gather has been waited on (to overlap the
         // copy-out with it), the last one until the root's forward returns
@@ -519,6 +523,17 @@ impl T<'_> {
             return Ok(());
         }
         let e = layer_params(self.w)?;
+        if self.w.float8 == crate::workload::Float8::TensorwiseAllGather {
+            // torchao's float8 all-gather (`WeightWithDynamicFloat8CastTensor`'s
+            // `fsdp_pre_all_gather`): the linears' weights gathered in float8, one byte each;
+            // the norms in the 16-bit type. One byte-sized tensor of their sum.
+            let lin: u64 = count::linears(self.w)?
+                .iter()
+                .map(|l| l.out.saturating_mul(l.inp))
+                .fold(0, u64::saturating_add);
+            let bytes = lin.saturating_add(e.saturating_sub(lin).saturating_mul(2));
+            return self.unshard_as(&format!("L{i}"), bytes, DType::U8);
+        }
         self.unshard(&format!("L{i}"), e)
     }
     /// The backward begins: FSDP2's root pre-backward prefetches the last layer's all-gather.

@@ -884,3 +884,63 @@ fn selective_checkpointing_saves_between_full_and_none() {
         "--checkpoint ops",
     );
 }
+
+/// `--float8`: torchao's float8 training saves what bf16 saves; FSDP2's float8 all-gather
+/// gathers the layers' weights in one byte each, so a rank holds less; refused outside bf16 in
+/// one line.
+#[test]
+fn float8_all_gather_holds_less_and_bad_settings_are_refused() {
+    let peak = |f: &str| {
+        let args = [
+            "estimate",
+            "--model",
+            "llama3-8b",
+            "--batch",
+            "1",
+            "--seq",
+            "2048",
+            "--precision",
+            "amp-bf16",
+            "--fsdp",
+            "full",
+            "--gpus",
+            "8",
+            "--float8",
+            f,
+        ];
+        let v = json(&args);
+        (u(&v, "/breakdown/total"), u(&v, "/timeline/saved_bytes"))
+    };
+    let (off, off_saved) = peak("off");
+    let (tw, tw_saved) = peak("tensorwise");
+    let (ag, ag_saved) = peak("tensorwise-all-gather");
+    assert_eq!(off_saved, tw_saved);
+    assert_eq!(off_saved, ag_saved);
+    assert!(tw >= off, "tensorwise {tw} off {off}");
+    assert!(ag < tw, "all-gather {ag} tensorwise {tw}");
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "llama3-8b",
+            "--precision",
+            "fp32",
+            "--float8",
+            "rowwise",
+        ],
+        "--float8",
+    );
+    fails_with_one_line(
+        &[
+            "estimate",
+            "--model",
+            "llama3-8b",
+            "--precision",
+            "bf16",
+            "--float8",
+            "tensorwise-all-gather",
+        ],
+        "--fsdp",
+    );
+    fails_with_one_line(&["estimate", "--float8", "fp4"], "--float8");
+}

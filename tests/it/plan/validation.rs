@@ -974,6 +974,19 @@ fn live_at_backward(p: &Plan) -> u64 {
     at
 }
 
+/// A row of `tests/fixtures/sac_measured.json` as a workload: the small LLaMA, full or
+/// op-level checkpointing, for-loop AdamW.
+fn sac_workload(r: &Value) -> Workload {
+    use oomprobe::workload::Checkpoint;
+    let mut w = lora_workload(r);
+    w.checkpoint = match r["ckpt"].as_str().unwrap() {
+        "ops" => Checkpoint::Ops,
+        _ => Checkpoint::Full,
+    };
+    w.optimizer_impl = Some(OptimizerImpl::ForLoop);
+    w
+}
+
 /// The checks of `tests/fixtures/sac_measured.json` (`validation/measure_sac.py`): torchtitan's
 /// op-level selective checkpointing (and full checkpointing beside it) on the small LLaMA,
 /// full fine-tuning with for-loop AdamW, on the CPU. Per step: what is live when the backward
@@ -988,12 +1001,7 @@ fn sac_checks(holdout: bool) -> Vec<Check> {
             continue;
         }
         let id = r["id"].as_str().unwrap().to_string();
-        let mut w = lora_workload(r);
-        w.checkpoint = match r["ckpt"].as_str().unwrap() {
-            "ops" => Checkpoint::Ops,
-            _ => Checkpoint::Full,
-        };
-        w.optimizer_impl = Some(OptimizerImpl::ForLoop);
+        let w = sac_workload(r);
         assert_eq!(param_count(&w).unwrap(), u(r, "params_total"), "{id}");
         for (key, step) in [("first", StepKind::First), ("steady", StepKind::Steady)] {
             let mut w = w.clone();
@@ -1051,13 +1059,69 @@ fn sac_holdout_rows_are_reproduced() {
 #[test]
 #[ignore]
 fn sac_row_trace() {
-    use oomprobe::workload::Checkpoint;
     let r = traced_row("OOMPROBE_SAC_TRACE", "sac_measured.json");
-    let mut w = lora_workload(&r);
-    if r["ckpt"] == "ops" {
-        w.checkpoint = Checkpoint::Ops;
-    }
-    w.optimizer_impl = Some(OptimizerImpl::ForLoop);
+    let mut w = sac_workload(&r);
     w.step = StepKind::First;
     print_trace(&w);
+}
+
+/// The checks of `tests/fixtures/float8_measured.json` (`validation/measure_float8.py`):
+/// torchao 0.18's float8 training (tensorwise and rowwise, eager, CPU `_scaled_mm`) saves what
+/// bf16 saves, no float8 tensor among them, and the plan's step peaks with `--float8` are
+/// PyTorch's within 1 % where the peak is outside a linear (the head's loss and backward).
+fn float8_checks() -> Vec<Check> {
+    use oomprobe::workload::Float8;
+    let fx = load("float8_measured.json");
+    let rows = fx["rows"].as_array().unwrap();
+    let mut out = Vec::new();
+    for r in rows {
+        let id = r["id"].as_str().unwrap().to_string();
+        let recipe = r["float8"].as_str().unwrap();
+        let off = rows
+            .iter()
+            .find(|o| o["float8"] == "off" && o["seq"] == r["seq"] && o["layers"] == r["layers"])
+            .unwrap();
+        assert_eq!(r["saved_float8_count"], 0, "{id}: a float8 tensor saved");
+        assert_eq!(
+            r["saved_bytes"], off["saved_bytes"],
+            "{id}: saved bytes differ from bf16"
+        );
+        if recipe != "off" {
+            assert!(u(r, "float8_linears") > 0, "{id}: nothing converted");
+        }
+        let mut w = lora_workload(r);
+        w.optimizer_impl = Some(OptimizerImpl::ForLoop);
+        w.float8 = match recipe {
+            "tensorwise" => Float8::Tensorwise,
+            "rowwise" => Float8::Rowwise,
+            _ => Float8::Off,
+        };
+        let mut bf16 = w.clone();
+        bf16.float8 = Float8::Off;
+        assert_eq!(
+            Plan::for_workload(&w).unwrap().saved_bytes(),
+            Plan::for_workload(&bf16).unwrap().saved_bytes(),
+            "{id}: the plan saves with float8 what it saves in bf16"
+        );
+        // (rowwise: its saved tensors only; the CPU's float8 steps are slow to profile)
+        if r.get("first_peak_bytes").is_none() {
+            continue;
+        }
+        for (key, step) in [("first", StepKind::First), ("steady", StepKind::Steady)] {
+            let mut w = w.clone();
+            w.step = step;
+            let p = Plan::for_workload(&w).unwrap();
+            p.check_timeline().unwrap();
+            out.push(step_peak_check(&id, key, r, key, &p, 0.01));
+        }
+    }
+    assert!(out.len() >= 4, "{} step checks", out.len());
+    out
+}
+
+/// torchao's float8 training (issue 45): the same saved tensors as bf16, measured; step peaks
+/// within 1 %.
+#[test]
+fn float8_rows_are_reproduced() {
+    assert_checks(&float8_checks(), "OOMPROBE_FLOAT8_TABLE");
 }

@@ -89,8 +89,10 @@ impl Builder {
         shape: &[u64],
         row_elems: u64,
     ) -> Result<TensorIx, PlanError> {
-        if let Some(ix) = self.take_stashed(name, dtype, shape) {
-            return Ok(ix);
+        if !self.stashed.is_empty() {
+            if let Some(ix) = self.take_stashed(name, dtype, shape) {
+                return Ok(ix);
+            }
         }
         let what = || {
             let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
@@ -128,10 +130,12 @@ impl Builder {
     }
     /// Free a live tensor now (unless the selective-checkpoint store keeps it).
     pub fn free(&mut self, ix: TensorIx) {
-        let name = &self.tensors[ix].name;
-        if self.stash_names.iter().any(|n| n == name) && !self.stashed.iter().any(|s| s.1 == ix) {
-            self.stashed.push((name.clone(), ix));
-            return;
+        if !self.stash_names.is_empty() {
+            let name = &self.tensors[ix].name;
+            if self.stash_names.contains(name) && !self.stashed.iter().any(|s| s.1 == ix) {
+                self.stashed.push((name.clone(), ix));
+                return;
+            }
         }
         self.live = self.live.saturating_sub(self.tensors[ix].bytes);
         self.events.push(Event {

@@ -88,43 +88,6 @@ impl T<'_> {
             .unwrap_or_else(|| crate::plan::params::compute_dtype(self.w.precision))
     }
 
-    /// torchao's `Float8Linear` forward: the input and (unless FSDP2 gathered it in float8) the
-    /// weight cast to float8 for `_scaled_mm`, one byte per element, gone after it. What its
-    /// backward saves is the bf16 input and weight, as without float8 (torchao 0.18,
-    /// `matmul_with_hp_or_float8_args`: measured on the CPU, the same saved tensors and bytes as
-    /// bf16), so nothing else changes. The casts are as `torch.compile` fuses them (torchtitan
-    /// compiles float8 runs); eager casts go through fp32 temporaries the size of the input.
-    fn float8_casts(
-        &mut self,
-        piece: &str,
-        x: TensorIx,
-        out: u64,
-        inp: u64,
-    ) -> Result<Vec<TensorIx>, PlanError> {
-        use crate::workload::Float8;
-        if self.w.float8.is_off() || !piece.starts_with('L') {
-            return Ok(Vec::new());
-        }
-        let rows = self.b.tensor(x).elems() / inp.max(1);
-        let mut casts = vec![self.b.push(
-            &format!("{piece}.x_fp8"),
-            Role::Workspace,
-            DType::U8,
-            &[rows, inp],
-            inp,
-        )?];
-        if self.w.float8 != Float8::TensorwiseAllGather || self.w.parallel.fsdp.is_none() {
-            casts.push(self.b.push(
-                &format!("{piece}.w_fp8"),
-                Role::Workspace,
-                DType::U8,
-                &[out, inp],
-                inp,
-            )?);
-        }
-        Ok(casts)
-    }
-
     /// A base linear of `piece`, `y[n, out] = x[n, inp] · Wᵀ`. A 4-bit weight is dequantized
     /// whole into the compute type first (`_dequant_linear_fallback`, bitsandbytes 95f9af3
     /// `backends/cuda/ops.py:904-916`, taken above 1536 tokens and on the CPU; with double

@@ -93,6 +93,7 @@ mod bert;
 mod block;
 mod count;
 mod decoder;
+mod float8;
 mod gemma;
 mod gpt2;
 mod gpt_attention;
@@ -524,14 +525,8 @@ impl T<'_> {
         }
         let e = layer_params(self.w)?;
         if self.w.float8 == crate::workload::Float8::TensorwiseAllGather {
-            // torchao's float8 all-gather (`WeightWithDynamicFloat8CastTensor`'s
-            // `fsdp_pre_all_gather`): the linears' weights gathered in float8, one byte each;
-            // the norms in the 16-bit type. One byte-sized tensor of their sum.
-            let lin: u64 = count::linears(self.w)?
-                .iter()
-                .map(|l| l.out.saturating_mul(l.inp))
-                .fold(0, u64::saturating_add);
-            let bytes = lin.saturating_add(e.saturating_sub(lin).saturating_mul(2));
+            // One byte-sized tensor of the float8 weights and 16-bit norms.
+            let bytes = float8::gathered_layer_bytes(self.w, e)?;
             return self.unshard_as(&format!("L{i}"), bytes, DType::U8);
         }
         self.unshard(&format!("L{i}"), e)

@@ -458,8 +458,10 @@ impl<'a> T<'a> {
             while let Some(f) = fr.pop() {
                 g = self.backward(f, g)?;
             }
-            for i in from..to {
-                self.b.stash_free(&format!("L{i}."));
+            if self.w.checkpoint == Checkpoint::Ops {
+                for i in from..to {
+                    self.b.stash_free(&format!("L{i}."));
+                }
             }
             if !kept {
                 self.b.free(x);

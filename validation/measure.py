@@ -268,7 +268,7 @@ def build_model(row: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
         head = model.fc
     elif "config" in row:  # --families: the model of a config.json file
         model = build_family(row)
-        head = model.lm_head
+        head = model.get_output_embeddings()  # lm_head; GPT-NeoX's embed_out
     elif arch in LLM_ARCHS:
         model = build_llm(row)
         head = model.lm_head
@@ -1152,6 +1152,16 @@ FAMILIES: dict[str, tuple[str, str, dict, dict, tuple[str, ...]]] = {
                         n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
                         moe_shared_expert_intermediate_size=128),
                    {"hybrid_override_pattern": "M-M*-", "num_hidden_layers": 5}, ("layers_block_type",)),
+    # Phi (phi-1.5 / phi-2's layer): one LayerNorm; attention (q, k, v, dense, all biased) and
+    # the fc1 / gelu_new / fc2 MLP (biased) in parallel; partial RoPE (0.5, the class default);
+    # the head biased. MHA as shipped (kv heads = heads). Untied.
+    "phi": ("phi", "PhiForCausalLM", dict(num_key_value_heads=8, intermediate_size=1024,
+                                          tie_word_embeddings=False), {}, ("head_dim",)),
+    # GPT-NeoX (Pythia, StableLM-Alpha): fused query_key_value (biased) split as views, partial
+    # RoPE 0.25 (the class default), LayerNorms before attention and before the MLP both over the
+    # layer's input (use_parallel_residual), GELU MLP with biases. MHA. Untied.
+    "gpt_neox": ("gpt_neox", "GPTNeoXForCausalLM", dict(intermediate_size=1024, tie_word_embeddings=False),
+                 {}, ("head_dim", "num_key_value_heads")),
 }
 # transformers' generic PretrainedConfig fields that a model's config.json need not carry.
 _GENERIC_CONFIG_KEYS = ("output_hidden_states", "return_dict", "dtype", "chunk_size_feed_forward",
@@ -1169,7 +1179,11 @@ def family_config(name: str) -> dict:
     kw = {**FAMILY_COMMON, **over}
     if model_type == "nemotron_h":
         kw.pop("num_hidden_layers")
-    cfg = CONFIG_MAPPING[model_type](**kw)
+    cls = CONFIG_MAPPING[model_type]
+    for k in drop:  # a dropped key the class computes (Falcon's head_dim) is not passed at all
+        if isinstance(getattr(cls, k, None), property):
+            kw.pop(k, None)
+    cfg = cls(**kw)
     d = cfg.to_dict()
     for k in _GENERIC_CONFIG_KEYS + tuple(drop):
         d.pop(k, None)
@@ -1204,6 +1218,12 @@ def load_family_config(row: dict):
     return transformers.AutoConfig.from_pretrained(os.path.join(_repo_root(), row["config"]))
 
 
+def _decoder_layers(model):
+    """The decoder layers of a causal LM: `model.layers` of its base model (`model`, Phi's;
+    `gpt_neox`, GPT-NeoX's)."""
+    return model.base_model.layers
+
+
 def build_family(row: dict) -> torch.nn.Module:
     """The family model from its config FILE (random init, `architectures[0]`, the row's attention
     implementation); checks that the built model has the file's shapes."""
@@ -1215,8 +1235,8 @@ def build_family(row: dict) -> torch.nn.Module:
     c = model.config
     emb = model.get_input_embeddings().weight
     checks = {"hidden_size": (c.hidden_size, row["hidden"]), "vocab_size": (c.vocab_size, row["vocab"]),
-              "layers": (len(model.model.layers), row["layers"]),
-              "tied lm_head": (model.lm_head.weight is emb, row["tied_embeddings"]),
+              "layers": (len(_decoder_layers(model)), row["layers"]),
+              "tied lm_head": (model.get_output_embeddings().weight is emb, row["tied_embeddings"]),
               "use_cache": (c.use_cache, False),
               "_attn_implementation": (c._attn_implementation, row["attn_implementation"])}
     if row["experts"]:  # (dense models carry one too: "eager", nemotron_h "grouped_mm"; unused there)
@@ -1257,9 +1277,10 @@ def family_rows(root: str | None = None) -> list[dict]:
         else:
             ffn, expert_ffn, shared = cfg.intermediate_size, 0, 0
         act = g("hidden_activation", "mlp_hidden_act", "hidden_act", default="")
+        kv = g("num_key_value_heads", default=cfg.num_attention_heads)
         base = dict(arch=d["model_type"], config=rel, family=name, precision="fp32", hidden=cfg.hidden_size,
                     layers=len(cfg.layer_types) if name == "nemotron_h" else cfg.num_hidden_layers,
-                    heads=cfg.num_attention_heads, kv_heads=g("num_key_value_heads", default=cfg.num_attention_heads),
+                    heads=cfg.num_attention_heads, kv_heads=kv,
                     ffn=ffn, vocab=cfg.vocab_size, max_positions=cfg.max_position_embeddings, batch=2, seq=256,
                     image=0, patch=0, classes=0, dropout=0.0, gelu="" if act == "silu" else act, use_cache=False,
                     tied_embeddings=bool(cfg.tie_word_embeddings), head="lm", experts=experts,
@@ -1656,7 +1677,7 @@ def main(argv=None) -> int:
     ap.add_argument("--holdout-out", default=os.path.join(root, "tests", "fixtures", "validation_holdout.json"))
     ap.add_argument("--holdout-breakdown-out", default=os.path.join(here, "saved_breakdown_holdout.json"))
     ap.add_argument("--families", action="store_true",
-                    help="only the tiny rows of today's families (gpt_oss, olmo2, llama4_text, cohere, cohere2, "
+                    help="only the tiny rows of today's families (gpt_oss, olmo2, llama4_text, cohere, cohere2, phi, gpt_neox, "
                          "glm4_moe, minimax_m2, smollm3, granite, granitemoe, qwen3_moe, gemma3_text, deepseek_v3, "
                          "qwen3_next, nemotron_h; eager, and sdpa where supported), each built from the config "
                          "file it writes to tests/fixtures/validation_families/<name>.json -> --families-out, "

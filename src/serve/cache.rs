@@ -165,6 +165,7 @@ mod tests {
                 output_gate: false,
                 rotary_fraction: 1.0,
                 softcap: false,
+                fused_qkv: false,
             }),
             block: BlockForm::Sandwich,
             mlp: MlpSpec::Dense {

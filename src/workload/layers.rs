@@ -65,6 +65,10 @@ pub struct Attn {
     /// tanh soft-capping of the scores.
     #[serde(default)]
     pub softcap: bool,
+    /// q, k and v are slices of one projection's output (GPT-NeoX's and Falcon's
+    /// `query_key_value`): the value, saved for attention's backward, keeps the whole output.
+    #[serde(default)]
+    pub fused_qkv: bool,
 }
 
 fn one() -> f64 {
@@ -180,8 +184,12 @@ pub enum BlockForm {
     PostNorm,
     /// Norms before and after each (Gemma 2/3/4): four.
     Sandwich,
-    /// One norm; mixer and MLP read it side by side and both add to the residual (Cohere).
+    /// One norm; mixer and MLP read it side by side and both add to the residual (Cohere,
+    /// Phi, Falcon-7B).
     Parallel,
+    /// A norm each for the mixer and the MLP, both over the layer's input, both added to the
+    /// residual (GPT-NeoX's `use_parallel_residual`, Falcon's new decoder architecture).
+    ParallelNorms,
 }
 
 /// How a router turns its logits into weights.
@@ -426,6 +434,7 @@ impl LayerSpec {
             BlockForm::PreNorm | BlockForm::PostNorm => parts,
             BlockForm::Sandwich => 2 * parts,
             BlockForm::Parallel => 1,
+            BlockForm::ParallelNorms => 2,
         }
     }
 
@@ -724,6 +733,7 @@ mod tests {
                 output_gate: false,
                 rotary_fraction: 1.0,
                 softcap: false,
+                fused_qkv: false,
             }),
             block: BlockForm::PreNorm,
             mlp: MlpSpec::Dense {

@@ -339,6 +339,7 @@ mod tests {
                 output_gate: false,
                 rotary_fraction: 1.0,
                 softcap: false,
+                fused_qkv: false,
             }),
             block: BlockForm::PreNorm,
             mlp: MlpSpec::Moe(MoeSpec {

@@ -49,15 +49,27 @@ impl T<'_> {
             let done: Vec<TensorIx> = sa.drain(..).filter(|&t| t != x).collect();
             self.b.free_all(done);
         }
-        if has_mixer && owned && !sa.contains(&x) {
+        // A norm each over the layer's input (GPT-NeoX): the MLP's norm reads it too.
+        let norms_each = self.parallel_norms();
+        if has_mixer && owned && !sa.contains(&x) && !norms_each {
             self.input_done(x);
         }
         let mut sm = Vec::new();
         let out = if has_mlp {
-            self.mlp_block(p, &pm, x2, n1, out_name, &mut sm)?
+            let n2_in = if norms_each { x } else { x2 };
+            self.mlp_block(p, &pm, n2_in, n1, out_name, &mut sm)?
         } else {
             x2
         };
+        if norms_each {
+            // Both norms saved the input: the attention block's frame holds it, and it goes
+            // when that frame's backward ran.
+            if saving && sa.contains(&x) {
+                sm.retain(|&t| t != x);
+            } else if owned && (!saving || !sm.contains(&x)) {
+                self.input_done(x);
+            }
+        }
         if !has_mixer {
             // An MLP-only layer: its input is the loop variable (not saving, a norm's hold on
             // it ends with the layer).
@@ -67,7 +79,9 @@ impl T<'_> {
         } else if has_mlp && !sm.contains(&x2) {
             self.b.free(x2);
         }
-        if self.parallel_block() && !saving {
+        if self.shared_norm()
+            && (!saving || (self.frozen() && !sa.contains(&n1) && !sm.contains(&n1)))
+        {
             self.b.free(n1);
         }
         if !saving {
@@ -136,7 +150,7 @@ impl T<'_> {
         let n1 = self.sp_gather(n1, readers, false, sa)?;
         // A parallel block (Cohere: `x + attn(ln(x)) + mlp(ln(x))`): the MLP reads the same
         // normalised input, which stays until both branches ran.
-        let parallel = self.parallel_block();
+        let parallel = self.shared_norm();
         let n1 = self.matmul_input(n1, readers, parallel, sa)?;
         // Over a frozen base before any adapter, an attention block without q, k or v
         // adapters needs no gradient: it saves nothing.
@@ -195,7 +209,9 @@ impl T<'_> {
             let o = self.hidden_t(&format!("{p}.attn.out"), Role::Activations, c)?;
             self.matmul(pa, ctx, o, h, qw);
             self.consumed(ctx, sa);
-            if self.saving && !sa.contains(&n1) {
+            // The MLP reads the shared norm's output: a trained one saves it with the
+            // attention's frame (a frozen base's linears save no input).
+            if self.shared_norm() && self.saving && !self.frozen() && !sa.contains(&n1) {
                 sa.push(n1);
             }
             Ok(o)
@@ -237,8 +253,9 @@ impl T<'_> {
         }
     }
 
-    /// The MLP block over `x2` (a parallel block: over the attention's normed input `n1`),
-    /// saving into `sm`: the layer's output.
+    /// The MLP block over `x2` (the residual after attention; a parallel block with one norm:
+    /// the attention's normed input `n1`; with a norm each: the layer's input), saving into
+    /// `sm`: the layer's output.
     fn mlp_block(
         &mut self,
         p: &str,
@@ -250,7 +267,7 @@ impl T<'_> {
     ) -> Result<TensorIx, PlanError> {
         let (h, f, saving) = (self.h, self.f, self.saving);
         self.use_piece(pm)?;
-        let n2 = if self.parallel_block() {
+        let n2 = if self.shared_norm() {
             n1
         } else {
             let n2 = self.norm(&format!("{p}.ln2"), x2, sm)?;
@@ -288,10 +305,18 @@ impl T<'_> {
             None => {
                 let fc1 = self.wide(&format!("{p}.fc1.out"))?;
                 self.matmul(pm, n2, fc1, f, h);
+                // Frozen linears save no input: it goes once read (a shared norm's output
+                // is the layer's to free).
+                if self.frozen() && !sm.contains(&n2) && !self.shared_norm() {
+                    self.b.free(n2);
+                }
                 let last = self.activation(p, fc1, sm)?;
                 self.mask(&format!("{p}.mlp.drop_mask"), sm)?;
                 let out = self.resid(out_name)?;
                 self.matmul(pm, last, out, h, f);
+                if self.frozen() && !sm.contains(&last) {
+                    self.b.free(last);
+                }
                 out
             }
         };
@@ -374,9 +399,22 @@ impl T<'_> {
         }
     }
 
-    /// The layer being built is a parallel block (attention and MLP over one norm's output).
+    /// The layer being built is a parallel block (attention and MLP side by side, both added
+    /// to the residual after the MLP), with one norm or a norm each.
     pub(super) fn parallel_block(&self) -> bool {
+        self.layer
+            .is_some_and(|l| matches!(l.block, BlockForm::Parallel | BlockForm::ParallelNorms))
+    }
+
+    /// A parallel block whose attention and MLP read one norm's output.
+    pub(super) fn shared_norm(&self) -> bool {
         self.layer.is_some_and(|l| l.block == BlockForm::Parallel)
+    }
+
+    /// A parallel block with a norm each over the layer's input (GPT-NeoX).
+    fn parallel_norms(&self) -> bool {
+        self.layer
+            .is_some_and(|l| l.block == BlockForm::ParallelNorms)
     }
 
     /// Free the saved tensors of a backward frame whose names `pred` picks (their node ran).

@@ -27,6 +27,7 @@ pub(super) fn spec(w: &Workload) -> Spec {
         s.qkv_bias = a.qkv_bias;
         s.o_bias = a.o_bias;
         s.qk_norm = !matches!(a.qk_norm, QkNorm::None | QkNorm::L2);
+        s.fused_qkv = a.fused_qkv;
     }
     if let Some(l) = m.layers.first() {
         s.mlp = mlp_kind(&l.mlp);

@@ -65,7 +65,10 @@ impl T<'_> {
         } else {
             sm.push(fc1);
             let gelu = self.wide(&format!("{p}.gelu.out"))?;
-            sm.push(gelu);
+            // The second projection's input: a frozen one does not save it.
+            if !self.frozen() {
+                sm.push(gelu);
+            }
             self.b.step(Step::Gelu {
                 x: fc1,
                 y: gelu,
@@ -140,7 +143,7 @@ impl T<'_> {
             (o[0], o)
         };
         self.consumed(n2, sm);
-        if self.frozen() && !sm.contains(&n2) && !self.parallel_block() {
+        if self.frozen() && !sm.contains(&n2) && !self.shared_norm() {
             self.b.free(n2);
         }
         let act = self.wide(&format!("{p}.mlp.act"))?;

@@ -24,6 +24,8 @@ use crate::workload::config::{field_err, ConfigError};
 pub enum Def {
     U(u64),
     B(bool),
+    /// A share (a rotated fraction of a head).
+    F(f64),
     /// The field defaults to None.
     Null,
 }
@@ -60,6 +62,8 @@ pub struct AttnRule {
     pub output_gate: bool,
     /// The field giving the rotated share of a head (`partial_rotary_factor`).
     pub rotary: Option<&'static str>,
+    /// q, k and v come from one projection (`query_key_value`), split as views.
+    pub fused_qkv: bool,
 }
 
 /// A row's attention rule with nothing special: softmax attention, biases from
@@ -73,6 +77,7 @@ pub(super) const ATTN: AttnRule = AttnRule {
     sinks: false,
     output_gate: false,
     rotary: None,
+    fused_qkv: false,
 };
 
 /// The field names of a Mamba-2 mixer (each family spells them its own way).
@@ -232,6 +237,23 @@ pub struct Family {
     pub defaults: &'static [(&'static str, Def)],
     /// The head multiplies or divides its logits by a constant (`ModelSpec::logit_scale`).
     pub logit_scale: bool,
+    /// How the block form follows the config (else always `block`).
+    pub block_rule: BlockRule,
+    /// The head has a bias (Phi's `lm_head`): `vocab` more parameters.
+    pub head_bias: bool,
+    /// The field naming the activation of an ungated MLP, and its default (None: the plan's
+    /// default, one fused op).
+    pub act: Option<(&'static str, &'static str)>,
+}
+
+/// Where a block form depends on the config's flags.
+#[derive(Debug, Clone, Copy)]
+pub enum BlockRule {
+    /// Always the family's `block`.
+    Fixed,
+    /// GPT-NeoX: `use_parallel_residual` (default true) gives a norm each to attention and the
+    /// MLP, both over the layer's input; false, a pre-norm block (`GPTNeoXLayer.forward`).
+    NeoX,
 }
 
 /// Typed reads over a config object with a family's defaults.
@@ -325,10 +347,22 @@ impl Cfg<'_> {
             .get("rope_parameters")
             .and_then(|r| r.get(key))
             .and_then(Json::as_f64);
+        // transformers 5 moves an older spelling (GPT-NeoX's `rotary_pct`) into
+        // `rope_parameters.partial_rotary_factor`.
+        let nested = nested.or_else(|| {
+            self.obj
+                .get("rope_parameters")
+                .and_then(|r| r.get("partial_rotary_factor"))
+                .and_then(Json::as_f64)
+        });
         let frac = match (self.f(key)?.or(nested), self.f("rotary_dim")?) {
             (Some(f), _) => f,
             (None, Some(w)) => w / head_dim.max(1) as f64,
-            (None, None) => 1.0,
+            // The config class's default (Phi 0.5, GPT-NeoX 0.25), else every dimension.
+            (None, None) => match self.default(key) {
+                Some(Def::F(f)) => f,
+                _ => 1.0,
+            },
         };
         if !(frac > 0.0 && frac <= 1.0) {
             return Err(field_err(
@@ -758,7 +792,17 @@ fn attention_of(c: &Cfg, window: Window, h: u64) -> Result<Mixer, ConfigError> {
         output_gate: r.output_gate,
         rotary_fraction,
         softcap: c.f("attn_logit_softcapping")?.is_some(),
+        fused_qkv: r.fused_qkv,
     }))
+}
+
+/// The block form of every layer.
+fn block_form(c: &Cfg) -> Result<BlockForm, ConfigError> {
+    Ok(match c.fam.block_rule {
+        BlockRule::Fixed => c.fam.block,
+        BlockRule::NeoX if c.b("use_parallel_residual")? => BlockForm::ParallelNorms,
+        BlockRule::NeoX => BlockForm::PreNorm,
+    })
 }
 
 /// The layers of a decoder config of family `c.fam`, hidden width `h`, `n` layers.
@@ -772,6 +816,7 @@ pub fn layers(c: &Cfg, h: u64, n: u64) -> Result<Vec<LayerSpec>, ConfigError> {
             bias: c.bias(rule.bias)?,
         })
     };
+    let block = block_form(c)?;
     let mut out = Vec::with_capacity(kinds.len());
     for (i, k) in kinds.into_iter().enumerate() {
         let i = i as u64;
@@ -809,11 +854,7 @@ pub fn layers(c: &Cfg, h: u64, n: u64) -> Result<Vec<LayerSpec>, ConfigError> {
                 _ => dense(c)?,
             },
         };
-        out.push(LayerSpec {
-            mixer,
-            block: c.fam.block,
-            mlp,
-        });
+        out.push(LayerSpec { mixer, block, mlp });
     }
     Ok(out)
 }
@@ -829,7 +870,7 @@ pub fn model(c: &Cfg, model_type: &str) -> Result<ModelSpec, ConfigError> {
         vocab,
         norm: c.fam.norm,
         tied: c.b("tie_word_embeddings")?,
-        extra_params: 0,
+        extra_params: if c.fam.head_bias { vocab } else { 0 },
         logit_scale: c.fam.logit_scale,
         layers: layers(c, hidden, n)?,
         vision: None,

@@ -430,6 +430,9 @@ fn load_llm(
     w.dropout = c.f("attention_dropout")?.is_some_and(|p| p > 0.0);
     w.tie_embeddings = Some(model.tied);
     w.mlp_bias = c.b("mlp_bias")?;
+    if let Some((key, default)) = fam.act {
+        w.gelu = gelu_of(path, key, obj.get(key), default)?;
+    }
     w.kv_cache = match obj.get("use_cache") {
         None | Some(Json::Null) => true,
         _ => c.b("use_cache")?,

@@ -3,8 +3,8 @@
 //! family that brings no new mixer is adding a row here.
 
 use super::families::{
-    AttnKind, AttnRule, Bias, Def, Family, MambaKeys, MlpRule, MoeRule, Pattern, Placement, Shared,
-    Windows, ATTN, DENSE, MAMBA_KEYS, MOE,
+    AttnKind, AttnRule, Bias, BlockRule, Def, Family, MambaKeys, MlpRule, MoeRule, Pattern,
+    Placement, Shared, Windows, ATTN, DENSE, MAMBA_KEYS, MOE,
 };
 use crate::workload::layers::{BlockForm, Gating, NormKind, QkNorm};
 use crate::workload::Arch;
@@ -39,6 +39,9 @@ const fn attention_family(
         mamba: MAMBA_KEYS,
         defaults,
         logit_scale: false,
+        block_rule: BlockRule::Fixed,
+        head_bias: false,
+        act: None,
     }
 }
 
@@ -210,6 +213,66 @@ pub const FAMILIES: &[Family] = &[
                 ("tie_word_embeddings", Def::B(true)),
                 ("vocab_size", Def::U(256000)),
                 ("sliding_window", Def::U(4096)),
+            ],
+        )
+    },
+    Family {
+        norm: NormKind::Layer,
+        block: BlockForm::Parallel,
+        attn: AttnRule {
+            qkv_bias: Bias::Fixed(true),
+            o_bias: Bias::Fixed(true),
+            qk_norm: QkNorm::PerHead,
+            qk_norm_flag: Some("qk_layernorm"),
+            rotary: Some("partial_rotary_factor"),
+            ..ATTN
+        },
+        mlp: MlpRule {
+            gated: false,
+            bias: Bias::Fixed(true),
+            ..DENSE
+        },
+        head_bias: true,
+        act: Some(("hidden_act", "gelu_new")),
+        ..attention_family(
+            &["phi"],
+            "PhiConfig (one LayerNorm, attention and fc1/fc2 MLP in parallel, every linear biased, the head too; partial_rotary_factor 0.5 by default)",
+            Arch::Decoder,
+            Windows::None,
+            &[
+                ("tie_word_embeddings", Def::B(false)),
+                ("vocab_size", Def::U(51200)),
+                ("partial_rotary_factor", Def::F(0.5)),
+            ],
+        )
+    },
+    Family {
+        norm: NormKind::Layer,
+        block_rule: BlockRule::NeoX,
+        attn: AttnRule {
+            qkv_bias: Bias::Field("attention_bias"),
+            o_bias: Bias::Field("attention_bias"),
+            rotary: Some("rotary_pct"),
+            fused_qkv: true,
+            ..ATTN
+        },
+        mlp: MlpRule {
+            gated: false,
+            bias: Bias::Fixed(true),
+            ..DENSE
+        },
+        act: Some(("hidden_act", "gelu")),
+        ..attention_family(
+            &["gpt_neox"],
+            "GPTNeoXConfig (query_key_value split as views; use_parallel_residual: input_layernorm and post_attention_layernorm both over the layer's input; rotary_pct 0.25 by default)",
+            Arch::Decoder,
+            Windows::None,
+            &[
+                ("tie_word_embeddings", Def::B(false)),
+                ("attention_bias", Def::B(true)),
+                ("use_parallel_residual", Def::B(true)),
+                ("vocab_size", Def::U(50432)),
+                ("rotary_pct", Def::F(0.25)),
             ],
         )
     },
@@ -727,6 +790,10 @@ pub const FAMILIES: &[Family] = &[
 
 /// Families transformers defines that are not rows yet, with what each would need.
 pub const NOT_MODELLED: &[(&str, &str)] = &[
+    (
+        "falcon",
+        "its own attention (measured on the CPU, validation/families_notes.md): a causal mask materialized for every layer, which SDPA converts and saves, key/value heads broadcast rather than repeated, and eager scores kept beside their masked sum",
+    ),
     ("jamba", "Mamba-1 mixers (a selective scan with a per-channel state), not Mamba-2"),
     ("falcon_h1", "attention and Mamba-2 side by side in one layer, with µP multipliers"),
     ("zamba2", "a shared attention block reused across Mamba-2 layers"),

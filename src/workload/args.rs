@@ -117,6 +117,11 @@ pub struct WorkloadArgs {
     /// decoder layers' linears (tensorwise-all-gather: FSDP2 gathers their weights in float8).
     #[arg(long, value_name = "F", allow_hyphen_values = true)]
     pub float8: Option<String>,
+    /// N: LitGPT's chunked head and loss (`lm_head_chunk_size=N`, `chunked_cross_entropy`):
+    /// the logits in N-token chunks, each chunk's cross-entropy in the logits' type, with no
+    /// fp32 copy; 0 (the default): one head, transformers' fp32 loss.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub loss_chunk: Option<String>,
     /// lazy | eager: how the CUDA stack loads its kernels (CUDA_MODULE_LOADING); eager (PyTorch
     /// before 1.13, CUDA before 11.7) holds about 1 GiB more outside PyTorch on a --gpu card.
     #[arg(long, value_name = "lazy|eager", allow_hyphen_values = true)]
@@ -191,6 +196,7 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         optimizer_impl,
         optimizer_in_backward,
         float8,
+        loss_chunk,
         cuda_modules,
         gelu,
         kv_cache,

@@ -97,7 +97,7 @@ const STRING_KEYS: [&str; 15] = [
     "cuda_modules",
     "float8",
 ];
-const NUMBER_KEYS: [&str; 14] = [
+const NUMBER_KEYS: [&str; 15] = [
     "batch",
     "seq",
     "layers",
@@ -112,6 +112,7 @@ const NUMBER_KEYS: [&str; 14] = [
     "kv_heads",
     "experts",
     "experts_per_token",
+    "loss_chunk",
 ];
 
 fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
@@ -135,6 +136,7 @@ fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
         "optimizer_in_backward" => &mut args.optimizer_in_backward,
         "cuda_modules" => &mut args.cuda_modules,
         "float8" => &mut args.float8,
+        "loss_chunk" => &mut args.loss_chunk,
         "mode" => &mut args.mode,
         "grads" => &mut args.grads,
         "outputs" => &mut args.outputs,

@@ -425,6 +425,9 @@ pub struct Workload {
     /// torchao's float8 training (`convert_to_float8_training`) of the decoder layers' linears.
     #[serde(default, skip_serializing_if = "Float8::is_off")]
     pub float8: Float8,
+    /// LitGPT's chunked head and loss (`--loss-chunk`): the tokens of each logits chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_chunk: Option<u64>,
     #[serde(default)]
     pub gelu: Gelu,
     /// Hugging Face's `use_cache` left on in training: each layer's key and value are kept in

@@ -233,6 +233,12 @@ fn apply_numerics(
             }
         };
     }
+    if let Some(v) = &args.loss_chunk {
+        w.loss_chunk = match v.trim() {
+            "0" | "off" => None,
+            v => Some(super::flags::count("loss-chunk", v)?),
+        };
+    }
     if let Some(v) = &args.float8 {
         w.float8 = match v.to_ascii_lowercase().as_str() {
             "off" | "none" => super::Float8::Off,

@@ -83,6 +83,7 @@ pub fn base(name: &str, arch: Arch) -> Workload {
         optimizer_impl: None,
         optimizer_in_backward: false,
         float8: Default::default(),
+        loss_chunk: None,
         cuda_modules: Default::default(),
         gelu: Gelu::Fused,
         kv_cache: false,

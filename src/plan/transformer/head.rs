@@ -295,7 +295,29 @@ impl T<'_> {
         //   fp32 list (an fp32 copy); CUDA's runs `log_softmax` with `dtype=float32`, which for
         //   fp16 is one kernel (`half_to_float`, no copy; aten/src/ATen/native/SoftMax.cpp) and
         //   for bf16 converts first (a copy).
-        let (lp_dtype, copy, half_to_float) = if self.spec.head != Head::Mlm {
+        // - LitGPT's chunked head (`--loss-chunk`, `chunked_cross_entropy`): Fabric's
+        //   true-half precision returns the model's outputs in the default dtype
+        //   (`HalfPrecision.convert_output`, lightning 2.6.6 `fabric/plugins/precision/
+        //   half.py`), so the loop holds fp32 logits chunks (the 16-bit ones go) and each
+        //   chunk's `cross_entropy` runs on them as they are: fp32 log-probabilities, no copy.
+        let chunk = self
+            .w
+            .loss_chunk
+            .filter(|_| self.spec.head == Head::Lm && !lg.gathered);
+        let mut lg = lg;
+        if chunk.is_some() && c != DType::F32 {
+            let f = self
+                .b
+                .push("logits_f32", Role::Activations, DType::F32, &lg.shape, lg.v)?;
+            if let Some(slot) = self.held.iter_mut().find(|t| **t == lg.t) {
+                *slot = f;
+            }
+            self.b.free(lg.t);
+            lg.t = f;
+        }
+        let (lp_dtype, copy, half_to_float) = if chunk.is_some() {
+            (DType::F32, false, false)
+        } else if self.spec.head != Head::Mlm {
             (DType::F32, c != DType::F32, false)
         } else {
             match self.ac {
@@ -322,16 +344,29 @@ impl T<'_> {
         // Backward: nll_loss and log_softmax backward make two [rows, V] gradients (fp32 when the
         // log-probabilities are; `half_to_float`'s backward gives the logits' type directly).
         self.begin_backward(fwd.stage.hi - 1)?;
-        let mut shape = lg.shape;
+        let mut shape = lg.shape.clone();
+        if let (Some(k), Some(s)) = (chunk, shape.get_mut(1)) {
+            // Chunked: `torch.cat(loss_chunks)`'s backward readies every chunk's loss
+            // backward at once, and autograd runs them before any of the head's matmuls
+            // (later nodes first): one chunk's nll gradient at a time, each chunk's
+            // log-probabilities going as its logits' gradient is made.
+            *s = k.min(*s);
+        }
         let g_lp = self
             .b
             .push("grad.logprobs", Role::Workspace, lp_dtype, &shape, lg.v)?;
+        let mut shape = lg.shape;
+        if chunk.is_some() {
+            self.b.free(logprobs);
+        }
         let gl_dtype = if half_to_float { c } else { lp_dtype };
         let mut g_logits = self
             .b
             .push("grad.logits", Role::Workspace, gl_dtype, &shape, lg.v)?;
         self.b.free(g_lp);
-        self.b.free(logprobs);
+        if chunk.is_none() {
+            self.b.free(logprobs);
+        }
         if gl_dtype != c {
             let g = self
                 .b

@@ -47,9 +47,10 @@ fn predicted(flags: &str, compare: &str) -> u64 {
 #[test]
 fn published_rows_hold_or_stay_in_their_known_gap() {
     let rows = rows();
-    assert!(rows.len() >= 17, "{} rows", rows.len());
+    assert!(rows.len() >= 32, "{} rows", rows.len());
     let mut bad = Vec::new();
     let mut held = 0;
+    let mut held_errors = Vec::new();
     let mut ooms = 0;
     for r in &rows {
         let id = r["id"].as_str().unwrap();
@@ -73,6 +74,7 @@ fn published_rows_hold_or_stay_in_their_known_gap() {
         let (lo, hi) = match r["expect"].as_str().unwrap() {
             "holds" => {
                 held += 1;
+                held_errors.push(err.abs());
                 (-0.08, 0.08)
             }
             "known_gap" => {
@@ -91,7 +93,14 @@ fn published_rows_hold_or_stay_in_their_known_gap() {
             ));
         }
     }
-    assert!(held >= 3, "{held} rows hold");
+    assert!(held >= 15, "{held} rows hold");
+    // The rows that hold: median within 3 % (issue 45's bar for held-out rows).
+    held_errors.sort_by(f64::total_cmp);
+    let median = held_errors[held_errors.len() / 2];
+    assert!(
+        median <= 0.03,
+        "median |error| of the rows that hold: {median}"
+    );
     assert!(ooms >= 3, "{ooms} published OOMs");
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

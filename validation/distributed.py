@@ -135,8 +135,45 @@ Layouts (row ids):
   outputs, rotary cos/sin and the logits are bf16 (HF's loss upcasts the logits to fp32); eager
   attention's softmax is fp32 (softmax(dtype=float32), then cast to bf16).
 
+FSDP1 (`--fsdp1`, kind "fsdp1", build_fsdp1; validation/fsdp1_notes.md has the step's memory
+timeline from the torch sources and these rows): FullyShardedDataParallel(model, auto_wrap_policy=
+ModuleWrapPolicy({LlamaDecoderLayer}), sharding_strategy, use_orig_params, limit_all_gathers,
+forward_prefetch, backward_prefetch, mixed_precision, device_id=torch.device("cpu")) (device_id None
+raises "FSDP needs a non-CPU accelerator device"), world 2, per-rank batch 2 (different data per
+rank), same MODEL, Adam(foreach) over the trainable params, three steps, written to
+tests/fixtures/fsdp1_measured.json (FSDP1_ROWS; `--fsdp1 --holdout`: FSDP1_HOLDOUT_ROWS ->
+tests/fixtures/fsdp1_holdout.json; `--only` works as above). Every row's layout carries
+sharding_strategy, use_orig_params, limit_all_gathers, forward_prefetch, backward_prefetch,
+mp_param/reduce/buffer_dtype, frozen and auto_wrap_policy (fsdp1_layout; the other rows' layout is
+unchanged). Rows: `fsdp1` (FULL_SHARD, use_orig_params False, limit_all_gathers True,
+BACKWARD_PRE, no forward prefetch: torch's defaults), `fsdp1-orig-params`, `fsdp1-shard-grad-op`,
+`fsdp1-no-shard`, `fsdp1-mp-bf16` (MixedPrecision(param bf16, reduce fp32, buffer bf16)),
+`fsdp1-frozen` (use_orig_params, every attention / MLP weight but q_proj and v_proj frozen inside
+the flat params), `fsdp1-ckpt` (checkpoint_wrapper NO_REENTRANT per layer first, FSDP units wrap the
+CheckpointWrapper: FSDP(CheckpointWrapper(layer)), Accelerate's nesting), `fsdp1-bwd-post`
+(BACKWARD_POST), `fsdp1-no-prefetch` (backward_prefetch None: Accelerate's plugin defaults),
+`fsdp1-no-limit` (limit_all_gathers False), `fsdp1-fwd-prefetch`, `fsdp1-hf-trainer` (transformers'
+Trainer FSDP1 defaults: use_orig_params True, backward_prefetch None; its sync_module_states=True
+raises on CPU modules ("requires them to be on GPU") and only broadcasts at construction),
+`fsdp1-no-wrap` (Lightning FSDPStrategy's defaults: use_orig_params True and no auto_wrap_policy,
+so the whole model is one flat param; layout.auto_wrap_policy null). Held out:
+`holdout-fsdp1-w4` (HOLDOUT_MODEL, world 4), `holdout-fsdp1-orig-frozen` (HOLDOUT_MODEL, world 2,
+use_orig_params + frozen), `holdout-fsdp1-pad-w4` / `-orig` (FSDP1_PAD_MODEL, world 4, seq 128,
+batch 1: flat params that need world-size and (use_orig_params) alignment padding). The baseline
+adds each unit's FlatParameter storage, its .grad / _saved_grad_shard and any unsharded storage
+still allocated (fsdp1_state_tensors; with use_orig_params the sharded flat grad outlives
+zero_grad(set_to_none=True) until the next forward frees it); info.fsdp1_units records each unit's
+flat-param sizes and padding. FSDP1's CPU all-gather is dist.all_gather into chunk views of the
+padded unsharded flat param: gloo stages it in a flat tensor of the full output size both inside
+c10d::allgather_ (caller thread) and in its worker's gloo:all_gather range, which the profiler does
+record (the work carries the caller's profiler state); FSDP1 rows drop both (backend_prefixes;
+reported in backend_internal_by_op). The unsharded flat params (FSDP._pre_forward /
+_pre_backward_prefetch), reduce-scatter outputs (_post_backward_hook / empty_like) and the
+autograd-built unsharded flat grads (SplitWithSizesBackward0 / cat) are caller-thread
+allocations and are seen.
+
 Numbers are bytes of the CPU allocator (no caching: every torch allocation is a malloc), fp32
-(fsdp2-mp-bf16: fp32 states, bf16 compute).
+(fsdp2-mp-bf16, fsdp1-mp-bf16: fp32 states, bf16 compute).
 """
 
 from __future__ import annotations
@@ -213,6 +250,64 @@ HOLDOUT_ROWS = [
 ]
 
 
+# --fsdp1: FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel) rows, written to
+# tests/fixtures/fsdp1_measured.json (FSDP1_ROWS, MODEL) and, with --holdout,
+# tests/fixtures/fsdp1_holdout.json (FSDP1_HOLDOUT_ROWS). Each row carries every FSDP1 setting;
+# fsdp1_row fills torch's defaults (FULL_SHARD, use_orig_params False, limit_all_gathers True,
+# forward_prefetch False, backward_prefetch BACKWARD_PRE, no mixed precision, nothing frozen).
+def fsdp1_row(id: str, **kw) -> dict:
+    return dict(dict(id=id, kind="fsdp1", world=2, sharding_strategy="FULL_SHARD", use_orig_params=False,
+                     limit_all_gathers=True, forward_prefetch=False, backward_prefetch="BACKWARD_PRE"), **kw)
+
+
+FSDP1_ROWS = [
+    fsdp1_row("fsdp1"),
+    fsdp1_row("fsdp1-orig-params", use_orig_params=True),
+    fsdp1_row("fsdp1-shard-grad-op", sharding_strategy="SHARD_GRAD_OP"),
+    fsdp1_row("fsdp1-no-shard", sharding_strategy="NO_SHARD"),
+    fsdp1_row("fsdp1-mp-bf16", mp=("bfloat16", "float32", "bfloat16")),
+    fsdp1_row("fsdp1-frozen", use_orig_params=True, frozen="attn_mlp_except_q_v"),
+    fsdp1_row("fsdp1-ckpt", checkpoint="checkpoint_wrapper"),
+    fsdp1_row("fsdp1-bwd-post", backward_prefetch="BACKWARD_POST"),
+    # Accelerate's FullyShardedDataParallelPlugin defaults (backward_prefetch NO_PREFETCH -> None)
+    fsdp1_row("fsdp1-no-prefetch", backward_prefetch=None),
+    fsdp1_row("fsdp1-no-limit", limit_all_gathers=False),
+    fsdp1_row("fsdp1-fwd-prefetch", forward_prefetch=True),
+    # transformers' Trainer with fsdp_config version 1 (TrainingArguments._process_fsdp_args); its
+    # sync_module_states=True cannot run here (FSDP refuses CPU module states with it; it only
+    # broadcasts rank 0's states at construction)
+    fsdp1_row("fsdp1-hf-trainer", use_orig_params=True, backward_prefetch=None),
+    # Lightning's FSDPStrategy() defaults: use_orig_params True, no auto_wrap_policy (one unit)
+    fsdp1_row("fsdp1-no-wrap", use_orig_params=True, auto_wrap="none"),
+    # PEFT LoRA (get_peft_model before wrapping; frozen base and trainable adapters share each
+    # layer's flat param, so use_orig_params=True is required)
+    fsdp1_row("fsdp1-lora", use_orig_params=True, lora=dict(r=8, alpha=16, dropout=0.0, targets=["q_proj", "v_proj"])),
+    fsdp1_row("fsdp1-lora-drop", use_orig_params=True,
+              lora=dict(r=8, alpha=16, dropout=0.05, targets=["q_proj", "v_proj"])),
+    fsdp1_row("fsdp1-lora-mp-bf16", use_orig_params=True, mp=("bfloat16", "float32", "bfloat16"),
+              lora=dict(r=8, alpha=16, dropout=0.0, targets=["q_proj", "v_proj"])),
+    fsdp1_row("fsdp1-lora-ckpt", use_orig_params=True, checkpoint="checkpoint_wrapper",
+              lora=dict(r=8, alpha=16, dropout=0.0, targets=["q_proj", "v_proj"])),
+]
+
+# An odd-sized Llama (hidden 390 = 13 heads x 30, 1 kv head, ffn 1001, vocab 6001, 2 layers) whose
+# flat parameters need padding: world-size padding (numel % 4 = 2) and, with use_orig_params,
+# 16-byte alignment padding between original parameters (390- and 390*1001-element tensors).
+FSDP1_PAD_MODEL = dict(measure.LLAMA, model="llama-odd-pad", precision="fp32", hidden=390, layers=2, heads=13,
+                       kv_heads=1, ffn=1001, vocab=6001, max_positions=1024, rms_norm_eps=1e-5,
+                       tied_embeddings=False, attn_implementation="eager", batch=1, seq=128)
+measure.fill_config_defaults(FSDP1_PAD_MODEL)
+
+FSDP1_HOLDOUT_ROWS = [
+    fsdp1_row("holdout-fsdp1-w4", world=4, cfg=HOLDOUT_MODEL),
+    fsdp1_row("holdout-fsdp1-orig-frozen", use_orig_params=True, frozen="attn_mlp_except_q_v", cfg=HOLDOUT_MODEL),
+    fsdp1_row("holdout-fsdp1-pad-w4", world=4, cfg=FSDP1_PAD_MODEL),
+    fsdp1_row("holdout-fsdp1-pad-w4-orig", world=4, use_orig_params=True, cfg=FSDP1_PAD_MODEL),
+    fsdp1_row("holdout-fsdp1-lora", use_orig_params=True, cfg=HOLDOUT_MODEL,
+              lora=dict(r=16, alpha=16, dropout=0.0, targets=["q_proj", "k_proj", "v_proj", "o_proj"])),
+]
+
+
 def cfg_of(row: dict) -> dict:
     """The row's model config: its `cfg` (holdout rows) or MODEL."""
     return row.get("cfg", MODEL)
@@ -280,7 +375,21 @@ def layout_of(r: dict) -> dict:
         "checkpoint": r.get("checkpoint"),
         "mp_param_dtype": r["mp"][0] if r.get("mp") else None,
         "mp_reduce_dtype": r["mp"][1] if r.get("mp") else None,
-    }
+    } | (fsdp1_layout(r) if k == "fsdp1" else {})
+
+
+def fsdp1_layout(r: dict) -> dict:
+    """The FSDP1 rows' extra layout fields (only on kind "fsdp1" rows; dp = world)."""
+    return {"dp": r["world"], "sharding_strategy": r["sharding_strategy"], "use_orig_params": r["use_orig_params"],
+            "limit_all_gathers": r["limit_all_gathers"], "forward_prefetch": r["forward_prefetch"],
+            "backward_prefetch": r["backward_prefetch"],
+            "mp_buffer_dtype": r["mp"][2] if r.get("mp") else None,
+            "frozen": "peft_lora_base" if r.get("lora") else r.get("frozen"),
+            "auto_wrap_policy": None if r.get("auto_wrap") == "none" else
+            "ModuleWrapPolicy({CheckpointWrapper})" if r.get("checkpoint") == "checkpoint_wrapper"
+            else "ModuleWrapPolicy({LlamaDecoderLayer})",
+            "device_id": "cpu", "sync_module_states": bool(r.get("sync_module_states", False))} | \
+        ({"lora": dict(r["lora"], bias="none", lib="peft")} if r.get("lora") else {})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -330,9 +439,14 @@ class FilteredProfile:
     (`c10d::*`, e.g. gloo's clone of a reduce-scatter input): gloo frees them on its worker thread
     whenever its Work object dies there, which the profiler cannot see, so they would stay "live"
     at random. NCCL makes no such torch allocation. `_c10d_functional::*` ops (DTensor's
-    collectives, whose outputs are real tensors the caller keeps) are not filtered."""
+    collectives, whose outputs are real tensors the caller keeps) are not filtered. FSDP1 rows also
+    drop what gloo's worker thread allocates under its `gloo:*` ranges (`prefixes`; see
+    backend_prefixes): FSDP1's CPU all-gather is dist.all_gather into a list of chunk views, and
+    gloo's worker stages it in a flat tensor of the full output size (alloc + free inside
+    gloo:all_gather, recorded because the work carries the caller's profiler state); NCCL's
+    all_gather_into_tensor has no such buffer."""
 
-    def __init__(self, prof):
+    def __init__(self, prof, prefixes=("c10d::",)):
         roots = prof.profiler.kineto_results.experimental_event_tree()
         allocs = sorted((n for n in measure._walk(roots) if str(n.tag).endswith("Allocation")),
                         key=lambda n: n.start_time_ns)
@@ -346,7 +460,7 @@ class FilteredProfile:
             if ef.alloc_size > 0:
                 p, op = n.parent, None
                 while p is not None:
-                    if p.name.startswith("c10d::"):
+                    if p.name.startswith(prefixes):
                         op = p.name
                     p = p.parent
                 if op is not None:
@@ -384,6 +498,13 @@ class FilteredProfile:
     def info(self) -> dict:
         return {"backend_internal_alloc_bytes": self.bytes, "backend_internal_unfreed_bytes": self.unfreed_bytes,
                 "backend_internal_by_op": dict(self.ops)}
+
+
+def backend_prefixes(row: dict) -> tuple:
+    """The profiler ranges whose allocations FilteredProfile drops: `c10d::*` for every row, and
+    gloo's worker ranges `gloo:*` for FSDP1 rows (the other rows' numbers were measured without
+    that filter and stay as they are)."""
+    return ("c10d::", "gloo:") if row["kind"] == "fsdp1" else ("c10d::",)
 
 
 class SettleAfterWait:
@@ -598,6 +719,144 @@ def build_fsdp2(row, rank, world, info):
     return c
 
 
+def freeze_params(model, row, info):
+    """Rows with `frozen` = "attn_mlp_except_q_v": every decoder layer's attention and MLP weight
+    is frozen (requires_grad False) except q_proj and v_proj (a LoRA-like frozen base that stays
+    inside the FSDP1 flat parameters; norms, embedding and lm_head stay trainable). Adam gets
+    only the trainable params (param_groups)."""
+    how = row.get("frozen")
+    if how is None:
+        return
+    assert how == "attn_mlp_except_q_v", how
+    frozen = 0
+    for name, p in model.named_parameters():
+        if (".self_attn." in name or ".mlp." in name) and not (".q_proj." in name or ".v_proj." in name):
+            p.requires_grad_(False)
+            frozen += p.numel()
+    info["frozen_numel"] = frozen
+    info["trainable_numel"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def apply_lora(model, row, info):
+    """Rows with `lora` ({r, alpha, dropout, targets}): peft.get_peft_model(model, LoraConfig(r,
+    lora_alpha, lora_dropout, target_modules, bias="none")) on the built model, before checkpointing
+    and wrapping. Every base parameter (embedding, norms, lm_head, all linear weights) is frozen;
+    each targeted nn.Linear becomes a peft LoraLinear whose base_layer keeps the weight and whose
+    lora_A / lora_B (fp32 nn.Linear, no bias) are trainable. The decoder layers stay
+    LlamaDecoderLayer modules (inside PeftModelForCausalLM -> LoraModel -> LlamaForCausalLM), so
+    ModuleWrapPolicy({LlamaDecoderLayer}) wraps them; their flat params hold the frozen weights and
+    the adapters. Returns the PeftModel."""
+    from peft import LoraConfig, get_peft_model
+
+    lc = row["lora"]
+    model = get_peft_model(model, LoraConfig(r=lc["r"], lora_alpha=lc["alpha"], lora_dropout=lc["dropout"],
+                                             target_modules=list(lc["targets"]), bias="none"))
+    info["lora_numel"] = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    info["trainable_numel"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    info["frozen_numel"] = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    info["model_class"] = type(model).__name__
+    return model
+
+
+def build_fsdp1(row, rank, world, info):
+    """FSDP1: FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
+    ...) with the row's settings, on CPU: device_id=torch.device("cpu") (with device_id None the
+    constructor raises "FSDP needs a non-CPU accelerator device" in _init_device_handle; with the
+    cpu device the handle is torch.cpu: streams and events are no-ops, all-gathers run as
+    dist.all_gather into chunk views of the padded unsharded flat param (_all_gather_flat_param's
+    is_cpu branch), reduce-scatters as reduce_scatter_single). Checkpointed rows wrap each layer
+    in checkpoint_wrapper first (apply_checkpointing) and wrap the CheckpointWrapper, so each
+    FSDP unit is FSDP(CheckpointWrapper(LlamaDecoderLayer)), the nesting Accelerate's
+    apply_activation_checkpointing after wrapping also gives."""
+    from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    cfg = cfg_of(row)
+    c = Ctx()
+    c.inner = build_base(cfg)
+    freeze_params(c.inner, row, info)
+    if row.get("lora"):  # PEFT first; checkpoint_wrapper then replaces the PEFT model's decoder layers
+        c.inner = apply_lora(c.inner, row, info)
+    apply_checkpointing(c.inner.get_base_model() if row.get("lora") else c.inner, row, info)
+    if row.get("auto_wrap") == "none":  # one FSDP unit: the whole model is the root's flat param
+        policy = None
+    elif row.get("checkpoint") == "checkpoint_wrapper":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+        policy = ModuleWrapPolicy({CheckpointWrapper})
+    else:
+        policy = ModuleWrapPolicy({LlamaDecoderLayer})
+    mp = None
+    if row.get("mp"):  # the model stays fp32 (sharded params, grads, Adam state); no autocast
+        pd, rd, bd = (getattr(torch, d) for d in row["mp"])
+        mp = MixedPrecision(param_dtype=pd, reduce_dtype=rd, buffer_dtype=bd)
+    bp = row["backward_prefetch"]
+    c.model = FSDP(c.inner, auto_wrap_policy=policy,
+                   sharding_strategy=getattr(ShardingStrategy, row["sharding_strategy"]),
+                   use_orig_params=row["use_orig_params"], limit_all_gathers=row["limit_all_gathers"],
+                   forward_prefetch=row["forward_prefetch"],
+                   backward_prefetch=getattr(BackwardPrefetch, bp) if bp else None,
+                   mixed_precision=mp, sync_module_states=bool(row.get("sync_module_states", False)),
+                   device_id=torch.device("cpu"))
+    c.inputs = inputs_for(cfg["batch"], 1 + rank, cfg)
+    c.fwd_kwargs = lambda: dict(c.inputs)
+    return c
+
+
+def fsdp1_handles(c) -> list:
+    from torch.distributed.fsdp._traversal_utils import _get_fsdp_handles
+
+    return _get_fsdp_handles(c.model)
+
+
+def fsdp1_state_tensors(c):
+    """What an FSDP1 rank holds between steps beyond model.parameters() and their .grad: the
+    FlatParameters (with use_orig_params the original params are views into them, or size-0),
+    each flat param's .grad (with use_orig_params, zero_grad(set_to_none=True) sets only the
+    original params' grads to None; the sharded flat grad lives on until the next forward's
+    _root_pre_forward -> _reset_flat_param_grad_info_if_needed), _saved_grad_shard (gradient
+    accumulation), and any storage of _full_param_padded / _full_prec_full_param_padded / _mp_shard
+    still allocated (returned as (name, tensor) pairs; expected none between steps)."""
+    params, grads, other = [], [], []
+    for h in fsdp1_handles(c):
+        fp = h.flat_param
+        params.append(fp)
+        grads.append(fp.grad)
+        grads.append(getattr(fp, "_saved_grad_shard", None))
+        for a in ("_full_param_padded", "_full_prec_full_param_padded", "_mp_shard"):
+            t = getattr(fp, a, None)
+            if t is not None and t.untyped_storage().nbytes() > 0:
+                other.append((a, t))
+    return params, grads, other
+
+
+def fsdp1_units(c) -> list:
+    """Each FSDP1 unit's flat parameter: original numel, alignment / world-size padding, padded
+    unsharded and sharded sizes, this rank's shard padding, dtype."""
+    out = []
+    for h in fsdp1_handles(c):
+        fp = h.flat_param
+        pad = [n for n, is_pad in zip(fp._numels_with_padding, fp._is_padding_mask) if is_pad]
+        padded = getattr(fp, "_padded_unsharded_size", None)
+        out.append({
+            "module": type(h._fully_sharded_module).__name__,
+            "num_params": fp._num_params,
+            "orig_numel": sum(fp._numels),
+            "requires_grad_numel": (sum(fp._numels) if fp.requires_grad else 0) if fp._params is None
+            else sum(n for n, p in zip(fp._numels, fp._params) if p.requires_grad),
+            "padding_tensor_numels": pad,
+            "unpadded_unsharded_numel": fp._unpadded_unsharded_size.numel(),
+            "padded_unsharded_numel": padded.numel() if padded is not None else None,
+            "sharded_numel": fp._sharded_size.numel(),
+            "shard_numel_padded": fp._shard_numel_padded,
+            "dtype": str(fp.dtype).replace("torch.", ""),
+            "flat_param_requires_grad": fp.requires_grad,
+        })
+    return out
+
+
 def build_tp(row, rank, world, info):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
@@ -775,13 +1034,14 @@ def param_groups(model) -> list:
     param group."""
     from torch.distributed.tensor import DTensor
 
-    ps = list(model.parameters())
+    ps = [p for p in model.parameters() if p.requires_grad]  # frozen rows: trainable only
     dt = [p for p in ps if isinstance(p, DTensor)]
     plain = [p for p in ps if not isinstance(p, DTensor)]
     return [{"params": g} for g in (dt, plain) if g]
 
 
-BUILDERS = {"single": build_single, "ddp": build_ddp, "fsdp2": build_fsdp2, "tp": build_tp, "pp": build_pp}
+BUILDERS = {"single": build_single, "ddp": build_ddp, "fsdp2": build_fsdp2, "tp": build_tp, "pp": build_pp,
+            "fsdp1": build_fsdp1}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -825,13 +1085,15 @@ def worker(rank: int, row: dict, port: int, tmpdir: str):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     t0 = time.time()
     info: dict = {}
+    if row.get("lora"):  # import peft outside the build window: its import allocates two 8-byte class
+        import peft  # noqa: F401  constants (peft/tuners/loha/layer.py HadaWeight, HadaWeightCP)
     # Build window: model, wrapper, optimizer, inputs; everything allocated from here is seen.
     with profile_ctx() as prof, SettleAfterWait():
         c = BUILDERS[row["kind"]](row, rank, world, info)
         c.opt = torch.optim.Adam(param_groups(c.model), foreach=True)
         info["adam_param_groups"] = [len(g["params"]) for g in c.opt.param_groups]
         gc.collect()
-    fprof = FilteredProfile(prof)
+    fprof = FilteredProfile(prof, backend_prefixes(row))
     live = measure.analyse_profile(fprof, 0, {})["end_delta_bytes"]
     info["build_backend_internal"] = fprof.info()
     del prof
@@ -844,8 +1106,10 @@ def worker(rank: int, row: dict, port: int, tmpdir: str):
     losses: list[float] = []
     for name in STEPS:
         dist.barrier()
-        pbytes = ubytes(params + buffers)
-        gbytes = ubytes([p.grad for p in params])
+        # FSDP1: the flat params, their (sharded) grads and any unsharded storage still allocated
+        fp_params, fp_grads, fp_other = fsdp1_state_tensors(c) if row["kind"] == "fsdp1" else ([], [], [])
+        pbytes = ubytes(params + buffers + fp_params)
+        gbytes = ubytes([p.grad for p in params] + fp_grads)
         sbytes = ubytes(state_tensors(c.opt))
         ibytes = measure.unique_bytes(list(c.inputs.values()))
         visible = pbytes + gbytes + sbytes + ibytes
@@ -854,12 +1118,18 @@ def worker(rank: int, row: dict, port: int, tmpdir: str):
             # profiler chain (live - visible) cross-checks; the chain alone once read one bucket too
             # many on a rank (a build-time free on gloo's thread went unseen)
             other = sum(int(x) for x in str(info["ddp_logging"]["bucket_sizes"]).split(","))
+        elif fp_other:  # FSDP1 unsharded flat-param storages alive between steps (none expected)
+            other = measure.unique_bytes([t for _, t in fp_other])
+            info.setdefault("fsdp1_other_before", {})[name] = sorted({a for a, _ in fp_other})
         baseline = visible + other
+        # FSDP1 with use_orig_params frees the previous step's flat grads in the next forward
+        # (_root_pre_forward): hold no reference to them across the step
+        del fp_params, fp_grads, fp_other
         t_step = time.time()
         with profile_ctx() as prof, SettleAfterWait():
             run_step(row, rank, c, tracker, losses)
             gc.collect()
-        fprof = FilteredProfile(prof)
+        fprof = FilteredProfile(prof, backend_prefixes(row))
         res = measure.analyse_profile(fprof, baseline, {})
         res.update(fprof.info())
         detail = curve_detail(fprof)
@@ -885,6 +1155,8 @@ def worker(rank: int, row: dict, port: int, tmpdir: str):
         ld = c.model._get_ddp_logging_data()
         info["ddp_logging_after_steps"] = {k: ld[k] for k in ("bucket_sizes", "rebuilt_bucket_sizes",
                                                               "has_rebuilt_buckets") if k in ld}
+    if row["kind"] == "fsdp1":
+        info["fsdp1_units"] = fsdp1_units(c)
     info["losses"] = losses
     info["seconds"] = round(time.time() - t0, 1)
     with open(os.path.join(tmpdir, f"rank{rank}.json"), "w") as f:
@@ -971,20 +1243,33 @@ METHOD = {
     "threads": "torch.set_num_threads(1) per rank; one process group at a time",
 }
 
+FSDP1_METHOD = ("FullyShardedDataParallel(device_id=cpu) per row settings (layout); baseline params = FlatParameter "
+                "shard storages (padded; with use_orig_params the original params are views into them), grads = "
+                "flat_param.grad / _saved_grad_shard storages (with use_orig_params the sharded flat grad outlives "
+                "zero_grad(set_to_none=True) until the next forward), other_before = unsharded flat-param storages "
+                "still allocated before the step (none expected); info.fsdp1_units: each unit's flat-param sizes")
+
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", help="regex on row ids; merges into --out")
     ap.add_argument("--holdout", action="store_true",
                     help="measure HOLDOUT_ROWS (HOLDOUT_MODEL) instead; --out defaults to distributed_holdout.json")
+    ap.add_argument("--fsdp1", action="store_true",
+                    help="measure FSDP1_ROWS (with --holdout: FSDP1_HOLDOUT_ROWS) instead; --out defaults to "
+                         "fsdp1_measured.json (fsdp1_holdout.json)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.out is None:
-        args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures",
-                                "distributed_holdout.json" if args.holdout else "distributed.json")
+        name = ("fsdp1_holdout.json" if args.holdout else "fsdp1_measured.json") if args.fsdp1 else \
+            ("distributed_holdout.json" if args.holdout else "distributed.json")
+        args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", name)
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    all_rows = HOLDOUT_ROWS if args.holdout else ROWS
+    if args.fsdp1:
+        all_rows = FSDP1_HOLDOUT_ROWS if args.holdout else FSDP1_ROWS
+    else:
+        all_rows = HOLDOUT_ROWS if args.holdout else ROWS
     rows = [r for r in all_rows if args.only is None or re.search(args.only, r["id"])]
     import transformers
 
@@ -997,7 +1282,8 @@ def main():
            "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                         "python": platform.python_version()},
-           "device": "cpu", "backend": "gloo", "threads": 1, "method": METHOD, "rows": out_rows,
+           "device": "cpu", "backend": "gloo", "threads": 1,
+           "method": dict(METHOD, fsdp1=FSDP1_METHOD) if args.fsdp1 else METHOD, "rows": out_rows,
            "seconds": round(time.time() - t0, 1)}
     path = os.path.abspath(args.out)
     if args.only and os.path.exists(path):

@@ -116,6 +116,27 @@ fn float8_allowed(w: &Workload) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// FSDP1 (`--fsdp-version 1`) where it is modelled: sharded (FULL_SHARD, SHARD_GRAD_OP,
+/// HYBRID_SHARD), a base that trains. A frozen base inside a flat parameter (LoRA, a quantized
+/// base under `use_orig_params`) still has its weights' gradients computed, reduce-scattered and
+/// kept sharded (`validation/fsdp1_notes.md`, §5): not planned yet.
+fn fsdp1_allowed(w: &Workload) -> Result<(), PlanError> {
+    let refuse = |why: &str| Err(PlanError::Unsupported(format!("--fsdp-version 1 {why}")));
+    if w.parallel.fsdp.is_none() {
+        return refuse("is a form of FSDP: it needs --fsdp full, hybrid or shard-grad-op");
+    }
+    if w.lora.is_some() || w.quant.is_some() {
+        return refuse(
+            "with a frozen base is not planned yet: FSDP1 computes, reduce-scatters and keeps the \
+             frozen weights' gradients inside each flat parameter",
+        );
+    }
+    if w.float8 != crate::workload::Float8::Off {
+        return refuse("with --float8 is not planned (torchao's float8 all-gather is FSDP2's)");
+    }
+    Ok(())
+}
+
 pub fn validate(w: &Workload) -> Result<(), PlanError> {
     let need = |v: u64, what: &str| {
         if v == 0 {
@@ -139,6 +160,9 @@ pub fn validate(w: &Workload) -> Result<(), PlanError> {
     }
     if w.optimizer_in_backward && !w.inference() {
         in_backward_allowed(w)?;
+    }
+    if w.parallel.fsdp1 {
+        fsdp1_allowed(w)?;
     }
     // (A bare parameter count, the params scenario's model, has no linears to convert.)
     if !w.float8.is_off() && w.arch != Arch::Dense {

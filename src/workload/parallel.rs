@@ -111,6 +111,10 @@ pub struct Parallel {
     /// FSDP2's `reshard_after_forward` (the root module keeps its parameters either way).
     #[serde(default = "yes")]
     pub reshard_after_forward: bool,
+    /// FSDP1 (`FullyShardedDataParallel`, flat parameters per wrapped unit) rather than FSDP2
+    /// (`fully_shard`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fsdp1: bool,
     /// FSDP's CPU offload: the sharded parameters, gradients and optimizer state live in host
     /// memory; the GPU holds what is gathered and computed.
     #[serde(default)]
@@ -139,6 +143,7 @@ impl Default for Parallel {
             cp: 1,
             fsdp: None,
             reshard_after_forward: true,
+            fsdp1: false,
             offload: false,
             ddp_bucket_mb: None,
             bucket_view: false,
@@ -564,6 +569,10 @@ pub struct ParallelArgs {
     /// on | off: FSDP2's reshard_after_forward [on].
     #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
     pub reshard_after_forward: Option<String>,
+    /// 1 | 2: FSDP1's FullyShardedDataParallel (a flat parameter per wrapped unit, gathered
+    /// in place; Accelerate's, Lightning's and LitGPT's FSDP) or FSDP2's fully_shard [2].
+    #[arg(long, value_name = "1|2", allow_hyphen_values = true)]
+    pub fsdp_version: Option<String>,
     /// on | off: FSDP's CPU offload of the sharded states (the GPU holds what is gathered).
     #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
     pub offload: Option<String>,
@@ -613,6 +622,7 @@ impl ParallelArgs {
         pick!(
             fsdp,
             reshard_after_forward,
+            fsdp_version,
             offload,
             ddp,
             bucket_view,
@@ -632,6 +642,7 @@ impl ParallelArgs {
         Some(match key {
             "fsdp" => &mut self.fsdp,
             "reshard_after_forward" => &mut self.reshard_after_forward,
+            "fsdp_version" => &mut self.fsdp_version,
             "offload" => &mut self.offload,
             "ddp" => &mut self.ddp,
             "bucket_view" => &mut self.bucket_view,
@@ -682,6 +693,9 @@ pub fn apply(
     }
     if let Some(v) = &a.reshard_after_forward {
         p.reshard_after_forward = on_off("reshard-after-forward", v)?;
+    }
+    if let Some(v) = &a.fsdp_version {
+        p.fsdp1 = choice("fsdp-version", v, &[("1", true), ("2", false)])?;
     }
     if let Some(v) = &a.offload {
         p.offload = on_off("offload", v)?;

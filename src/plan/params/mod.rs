@@ -271,6 +271,9 @@ pub struct States {
     /// FSDP's mixed-precision parameter type: the unsharded gradients backward makes are in
     /// it (None: the gradients' own type).
     pub gather_dtype: Option<DType>,
+    /// FSDP1: a unit's gradients are concatenated by autograd into one flat gradient, which
+    /// goes once its reduce-scatter is done.
+    fsdp1: bool,
 }
 
 /// Which part of an optimizer-in-backward step waits for `States::settle`.
@@ -337,6 +340,7 @@ impl States {
             low: autocast(w).filter(|_| !flat).map(|a| a.low),
             casts: Default::default(),
             shard: w.shard_degree(),
+            fsdp1: w.parallel.fsdp1 && w.parallel.fsdp.is_some(),
             unsharded: Vec::new(),
             grads_in_buckets: w.parallel.ddp_bucket_mb.is_some() && w.parallel.bucket_view,
             groups: pieces

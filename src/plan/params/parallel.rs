@@ -96,15 +96,41 @@ impl States {
             .map(|&(i, _)| self.defs[i].elems)
             .fold(0u64, |a, e| a.saturating_add(e));
         let unit = &self.names[mine[0].0];
-        let input = b.push(
-            &format!("fsdp.rs_input.{unit}"),
-            Role::Workspace,
-            kind.dtype,
-            &[full.max(1)],
-            full.clamp(1, 4096),
-        )?;
-        for &(_, g) in &mine {
-            b.free(g);
+        // FSDP1 (`_flat_param.py`): the unit's parameters are views of one flat parameter, so
+        // autograd concatenates their gradients (`SplitWithSizesBackward0`'s `cat`) into one
+        // flat gradient in the gathered type; under mixed precision the post-backward hook
+        // casts it to the reduce type (a second full copy) before the reduce-scatter
+        // (`_runtime_utils.py` `_post_backward_hook`, `_reduce_grad`).
+        let cat = if self.fsdp1 {
+            let dt = self.gather_dtype.unwrap_or(kind.dtype);
+            let t = b.push(
+                &format!("fsdp.flat_grad.{unit}"),
+                Role::Workspace,
+                dt,
+                &[full.max(1)],
+                full.clamp(1, 4096),
+            )?;
+            for &(_, g) in &mine {
+                b.free(g);
+            }
+            Some(t)
+        } else {
+            None
+        };
+        let input = match cat {
+            Some(t) if b.tensor(t).dtype == kind.dtype => t,
+            _ => b.push(
+                &format!("fsdp.rs_input.{unit}"),
+                Role::Workspace,
+                kind.dtype,
+                &[full.max(1)],
+                full.clamp(1, 4096),
+            )?,
+        };
+        if cat.is_none() {
+            for &(_, g) in &mine {
+                b.free(g);
+            }
         }
         let out_elems = full.div_ceil(self.shard);
         let out = b.push(
@@ -115,9 +141,16 @@ impl States {
             out_elems.clamp(1, 4096),
         )?;
         b.on_stream(out, crate::plan::Stream::ReduceScatter);
-        // FSDP2 keeps a unit's reduce-scatter input until the next unit's reduce-scatter has
-        // been waited on; the last one until the backward is finalized (`finalize_backward`).
-        if let Some(prev) = self.rs_kept.replace(input) {
+        if let Some(t) = cat {
+            // FSDP1: the flat gradient (and its cast) go when the post-backward hook returns.
+            if t != input {
+                b.free(input);
+            }
+            b.free(t);
+        } else if let Some(prev) = self.rs_kept.replace(input) {
+            // FSDP2 keeps a unit's reduce-scatter input until the next unit's reduce-scatter
+            // has been waited on; the last one until the backward is finalized
+            // (`finalize_backward`).
             b.free(prev);
         }
         // The scattered output is the sharded `.grad`s of the whole unit (views into it); a

@@ -490,6 +490,21 @@ impl T<'_> {
         // copy-out with it), the last one until the root's forward returns
         // (`_fsdp_param_group.py` `wait_for_unshard`, `_fsdp_state.py` `_post_forward`); in
         // backward it goes after the copy-out.
+        if self.w.parallel.fsdp1 {
+            // FSDP1 gathers into the unit's padded flat parameter, which the parameters view:
+            // one allocation on the unshard stream, no copy-out (`_flat_param.py`
+            // `_alloc_padded_unsharded_flat_param`, `_all_gather_flat_param`).
+            let t = self.b.push(
+                &format!("fsdp.unsharded.{unit}"),
+                Role::Params,
+                dt,
+                &[elems],
+                elems.clamp(1, 4096),
+            )?;
+            self.b.on_stream(t, crate::plan::Stream::AllGather);
+            self.units.insert(unit.to_string(), t);
+            return Ok(());
+        }
         let flat = self.b.push(
             &format!("fsdp.all_gather.{unit}"),
             Role::Workspace,

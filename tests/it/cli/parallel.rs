@@ -47,6 +47,26 @@ fn a_bad_layout_exits_2_naming_its_dimension() {
         ),
         (vec!["--fsdp", "sideways"], ["--fsdp", "full, hybrid"]),
         (
+            vec!["--fsdp-version", "1"],
+            ["--fsdp-version 1", "--fsdp full"],
+        ),
+        (vec!["--fsdp-version", "3"], ["--fsdp-version", "1, 2"]),
+        (
+            vec![
+                "--fsdp",
+                "full",
+                "--fsdp-version",
+                "1",
+                "--gpus",
+                "8",
+                "--lora",
+                "8",
+                "--precision",
+                "bf16",
+            ],
+            ["--fsdp-version 1", "frozen base"],
+        ),
+        (
             vec!["--schedule", "zigzag", "--pp", "2"],
             ["--schedule", "1f1b"],
         ),

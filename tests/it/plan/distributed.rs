@@ -76,6 +76,14 @@ fn flags(r: &Value, rank: u64, step: &str) -> Vec<String> {
                 if on { "on" } else { "off" }
             ));
         }
+        "fsdp1" => {
+            let strategy = match l["sharding_strategy"].as_str().unwrap() {
+                "FULL_SHARD" => "full",
+                "SHARD_GRAD_OP" => "shard-grad-op",
+                other => panic!("FSDP1 {other} is not planned"),
+            };
+            add(format!("--gpus {world} --fsdp {strategy} --fsdp-version 1"));
+        }
         "tp" => {
             let head = l["lm_head_placement"].as_str().unwrap_or("").to_lowercase();
             let head = if head.contains("replicated") {
@@ -210,6 +218,49 @@ fn every_rank_of_every_layout_is_reproduced() {
 fn held_out_layouts_are_reproduced() {
     let (failures, checked) = check(&load("distributed_holdout.json"));
     assert!(checked >= 110, "only {checked} checks in the holdout");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// FSDP1 (`validation/distributed.py --fsdp1`, `validation/fsdp1_notes.md`): FULL_SHARD and
+/// SHARD_GRAD_OP, with and without `use_orig_params`, bf16 mixed precision, checkpointed layers,
+/// with and without `limit_all_gathers` and `forward_prefetch`, and the held-out rows (a wider
+/// model over 4 ranks, an odd-sized one whose flat parameters are padded). Not planned, so not
+/// checked: NO_SHARD (FSDP1 deprecates it for DDP), frozen parameters inside a flat parameter,
+/// one unit for the whole model (Lightning's default without a wrap policy), and backward
+/// prefetch other than torch's BACKWARD_PRE (`BACKWARD_POST`, none: Accelerate's and the
+/// Trainer's default).
+fn fsdp1_rows(name: &str) -> Value {
+    let mut fx = load(name);
+    let planned = |r: &Value| {
+        let l = &r["layout"];
+        l["sharding_strategy"] != "NO_SHARD"
+            && l["frozen"].is_null()
+            && l["lora"].is_null()
+            && !l["auto_wrap_policy"].is_null()
+            && l["backward_prefetch"] == "BACKWARD_PRE"
+    };
+    let rows: Vec<Value> = fx["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| planned(r))
+        .cloned()
+        .collect();
+    fx["rows"] = Value::Array(rows);
+    fx
+}
+
+#[test]
+fn fsdp1_ranks_are_reproduced() {
+    let (failures, checked) = check(&fsdp1_rows("fsdp1_measured.json"));
+    assert!(checked >= 60, "only {checked} FSDP1 checks");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn fsdp1_held_out_ranks_are_reproduced() {
+    let (failures, checked) = check(&fsdp1_rows("fsdp1_holdout.json"));
+    assert!(checked >= 40, "only {checked} held-out FSDP1 checks");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

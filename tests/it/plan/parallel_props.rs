@@ -55,6 +55,8 @@ fn layout() -> impl Strategy<Value = (Parallel, u64, u8)> {
                     cp,
                     fsdp: if ddp.is_some() { None } else { fsdp },
                     reshard_after_forward: raf,
+                    // FSDP1 on the draws that also pick a rank (either way on the others).
+                    fsdp1: pick && ddp.is_none() && fsdp.is_some(),
                     offload: false,
                     ddp_bucket_mb: ddp,
                     bucket_view: view && ddp.is_some(),

@@ -156,10 +156,21 @@ CheckpointWrapper: FSDP(CheckpointWrapper(layer)), Accelerate's nesting), `fsdp1
 Trainer FSDP1 defaults: use_orig_params True, backward_prefetch None; its sync_module_states=True
 raises on CPU modules ("requires them to be on GPU") and only broadcasts at construction),
 `fsdp1-no-wrap` (Lightning FSDPStrategy's defaults: use_orig_params True and no auto_wrap_policy,
-so the whole model is one flat param; layout.auto_wrap_policy null). Held out:
+so the whole model is one flat param; layout.auto_wrap_policy null), and PEFT LoRA (apply_lora:
+peft.get_peft_model(model, LoraConfig(r, lora_alpha, lora_dropout, target_modules, bias="none")) on
+the built model before wrapping; use_orig_params True, since the frozen base and the trainable
+adapters share each layer's flat param; ModuleWrapPolicy({LlamaDecoderLayer}) still finds the
+layers inside PeftModelForCausalLM; the root unit wraps the PeftModel; Adam over the adapters):
+`fsdp1-lora` (r 8, alpha 16, q_proj + v_proj, dropout 0), `fsdp1-lora-drop` (dropout 0.05),
+`fsdp1-lora-mp-bf16` (MixedPrecision as fsdp1-mp-bf16), `fsdp1-lora-ckpt` (PEFT first, then
+checkpoint_wrapper on each decoder layer of the PEFT model's base, units FSDP(CheckpointWrapper));
+their layout has lora = {r, alpha, dropout, targets, bias, lib} and frozen = "peft_lora_base"
+(every base parameter frozen); peft is imported before the build window (its import allocates two
+8-byte class constants). Held out:
 `holdout-fsdp1-w4` (HOLDOUT_MODEL, world 4), `holdout-fsdp1-orig-frozen` (HOLDOUT_MODEL, world 2,
 use_orig_params + frozen), `holdout-fsdp1-pad-w4` / `-orig` (FSDP1_PAD_MODEL, world 4, seq 128,
-batch 1: flat params that need world-size and (use_orig_params) alignment padding). The baseline
+batch 1: flat params that need world-size and (use_orig_params) alignment padding),
+`holdout-fsdp1-lora` (HOLDOUT_MODEL, world 2, LoRA r 16 alpha 16 on q/k/v/o_proj, dropout 0). The baseline
 adds each unit's FlatParameter storage, its .grad / _saved_grad_shard and any unsharded storage
 still allocated (fsdp1_state_tensors; with use_orig_params the sharded flat grad outlives
 zero_grad(set_to_none=True) until the next forward frees it); info.fsdp1_units records each unit's

@@ -117,18 +117,16 @@ fn float8_allowed(w: &Workload) -> Result<(), PlanError> {
 }
 
 /// FSDP1 (`--fsdp-version 1`) where it is modelled: sharded (FULL_SHARD, SHARD_GRAD_OP,
-/// HYBRID_SHARD), a base that trains. A frozen base inside a flat parameter (LoRA, a quantized
-/// base under `use_orig_params`) still has its weights' gradients computed, reduce-scattered and
-/// kept sharded (`validation/fsdp1_notes.md`, §5): not planned yet.
+/// HYBRID_SHARD), a base that trains or LoRA adapters beside it (`use_orig_params`); not a
+/// quantized base.
 fn fsdp1_allowed(w: &Workload) -> Result<(), PlanError> {
     let refuse = |why: &str| Err(PlanError::Unsupported(format!("--fsdp-version 1 {why}")));
     if w.parallel.fsdp.is_none() {
         return refuse("is a form of FSDP: it needs --fsdp full, hybrid or shard-grad-op");
     }
-    if w.lora.is_some() || w.quant.is_some() {
+    if w.quant.is_some() {
         return refuse(
-            "with a frozen base is not planned yet: FSDP1 computes, reduce-scatters and keeps the \
-             frozen weights' gradients inside each flat parameter",
+            "with a quantized base is not planned (FSDP1 flattens only floating parameters)",
         );
     }
     if w.float8 != crate::workload::Float8::Off {

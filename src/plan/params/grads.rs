@@ -60,7 +60,7 @@ impl States {
         let Some(i) = self.piece(name) else {
             return Ok(());
         };
-        if self.frozen(i) {
+        if self.frozen(i) && !self.frozen_in_flat(i) {
             return Ok(());
         }
         let piece = Piece::new(self.names[i].clone(), self.pieces[i].elems);
@@ -87,7 +87,7 @@ impl States {
             then(b);
             return Ok(());
         };
-        if self.flat || self.frozen(i) {
+        if self.flat || (self.frozen(i) && !self.frozen_in_flat(i)) {
             then(b);
             return Ok(());
         }

@@ -460,6 +460,17 @@ impl States {
     fn frozen(&self, i: usize) -> bool {
         !self.flat && self.defs.get(i).is_some_and(|d| d.frozen)
     }
+    /// FSDP1: a frozen piece of a decoder layer shares its unit's flat parameter with the
+    /// layer's adapters, so backward computes its gradient, which is reduce-scattered and kept
+    /// sharded; only the optimizer leaves it alone (`validation/fsdp1_notes.md`, §5).
+    fn frozen_in_flat(&self, i: usize) -> bool {
+        self.fsdp1
+            && self.names.get(i).is_some_and(|n| {
+                n.strip_prefix('L')
+                    .and_then(|r| r.split('.').next())
+                    .is_some_and(|d| d.parse::<u64>().is_ok())
+            })
+    }
     /// Index of the piece called `name` (always 0 for flat ZeRO states); None when the model
     /// has no such parameters.
     pub fn piece(&self, name: &str) -> Option<usize> {

@@ -446,7 +446,13 @@ impl T<'_> {
         if let (Some(i), Block::Attn) = (layer, block) {
             if self.w.parallel.fsdp.is_some() {
                 // The layer's post-backward: reduce-scatter its gradients, reshard.
-                let names = [format!("L{i}.attn"), format!("L{i}.mlp")];
+                // The unit holds the layer's adapters too.
+                let names = [
+                    format!("L{i}.attn"),
+                    format!("L{i}.mlp"),
+                    format!("L{i}.attn.lora"),
+                    format!("L{i}.mlp.lora"),
+                ];
                 self.states.fsdp_reduce(self.b, &names)?;
                 self.reshard(&format!("L{i}"));
             }

@@ -66,9 +66,12 @@ impl T<'_> {
     }
 
     /// The base is frozen (adapters or a quantized base): its linears save no input for a
-    /// weight gradient and its norms no x̂.
+    /// weight gradient and its norms no x̂. Not under FSDP1: a layer's frozen weights are views
+    /// of its flat parameter, which requires a gradient when an adapter in it does, so they
+    /// save and compute what full fine-tuning does (`validation/fsdp1_notes.md`).
     pub(super) fn frozen(&self) -> bool {
-        self.w.lora.is_some() || self.w.quant.is_some_and(|q| q.kind.is_bnb())
+        (self.w.lora.is_some() || self.w.quant.is_some_and(|q| q.kind.is_bnb()))
+            && !self.w.parallel.fsdp1
     }
 
     /// Whether LoRA adapts one of `targets`.

@@ -490,29 +490,22 @@ impl T<'_> {
         // copy-out with it), the last one until the root's forward returns
         // (`_fsdp_param_group.py` `wait_for_unshard`, `_fsdp_state.py` `_post_forward`); in
         // backward it goes after the copy-out.
-        if self.w.parallel.fsdp1 {
-            // FSDP1 gathers into the unit's padded flat parameter, which the parameters view:
-            // one allocation on the unshard stream, no copy-out (`_flat_param.py`
-            // `_alloc_padded_unsharded_flat_param`, `_all_gather_flat_param`).
-            let t = self.b.push(
-                &format!("fsdp.unsharded.{unit}"),
-                Role::Params,
+        // FSDP1 gathers into the unit's padded flat parameter, which the parameters view:
+        // one allocation on the unshard stream, no copy-out (`_flat_param.py`
+        // `_alloc_padded_unsharded_flat_param`, `_all_gather_flat_param`).
+        let flat = if self.w.parallel.fsdp1 {
+            None
+        } else {
+            let f = self.b.push(
+                &format!("fsdp.all_gather.{unit}"),
+                Role::Workspace,
                 dt,
                 &[elems],
                 elems.clamp(1, 4096),
             )?;
-            self.b.on_stream(t, crate::plan::Stream::AllGather);
-            self.units.insert(unit.to_string(), t);
-            return Ok(());
-        }
-        let flat = self.b.push(
-            &format!("fsdp.all_gather.{unit}"),
-            Role::Workspace,
-            dt,
-            &[elems],
-            elems.clamp(1, 4096),
-        )?;
-        self.b.on_stream(flat, crate::plan::Stream::AllGather);
+            self.b.on_stream(f, crate::plan::Stream::AllGather);
+            Some(f)
+        };
         let t = self.b.push(
             &format!("fsdp.unsharded.{unit}"),
             Role::Params,
@@ -520,11 +513,18 @@ impl T<'_> {
             &[elems],
             elems.clamp(1, 4096),
         )?;
+        if flat.is_none() {
+            self.b.on_stream(t, crate::plan::Stream::AllGather);
+        }
         self.units.insert(unit.to_string(), t);
-        if self.b.current_phase() == Phase::Backward {
-            self.b.free(flat);
-        } else if let Some(prev) = self.all_gather_kept.replace(flat) {
-            self.b.free(prev);
+        match flat {
+            None => {}
+            Some(flat) if self.b.current_phase() == Phase::Backward => self.b.free(flat),
+            Some(flat) => {
+                if let Some(prev) = self.all_gather_kept.replace(flat) {
+                    self.b.free(prev);
+                }
+            }
         }
         Ok(())
     }

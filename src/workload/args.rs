@@ -118,8 +118,9 @@ pub struct WorkloadArgs {
     #[arg(long, value_name = "F", allow_hyphen_values = true)]
     pub float8: Option<String>,
     /// N: LitGPT's chunked head and loss (`lm_head_chunk_size=N`, `chunked_cross_entropy`):
-    /// the logits in N-token chunks, each chunk's cross-entropy in the logits' type, with no
-    /// fp32 copy; 0 (the default): one head, transformers' fp32 loss.
+    /// the logits in N-token chunks, handed to the loop in fp32 by Fabric's bf16-true, each
+    /// chunk's cross-entropy over them with no further copy; 0 (the default): one head,
+    /// transformers' loss.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub loss_chunk: Option<String>,
     /// lazy | eager: how the CUDA stack loads its kernels (CUDA_MODULE_LOADING); eager (PyTorch

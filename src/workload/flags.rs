@@ -69,7 +69,7 @@ pub fn limit(size: &str) -> Option<u64> {
         "heads" => 1 << 16,
         "experts" => 1 << 12,
         "ffn" => 1 << 24,
-        "vocab" | "seq" | "batch" | "gpus" => 1 << 24,
+        "vocab" | "seq" | "batch" | "gpus" | "loss-chunk" => 1 << 24,
         "params" => 1 << 50,
         // Layout degrees: a stage holds at least one layer, heads split over --tp, the
         // sequence over 2·--cp; the data-parallel degree within --gpus.

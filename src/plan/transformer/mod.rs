@@ -493,26 +493,17 @@ impl T<'_> {
         // FSDP1 gathers into the unit's padded flat parameter, which the parameters view:
         // one allocation on the unshard stream, no copy-out (`_flat_param.py`
         // `_alloc_padded_unsharded_flat_param`, `_all_gather_flat_param`).
+        let mut flat_of =
+            |name: String, role| self.b.push(&name, role, dt, &[elems], elems.clamp(1, 4096));
         let flat = if self.w.parallel.fsdp1 {
             None
         } else {
-            let f = self.b.push(
-                &format!("fsdp.all_gather.{unit}"),
-                Role::Workspace,
-                dt,
-                &[elems],
-                elems.clamp(1, 4096),
-            )?;
-            self.b.on_stream(f, crate::plan::Stream::AllGather);
-            Some(f)
+            Some(flat_of(format!("fsdp.all_gather.{unit}"), Role::Workspace)?)
         };
-        let t = self.b.push(
-            &format!("fsdp.unsharded.{unit}"),
-            Role::Params,
-            dt,
-            &[elems],
-            elems.clamp(1, 4096),
-        )?;
+        let t = flat_of(format!("fsdp.unsharded.{unit}"), Role::Params)?;
+        if let Some(f) = flat {
+            self.b.on_stream(f, crate::plan::Stream::AllGather);
+        }
         if flat.is_none() {
             self.b.on_stream(t, crate::plan::Stream::AllGather);
         }

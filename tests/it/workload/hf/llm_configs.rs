@@ -506,3 +506,22 @@ fn every_config_round_trips_through_json() {
     }
     assert!(read >= 40, "{read} configs read");
 }
+
+/// Phi and GPT-NeoX (LitGPT's phi-1.5 and StableLM-Alpha 3B, written as transformers configs):
+/// the readers' parameter counts equal transformers 5.24's on the meta device, counted
+/// 2026-12-06 (phi-1.5: 1,418,270,720, the checkpoint's published 1.42B; StableLM-Alpha 3B:
+/// 3,637,321,728), and serving keeps every layer's K and V: bytes per token are
+/// layers · 2 · hidden · 2 in bf16.
+#[test]
+fn phi_and_gpt_neox_count_and_cache_as_transformers_builds_them() {
+    for (name, params, layers, hidden) in [
+        ("phi-1_5-litgpt", 1_418_270_720u64, 24u64, 2048u64),
+        ("stablelm-base-alpha-3b-litgpt", 3_637_321_728, 16, 4096),
+    ] {
+        let w = config(name);
+        let m = w.model.as_ref().unwrap();
+        assert_eq!(m.counts().total, params, "{name}");
+        let per_request: u64 = m.layers.iter().map(|l| l.cache_bytes(1000, 2, 2)).sum();
+        assert_eq!(per_request, 1000 * layers * 2 * hidden * 2, "{name}");
+    }
+}

@@ -159,6 +159,7 @@ fn finetune_remedies(w: &Workload, memory: u64) -> Result<Vec<Remedy>, PlanError
         double_quant: true,
         prepare: true,
         compute: Some(Precision::Bf16),
+        ..Quant::bnb(QuantKind::Nf4)
     });
     q.checkpoint = Checkpoint::Full;
     let mut ck = base.clone();

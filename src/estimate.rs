@@ -268,23 +268,29 @@ pub fn describe(w: &Workload) -> String {
     if w.inference() {
         s.push_str(", inference forward");
     } else {
-        match w.grads {
-            Grads::Keep => s.push_str(", gradients kept"),
-            Grads::UntilBackward => s.push_str(", gradients kept until the backward"),
-            Grads::Free => {}
-        }
-        if w.outputs == crate::workload::Outputs::Dropped {
-            s.push_str(", outputs dropped before the backward");
-        }
-        if w.step == StepKind::First {
-            s.push_str(", first step");
-        }
         if w.optimizer == crate::workload::Optimizer::Adam {
             s.push_str(match w.optimizer_impl() {
                 OptimizerImpl::Foreach => " (foreach)",
                 OptimizerImpl::Fused => " (fused)",
                 OptimizerImpl::ForLoop => " (for-loop)",
             });
+        }
+        match w.grads {
+            Grads::Keep => s.push_str(", gradients kept"),
+            Grads::UntilBackward => s.push_str(", gradients kept until the backward"),
+            Grads::Free => {}
+        }
+        match w.outputs {
+            crate::workload::Outputs::Dropped => {
+                s.push_str(", outputs dropped before the backward")
+            }
+            crate::workload::Outputs::Next => {
+                s.push_str(", outputs and their graph held until the next forward returns")
+            }
+            crate::workload::Outputs::Kept => {}
+        }
+        if w.step == StepKind::First {
+            s.push_str(", first step");
         }
         if w.optimizer_in_backward {
             s.push_str(", stepped in the backward");
@@ -308,6 +314,12 @@ pub fn describe(w: &Workload) -> String {
                 ""
             }
         ));
+        if q.head {
+            s.push_str(" and head");
+        }
+        if q.holds_input {
+            s.push_str(", bitsandbytes before 0.44 (each 4-bit input held by the graph)");
+        }
     }
     if let Some(l) = &w.lora {
         s.push_str(&format!(

@@ -89,6 +89,7 @@ fn adapters(w: &Workload) -> Vec<(Option<Lora>, Option<Quant>, Vec<String>)> {
             double_quant: true,
             prepare: true,
             compute: Some(Precision::Bf16),
+            ..Quant::bnb(QuantKind::Nf4)
         };
         let mut qf = flags;
         qf.push("--quant nf4".into());

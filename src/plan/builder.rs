@@ -54,6 +54,9 @@ pub struct Builder {
     stash_names: Vec<String>,
     /// What the store holds, by name, until a push of that name takes it back.
     stashed: Vec<(String, TensorIx)>,
+    /// Tensors an autograd node holds outside its saved tensors (a custom Function's `ctx`
+    /// attribute), in pinning order, each with whether its owner has freed it meanwhile.
+    pinned: Vec<(TensorIx, bool)>,
 }
 
 impl Default for Builder {
@@ -67,6 +70,7 @@ impl Default for Builder {
             live: 0,
             stash_names: Vec::new(),
             stashed: Vec::new(),
+            pinned: Vec::new(),
         }
     }
 }
@@ -128,8 +132,13 @@ impl Builder {
     pub fn on_stream(&mut self, ix: TensorIx, stream: super::Stream) {
         self.tensors[ix].stream = stream;
     }
-    /// Free a live tensor now (unless the selective-checkpoint store keeps it).
+    /// Free a live tensor now (unless the selective-checkpoint store keeps it, or a pin holds
+    /// it: then it goes when the pin is let go).
     pub fn free(&mut self, ix: TensorIx) {
+        if let Some(p) = self.pinned.iter_mut().find(|p| p.0 == ix) {
+            p.1 = true;
+            return;
+        }
         if !self.stash_names.is_empty() {
             let name = &self.tensors[ix].name;
             if self.stash_names.contains(name) && !self.stashed.iter().any(|s| s.1 == ix) {
@@ -143,6 +152,75 @@ impl Builder {
             kind: EventKind::Free(ix),
         });
     }
+    /// An autograd node holds live tensor `ix` until `unpin_from` lets go of it: a free
+    /// before then waits.
+    pub fn pin(&mut self, ix: TensorIx) {
+        if !self.pinned.iter().any(|p| p.0 == ix) {
+            self.pinned.push((ix, false));
+        }
+    }
+
+    /// How many tensors are pinned now (a mark for `unpin_from`).
+    pub fn pins(&self) -> usize {
+        self.pinned.len()
+    }
+
+    /// The tensors pinned now, in pinning order.
+    pub fn pinned(&self) -> Vec<TensorIx> {
+        self.pinned.iter().map(|p| p.0).collect()
+    }
+
+    /// Let go of the pins made since `mark` (the graph that held them is gone): those their
+    /// owner has freed go now, in pinning order; the rest are the owner's again.
+    pub fn unpin_from(&mut self, mark: usize) {
+        let at = mark.min(self.pinned.len());
+        let gone: Vec<(TensorIx, bool)> = self.pinned.drain(at..).collect();
+        for (ix, freed) in gone {
+            if freed {
+                self.free(ix);
+            }
+        }
+    }
+
+    /// The index the next event will have: a point of the timeline to come back to.
+    pub fn mark(&self) -> usize {
+        self.events.len()
+    }
+
+    /// The previous step's `carried` tensors (what its loop and its graph still hold as this
+    /// step begins) live from this step's first forward event until event `until`: a copy of
+    /// each, named `prev.<name>`, is allocated just before the first event of phase `Forward`
+    /// and freed at `until` (a `mark` taken after that first event).
+    pub fn carry_in(&mut self, carried: &[TensorIx], until: usize) {
+        let start = self
+            .events
+            .iter()
+            .position(|e| e.phase == Phase::Forward)
+            .unwrap_or(self.events.len());
+        let until = until.clamp(start, self.events.len());
+        let mut copies = Vec::with_capacity(carried.len());
+        for &ix in carried {
+            let mut spec = self.tensors[ix].clone();
+            spec.name = format!("prev.{}", spec.name);
+            self.tensors.push(spec);
+            copies.push(self.tensors.len() - 1);
+        }
+        let at = self
+            .events
+            .get(until.saturating_sub(1))
+            .map_or(Phase::Forward, |e| e.phase);
+        let frees = copies.iter().map(|&c| Event {
+            phase: at,
+            kind: EventKind::Free(c),
+        });
+        self.events.splice(until..until, frees);
+        let allocs = copies.iter().map(|&c| Event {
+            phase: Phase::Forward,
+            kind: EventKind::Alloc(c),
+        });
+        self.events.splice(start..start, allocs);
+    }
+
     /// Selective activation checkpointing's store (`torch.utils.checkpoint`'s
     /// `_CachingTorchDispatchMode` under a `MUST_SAVE` policy): from now on, until
     /// `stash_end`, a tensor named in `names` is kept live when it is freed; the recomputation's

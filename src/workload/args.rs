@@ -99,8 +99,10 @@ pub struct WorkloadArgs {
     /// noise tensor in the input's type.
     #[arg(long, value_name = "M", allow_hyphen_values = true)]
     pub dropout_mask: Option<String>,
-    /// kept | dropped: the loop holds the model's outputs (logits) until backward is done
-    /// (`out = model(**batch)`), or only the loss leaves the step (HF Trainer, Lightning).
+    /// kept | dropped | next: the loop holds the model's outputs (logits) until backward is
+    /// done (`out = model(**batch)`), only the loss leaves the step (HF Trainer, Lightning), or
+    /// the outputs and their graph live until the next step's forward returns (LitGPT's
+    /// `logits = model(...)`).
     #[arg(long, value_name = "O", allow_hyphen_values = true)]
     pub outputs: Option<String>,
     /// steady | first: a steady-state step (optimizer state present) or the first step.
@@ -154,6 +156,14 @@ pub struct WorkloadArgs {
     /// bf16 | fp16 | fp32: bnb_4bit_compute_dtype [the precision's 16-bit type, fp32 for fp32].
     #[arg(long, value_name = "T", allow_hyphen_values = true)]
     pub quant_compute: Option<String>,
+    /// X.Y[.Z]: the bitsandbytes version [0.44 or later]; before 0.44 each 4-bit linear keeps
+    /// its input on the autograd context (`ctx.tensors`) for as long as the graph lives.
+    #[arg(long, value_name = "VER", allow_hyphen_values = true)]
+    pub bnb_version: Option<String>,
+    /// on | off: the output head quantized too [off, as transformers loads it]; on as Lightning
+    /// Fabric's BitsandbytesPrecision (LitGPT) converts every nn.Linear.
+    #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
+    pub quant_head: Option<String>,
     /// on | off: PEFT's prepare_model_for_kbit_training (non-4-bit params in fp32,
     /// checkpointing) [on]; off as LitGPT and torchtune train a 4-bit base.
     #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
@@ -212,6 +222,8 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         quant,
         double_quant,
         quant_compute,
+        bnb_version,
+        quant_head,
         kbit_prep
     )
 }

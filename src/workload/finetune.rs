@@ -224,6 +224,18 @@ pub struct Quant {
     /// stays in the precision's type).
     #[serde(default = "yes")]
     pub prepare: bool,
+    /// The 4-bit layers keep their input on the autograd context (bitsandbytes before 0.44,
+    /// `--bnb-version`): `MatMul4Bit.forward` sets `ctx.tensors = (A, B)` (0.42.0
+    /// `autograd/_functions.py:516-525`), a plain attribute that PyTorch's engine does not
+    /// release once the node has run, so each input lives as long as the autograd graph does.
+    /// 0.44 keeps `(None, B)`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub holds_input: bool,
+    /// The output head quantized too (`--quant-head`): Lightning Fabric's
+    /// `BitsandbytesPrecision` without `ignore_modules` converts every `nn.Linear`, as LitGPT
+    /// uses it; transformers keeps `lm_head` unquantized (`get_keys_to_not_convert`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub head: bool,
 }
 
 impl Quant {
@@ -234,12 +246,31 @@ impl Quant {
             double_quant: false,
             compute: None,
             prepare: false,
+            holds_input: false,
+            head: false,
+        }
+    }
+
+    /// A bitsandbytes base of `kind` as QLoRA recipes load it: double quantization on for
+    /// 4-bit, the precision's compute type, PEFT's k-bit preparation, today's bitsandbytes.
+    pub fn bnb(kind: QuantKind) -> Quant {
+        Quant {
+            kind,
+            double_quant: kind.is_4bit(),
+            compute: None,
+            prepare: true,
+            holds_input: false,
+            head: false,
         }
     }
 }
 
 fn yes() -> bool {
     true
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[cfg(test)]

@@ -255,7 +255,11 @@ pub fn parse_outputs(v: &str) -> Result<Outputs, CliError> {
     choice(
         "outputs",
         v,
-        &[("kept", Outputs::Kept), ("dropped", Outputs::Dropped)],
+        &[
+            ("kept", Outputs::Kept),
+            ("dropped", Outputs::Dropped),
+            ("next", Outputs::Next),
+        ],
     )
 }
 

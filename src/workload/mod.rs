@@ -268,6 +268,11 @@ pub enum Outputs {
     /// Only the loss leaves the step function (Hugging Face Trainer's `compute_loss`,
     /// Lightning's `training_step` returning `.loss`): the logits go before the backward.
     Dropped,
+    /// The loop's variable holds the outputs until the next step's forward returns and rebinds
+    /// it (LitGPT: `logits = model(input_ids)`, `validation/published/RESEARCH.md`), and with
+    /// them the autograd graph: a steady step begins with the previous one's outputs and
+    /// whatever its graph holds outside saved tensors (`Quant::holds_input`) still live.
+    Next,
 }
 
 impl Outputs {

@@ -441,12 +441,7 @@ fn apply_quant(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
                 ("int8", QuantKind::Int8),
             ],
         )?;
-        w.quant = Some(Quant {
-            kind,
-            double_quant: kind.is_4bit(),
-            compute: None,
-            prepare: true,
-        });
+        w.quant = Some(Quant::bnb(kind));
     }
     if let Some(v) = &args.kbit_prep {
         let on = parse_dropout(v)
@@ -481,7 +476,50 @@ fn apply_quant(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
             None => return Err(usage("quant-compute", "needs --quant nf4|fp4")),
         }
     }
+    if let Some(v) = &args.bnb_version {
+        let old = bnb_before_044(v)?;
+        match w.quant.as_mut() {
+            Some(q) if q.kind.is_4bit() => q.holds_input = old,
+            Some(_) => return Err(usage("bnb-version", "applies to 4-bit bases (nf4, fp4)")),
+            None => return Err(usage("bnb-version", "needs --quant nf4|fp4")),
+        }
+    }
+    if let Some(v) = &args.quant_head {
+        let on = parse_dropout(v)
+            .map_err(|_| usage("quant-head", format!("expected on or off, not '{v}'")))?;
+        match w.quant.as_mut() {
+            Some(q) if q.kind.is_bnb() => q.head = on,
+            _ => return Err(usage("quant-head", "needs --quant nf4|fp4|int8")),
+        }
+    }
     Ok(())
+}
+
+/// Whether bitsandbytes `v` (X.Y or X.Y.Z) predates 0.44, where `MatMul4Bit` stopped keeping
+/// its input on the autograd context; 4-bit layers arrived in 0.39.0.
+fn bnb_before_044(v: &str) -> Result<bool, CliError> {
+    let bad = || {
+        usage(
+            "bnb-version",
+            format!("expected a version like 0.42.0, not '{v}'"),
+        )
+    };
+    let parts: Vec<&str> = v.trim().split('.').collect();
+    if !(2..=3).contains(&parts.len()) {
+        return Err(bad());
+    }
+    let mut nums = Vec::with_capacity(3);
+    for p in &parts {
+        nums.push(p.parse::<u64>().map_err(|_| bad())?);
+    }
+    let (major, minor) = (nums[0], nums[1]);
+    if (major, minor) < (0, 39) {
+        return Err(usage(
+            "bnb-version",
+            format!("bitsandbytes {v} has no 4-bit layers (they arrived in 0.39.0)"),
+        ));
+    }
+    Ok((major, minor) < (0, 44))
 }
 
 /// Whether adapters or a quantized base fit the workload, and PEFT's k-bit gradient checkpointing.
@@ -530,6 +568,12 @@ fn check_finetune(
         return Err(usage(
             "quant",
             "a quantized base trains only through adapters: add --lora RANK (or --mode inference)",
+        ));
+    }
+    if w.quant.is_some_and(|q| q.head) && w.tied_head() {
+        return Err(not_for(
+            "quant-head",
+            "its head is the token embedding (tied), which bitsandbytes leaves unquantized",
         ));
     }
     if w.quant.is_some_and(|q| q.prepare)

@@ -207,7 +207,7 @@ impl T<'_> {
         if self.parallel_block() {
             // The attention branch's output waits for the MLP's; nothing saves it.
             let o = self.hidden_t(&format!("{p}.attn.out"), Role::Activations, c)?;
-            self.matmul(pa, ctx, o, h, qw);
+            self.base_linear(pa, ctx, o, h, qw)?;
             self.consumed(ctx, sa);
             // The MLP reads the shared norm's output: a trained one saves it with the
             // attention's frame (a frozen base's linears save no input).
@@ -217,7 +217,7 @@ impl T<'_> {
             Ok(o)
         } else if self.spec.sandwich_norms {
             let o = self.hidden_t(&format!("{p}.attn.out"), Role::Activations, c)?;
-            self.matmul(pa, ctx, o, h, qw);
+            self.base_linear(pa, ctx, o, h, qw)?;
             self.consumed(ctx, sa);
             let y = self.norm(&format!("{p}.post_attn_norm"), o, sa)?;
             let x2 = self.resid(&ln2_in)?;
@@ -304,7 +304,7 @@ impl T<'_> {
             }
             None => {
                 let fc1 = self.wide(&format!("{p}.fc1.out"))?;
-                self.matmul(pm, n2, fc1, f, h);
+                self.base_linear(pm, n2, fc1, f, h)?;
                 // Frozen linears save no input: it goes once read (a shared norm's output
                 // is the layer's to free).
                 if self.frozen() && !sm.contains(&n2) && !self.shared_norm() {
@@ -313,7 +313,7 @@ impl T<'_> {
                 let last = self.activation(p, fc1, sm)?;
                 self.mask(&format!("{p}.mlp.drop_mask"), sm)?;
                 let out = self.resid(out_name)?;
-                self.matmul(pm, last, out, h, f);
+                self.base_linear(pm, last, out, h, f)?;
                 if self.frozen() && !sm.contains(&last) {
                     self.b.free(last);
                 }

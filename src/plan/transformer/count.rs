@@ -226,6 +226,11 @@ pub fn pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
                 p.elems = sum(&[bytes, rest], e)?;
                 p.largest = p.elems;
                 p.dtype = Some(DType::U8);
+            } else if p.name == "head" && q.head {
+                // `--quant-head`: the untied head's [V, h] weight in the same layout.
+                p.elems = quantized_bytes(q.kind, q.double_quant, w.vocab, w.hidden);
+                p.largest = p.elems;
+                p.dtype = Some(DType::U8);
             }
         }
         let layer = p

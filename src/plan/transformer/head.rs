@@ -23,6 +23,13 @@ struct Logits {
 }
 
 impl T<'_> {
+    /// The untied LM head is a bitsandbytes linear (`--quant-head`).
+    fn quant_head(&self) -> bool {
+        self.w.quant.is_some_and(|q| q.head && q.kind.is_bnb())
+            && self.spec.head == Head::Lm
+            && !self.w.tied_head()
+    }
+
     /// The head's parameter group: a classifier's own, a tied head's embedding, or the head.
     fn head_piece(&self) -> &'static str {
         if self.spec.head == Head::Classifier {
@@ -205,16 +212,22 @@ impl T<'_> {
             (rows, shape) = (r, vec![r, v]);
         }
         let logits = self.b.push("logits", Role::Activations, c, &shape, v)?;
-        let wt = self.weights(self.head_piece());
-        self.b.step(Step::Matmul {
-            a: head_x,
-            b: wt,
-            c: logits,
-            batch: 1,
-            m: rows,
-            n: v,
-            k: h,
-        });
+        if self.quant_head() && sampled.is_none() {
+            // `--quant-head`: the head is a bitsandbytes linear like the layers' (dequantized
+            // whole for each matmul; LitGPT's chunks do that once per chunk, one at a time).
+            self.linear("head", head_x, logits, v, h)?;
+        } else {
+            let wt = self.weights(self.head_piece());
+            self.b.step(Step::Matmul {
+                a: head_x,
+                b: wt,
+                c: logits,
+                batch: 1,
+                m: rows,
+                n: v,
+                k: h,
+            });
+        }
         self.b.free_all(head_tail.take());
         if let Some(r) = sampled {
             sample::sampler(self.b, r, v)?;
@@ -314,6 +327,8 @@ impl T<'_> {
             }
             self.b.free(lg.t);
             lg.t = f;
+            // The model's forward has returned (Fabric converted its outputs).
+            self.fwd_return = Some(self.b.mark());
         }
         let (lp_dtype, copy, half_to_float) = if chunk.is_some() {
             (DType::F32, false, false)
@@ -331,6 +346,8 @@ impl T<'_> {
         let logprobs = self
             .b
             .loss_log_softmax(lg.t, lg.rows, lg.v, copy, lp_dtype)?;
+        // transformers computes the loss inside the model's forward, which returns now.
+        self.fwd_return.get_or_insert(self.b.mark());
         // The autocast region ends with the loss: the cache is cleared (bias copies go; weight
         // copies stay saved by the matmuls, except those of checkpointed layers, run under no_grad).
         let ckpt_layers = fwd.seg.is_some();
@@ -395,7 +412,19 @@ impl T<'_> {
             self.states.gradient_deferred(self.b, piece, w)?;
         }
         // (ViT's classifier reads one token; its input gradient is still [b, s, h], zeros elsewhere.)
+        // A quantized head is dequantized again for its input's gradient.
+        let deq = if self.quant_head() {
+            let dt = crate::plan::params::compute_dtype(w.precision);
+            let (v, h) = (w.vocab, self.h);
+            Some(
+                self.b
+                    .push("head.dequant_bwd", Role::Workspace, dt, &[v, h], h)?,
+            )
+        } else {
+            None
+        };
         let mut gx = self.hidden("grad.head_x", Role::Workspace)?;
+        self.b.free_all(deq);
         self.b.free(g_logits);
         self.states.settle(self.b, w)?;
         if self.r != c {

@@ -83,7 +83,7 @@ impl T<'_> {
     }
 
     /// The 4-bit compute type (`bnb_4bit_compute_dtype`): as given, else the precision's.
-    fn quant_compute(&self) -> DType {
+    pub(super) fn quant_compute(&self) -> DType {
         self.w
             .quant
             .and_then(|q| q.compute)
@@ -173,6 +173,7 @@ impl T<'_> {
                     n: out,
                     k: inp,
                 });
+                self.hold_input(xin);
             }
             QuantKind::Int8 => {
                 // CA int8 [n, inp] + SCA fp32 [n]; the int32 product [n, out]; the weight's
@@ -206,6 +207,34 @@ impl T<'_> {
         }
         self.b.free_all(tmp);
         Ok(())
+    }
+
+    /// A base linear without an adapter: as `linear` stores it under a bitsandbytes base, else
+    /// the plain matmul.
+    pub(super) fn base_linear(
+        &mut self,
+        piece: &str,
+        x: TensorIx,
+        y: TensorIx,
+        out: u64,
+        inp: u64,
+    ) -> Result<(), PlanError> {
+        if self.w.quant.is_some_and(|q| q.kind.is_bnb()) {
+            self.linear(piece, x, y, out, inp)
+        } else {
+            self.matmul(piece, x, y, out, inp);
+            Ok(())
+        }
+    }
+
+    /// Before bitsandbytes 0.44 a 4-bit matmul whose input needs a gradient keeps that input
+    /// (the compute-type copy, if one was made) on its autograd context, which lives as long
+    /// as the graph: pinned until the graph goes (`step::finish`), or, made by a checkpointed
+    /// segment's recomputation, until that recomputation returns.
+    pub(super) fn hold_input(&mut self, x: TensorIx) {
+        if self.train && self.live && self.w.quant.is_some_and(|q| q.holds_input) {
+            self.b.pin(x);
+        }
     }
 
     /// PEFT's adapter on a base linear named `name` (`targets`) of block `piece`, over input

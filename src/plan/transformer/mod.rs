@@ -212,6 +212,8 @@ struct T<'a> {
     layer_tail: Vec<TensorIx>,
     /// Tensors the caller holds until the end of the step (logits, a kept KV cache).
     held: Vec<TensorIx>,
+    /// The point (`Builder::mark`) where the model's forward returned to the loop.
+    fwd_return: Option<usize>,
     /// The residual stream needs a gradient: false over a frozen base until the first adapter
     /// (no checkpointing: transformers' `enable_input_require_grads` is not called), so the
     /// ops before it save nothing.

@@ -8,7 +8,7 @@ use crate::plan::build::{prod, Builder, PlanError};
 use crate::plan::params::{self, residual_dtype, States};
 use crate::plan::{DType, Phase, Role, Step, TensorIx};
 use crate::workload::parallel::{Stage, TpHead};
-use crate::workload::{Attention, Checkpoint, Precision, Workload};
+use crate::workload::{Attention, Checkpoint, Outputs, Precision, StepKind, Workload};
 
 /// What the forward leaves for the phases after it.
 pub(super) struct Fwd {
@@ -145,6 +145,7 @@ impl<'a> T<'a> {
             rope: None,
             layer_tail: Vec::new(),
             held: Vec::new(),
+            fwd_return: None,
             // Checkpointing calls `enable_input_require_grads` (transformers 5.24
             // `modeling_utils.py:3190-3198`); PEFT without it does not.
             live: w.lora.is_none() || !train || segment(w.checkpoint, w.layers).is_some(),
@@ -447,11 +448,15 @@ impl<'a> T<'a> {
             return Ok(g);
         }
         while let Some((from, to, x)) = fwd.ckpts.pop() {
-            // Recompute the segment from its checkpoint, then backward through it.
+            // Recompute the segment from its checkpoint, then backward through it. What the
+            // recomputation's own graph held outside saved tensors goes with it: torch keeps
+            // only detached copies of what it saved (`_recomputation_hook`).
+            let mark = self.b.pins();
             let (mut fr, out) = self.layers(from, to, x, true, false, &|i| {
                 format!("recompute.L{}.out", i + 1)
             })?;
             self.b.free(out);
+            self.b.unpin_from(mark);
             // A checkpoint no recomputed norm saved (16-bit RMSNorm saves its fp32 copy)
             // goes with its segment.
             let kept = fr.iter().any(|f| f.saved.contains(&x));
@@ -513,14 +518,31 @@ impl<'a> T<'a> {
             self.states.fsdp_finalize(self.b);
         }
         // A loop that kept the outputs (logits, cache) drops them once backward is done; only
-        // the detached loss lives through the optimizer step.
-        self.release_held();
+        // the detached loss lives through the optimizer step. The graph goes with them, and
+        // what it held outside saved tensors (`hold_input`) with it.
+        let next = w.outputs == Outputs::Next;
+        if !next {
+            self.release_held();
+            self.b.unpin_from(0);
+        }
         self.b.free_all(fwd.inputs);
         if let Some(g) = sent_grad {
             // The schedule's step ends by waiting on its sends, before the optimizer runs.
             self.b.phase(Phase::Optimizer);
             self.b.free(g);
         }
-        self.states.optimizer_step(self.b, w)
+        self.states.optimizer_step(self.b, w)?;
+        if next {
+            // The loop holds them into the next step, until its forward returns: a steady step
+            // began with the previous step's.
+            let mut carried = self.held.clone();
+            carried.extend(self.b.pinned());
+            self.release_held();
+            self.b.unpin_from(0);
+            if let (StepKind::Steady, Some(at)) = (w.step, self.fwd_return) {
+                self.b.carry_in(&carried, at);
+            }
+        }
+        Ok(())
     }
 }

@@ -213,6 +213,6 @@ fn bnb(path: &str, q: &Obj) -> Result<Option<Quant>, ConfigError> {
         kind,
         double_quant: kind.is_4bit() && flag("bnb_4bit_use_double_quant"),
         compute: compute.filter(|_| kind.is_4bit()),
-        prepare: true,
+        ..Quant::bnb(kind)
     }))
 }

@@ -165,6 +165,7 @@ fn adapters_and_quantized_bases_hold_their_closed_forms() {
         double_quant: true,
         prepare: true,
         compute: Some(Precision::Bf16),
+        ..Quant::bnb(QuantKind::Nf4)
     });
     let q = Plan::for_workload(&w).unwrap();
     let layer_linears: [(u64, u64); 7] = [
@@ -244,6 +245,32 @@ fn bad_fine_tuning_flags_exit_2_with_one_line() {
             vec!["--lora", "8", "--quant", "int8", "--quant-compute", "bf16"],
             "4-bit",
         ),
+        (
+            vec!["--lora", "8", "--bnb-version", "0.42"],
+            "needs --quant",
+        ),
+        (
+            vec!["--lora", "8", "--quant", "nf4", "--bnb-version", "zero"],
+            "like 0.42.0",
+        ),
+        (
+            vec!["--lora", "8", "--quant", "nf4", "--bnb-version", "0.42.0.1"],
+            "like 0.42.0",
+        ),
+        (
+            vec!["--lora", "8", "--quant", "nf4", "--bnb-version", "0.38.1"],
+            "0.39.0",
+        ),
+        (
+            vec!["--lora", "8", "--quant", "int8", "--bnb-version", "0.42"],
+            "4-bit",
+        ),
+        (vec!["--lora", "8", "--quant-head", "on"], "needs --quant"),
+        (
+            vec!["--lora", "8", "--quant", "nf4", "--quant-head", "maybe"],
+            "on or off",
+        ),
+        (vec!["--lora", "8", "--outputs", "later"], "unknown value"),
     ] {
         let mut a = vec!["estimate", "--config", p];
         a.extend(args.iter().copied());
@@ -266,6 +293,27 @@ fn bad_fine_tuning_flags_exit_2_with_one_line() {
         .stderr
         .clone();
     assert!(String::from_utf8(out).unwrap().contains("LLaMA-style"));
+    // A tied head is the embedding, which bitsandbytes does not quantize.
+    let out = oomprobe()
+        .args([
+            "estimate",
+            "--model",
+            "qwen2.5-0.5b",
+            "--lora",
+            "8",
+            "--quant",
+            "nf4",
+            "--quant-head",
+            "on",
+        ])
+        .assert()
+        .code(2)
+        .get_output()
+        .stderr
+        .clone();
+    let err = String::from_utf8(out).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("tied"), "{err}");
 }
 
 #[test]
@@ -398,4 +446,65 @@ fn fine_tuning_optimizers_hold_their_state() {
         opt,
         32 * 4 * ((8 + 4096 + 4096 + 8) + (8 + 4096 + 1024 + 8))
     );
+}
+
+/// bitsandbytes before 0.44 (`--bnb-version`): each 4-bit linear whose input needs a gradient
+/// keeps that input on its autograd context until the graph goes. Over Llama-3-8B with LoRA on
+/// q and v, that is every layer's normed inputs (q/k/v's, gate/up's) and down_proj's input;
+/// o_proj's is SDPA's output, saved anyway; layer 0's q/k/v input needs no gradient (the frozen
+/// embedding's output, before the first adapter). Under LitGPT's loop (`--outputs next`) a
+/// steady step begins with the previous step's held inputs and logits, gone once its forward
+/// returns; a first step has none.
+#[test]
+fn legacy_bitsandbytes_inputs_live_as_long_as_the_graph() {
+    use oomprobe::workload::{Outputs, StepKind};
+    let mut w = llama3_workload();
+    w.seq = 256;
+    w.batch = 2;
+    w.kv_cache = false;
+    w.precision = Precision::Bf16;
+    w.lora = Some(Lora {
+        rank: 8,
+        targets: vec![Target::Q, Target::V],
+        alpha: Some(16.0),
+        dropout: 0.0,
+    });
+    w.quant = Some(Quant {
+        double_quant: false,
+        prepare: false,
+        compute: Some(Precision::Bf16),
+        ..Quant::bnb(QuantKind::Nf4)
+    });
+    let modern = Plan::for_workload(&w).unwrap();
+    let mut legacy_w = w.clone();
+    legacy_w.quant.as_mut().unwrap().holds_input = true;
+    let legacy = Plan::for_workload(&legacy_w).unwrap();
+    legacy.check_timeline().unwrap();
+    let (tokens, h, i, layers) = (2 * 256u64, 4096u64, 14336u64, 32u64);
+    let held = tokens * 2 * ((layers - 1) * (2 * h + i) + (h + i));
+    assert_eq!(legacy.saved_bytes() - modern.saved_bytes(), held);
+    // Held through the backward: its maximum grows by at least as much.
+    let bwd = |p: &Plan| p.phase_max(oomprobe::plan::Phase::Backward);
+    assert!(bwd(&legacy) >= bwd(&modern) + held);
+
+    // LitGPT's loop: the previous step's inputs and logits (bf16 here: no --loss-chunk) live
+    // from the forward's start until it returns. After its backward the graph is all that
+    // holds its inputs, o_proj's too (measured: `bnb_legacy_measured.json`, step 1's
+    // leftover).
+    legacy_w.outputs = Outputs::Next;
+    let next = Plan::for_workload(&legacy_w).unwrap();
+    next.check_timeline().unwrap();
+    let prev: u64 = next
+        .tensors
+        .iter()
+        .filter(|t| t.name.starts_with("prev."))
+        .map(|t| t.bytes)
+        .sum();
+    let logits = tokens * 128_256 * 2;
+    let o_proj_inputs = layers * tokens * h * 2;
+    assert_eq!(prev, held + o_proj_inputs + logits);
+    assert!(next.peak().bytes >= legacy.saved_bytes() + prev);
+    legacy_w.step = StepKind::First;
+    let first = Plan::for_workload(&legacy_w).unwrap();
+    assert!(first.tensors.iter().all(|t| !t.name.starts_with("prev.")));
 }

@@ -51,6 +51,7 @@ fn published_rows_hold_or_stay_in_their_known_gap() {
     let mut bad = Vec::new();
     let mut held = 0;
     let mut held_errors = Vec::new();
+    let mut all_errors = Vec::new();
     let mut ooms = 0;
     for r in &rows {
         let id = r["id"].as_str().unwrap();
@@ -71,6 +72,7 @@ fn published_rows_hold_or_stay_in_their_known_gap() {
         }
         let published = r["published_bytes"].as_u64().unwrap();
         let err = (got as f64 - published as f64) / published as f64;
+        all_errors.push(err.abs());
         let (lo, hi) = match r["expect"].as_str().unwrap() {
             "holds" => {
                 held += 1;
@@ -93,14 +95,18 @@ fn published_rows_hold_or_stay_in_their_known_gap() {
             ));
         }
     }
-    assert!(held >= 15, "{held} rows hold");
-    // The rows that hold: median within 3 % (issue 45's bar for held-out rows).
-    held_errors.sort_by(f64::total_cmp);
-    let median = held_errors[held_errors.len() / 2];
-    assert!(
-        median <= 0.03,
-        "median |error| of the rows that hold: {median}"
-    );
+    assert!(held >= 27, "{held} rows hold");
+    // Issue 45's bar: median within 3 %, over the rows that hold and over every numeric row
+    // (the known gaps included).
+    for (what, errors) in [
+        ("the rows that hold", held_errors),
+        ("all rows", all_errors),
+    ] {
+        let mut e = errors;
+        e.sort_by(f64::total_cmp);
+        let median = e[e.len() / 2];
+        assert!(median <= 0.03, "median |error| of {what}: {median}");
+    }
     assert!(ooms >= 3, "{ooms} published OOMs");
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

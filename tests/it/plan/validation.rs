@@ -503,6 +503,7 @@ fn lora_workload(r: &Value) -> Workload {
                 "bfloat16" => Precision::Bf16,
                 _ => Precision::Fp32,
             }),
+            ..Quant::bnb(QuantKind::Nf4)
         });
     }
     w
@@ -600,6 +601,67 @@ fn checkpointed_tolerance(w: &Workload) -> Option<f64> {
 #[test]
 fn lora_rows_are_reproduced() {
     assert_checks(&lora_checks(), "OOMPROBE_LORA_TABLE");
+}
+
+/// Rows of `tests/fixtures/finetune/bnb_legacy_measured.json` (`validation/measure_bnb_legacy.py`:
+/// bitsandbytes 0.42.0's `MatMul4Bit` replayed on 0.50.2's CPU backend, bf16 QLoRA without
+/// PEFT's k-bit preparation, optionally a 4-bit head, the kept loop or LitGPT's): the step
+/// peaks, `holdout` rows (`true`) or the rest. Under the kept loop the first and steady steps;
+/// under LitGPT's the first step and the second, which begins with the first one's outputs and
+/// held inputs.
+fn bnb_legacy_checks(holdout: bool) -> Vec<Check> {
+    use oomprobe::workload::Outputs;
+    let fx = load("finetune/bnb_legacy_measured.json");
+    let mut out = Vec::new();
+    for r in fx["rows"].as_array().unwrap() {
+        if r["holdout"].as_bool().unwrap() != holdout {
+            continue;
+        }
+        let id = r["id"].as_str().unwrap().to_string();
+        let mut w = lora_workload(r);
+        let q = w.quant.as_mut().unwrap();
+        q.prepare = false;
+        q.holds_input = r["bnb_replay"] == "0.42.0";
+        q.head = r["quant_head"].as_bool().unwrap();
+        w.optimizer_impl = Some(OptimizerImpl::Foreach);
+        let next = r["loop"] == "next";
+        if next {
+            w.outputs = Outputs::Next;
+        }
+        let prefix = |key: &str| {
+            if next {
+                format!("next_{key}")
+            } else {
+                format!("train_foreach_free_{key}")
+            }
+        };
+        for (key, step) in [("first", StepKind::First), ("steady", StepKind::Steady)] {
+            let mut v = w.clone();
+            v.step = step;
+            let p = Plan::for_workload(&v).unwrap();
+            p.check_timeline().unwrap();
+            out.push(step_peak_check(&id, key, r, &prefix(key), &p, 0.01));
+        }
+    }
+    out
+}
+
+/// bitsandbytes before 0.44 (`--bnb-version`), measured on the CPU: the held 4-bit inputs, a
+/// 4-bit head (`--quant-head`) and LitGPT's loop (`--outputs next`): step peaks within 1 %.
+#[test]
+fn legacy_bitsandbytes_rows_are_reproduced() {
+    assert_checks(&bnb_legacy_checks(false), "OOMPROBE_BNB_LEGACY_TABLE");
+}
+
+/// The rows held out while `--bnb-version` was built: LoRA on every linear under LitGPT's loop
+/// and non-reentrant checkpointing (every held input kept through the whole step), with their
+/// stock controls.
+#[test]
+fn legacy_bitsandbytes_held_out_rows_are_reproduced() {
+    assert_checks(
+        &bnb_legacy_checks(true),
+        "OOMPROBE_BNB_LEGACY_HOLDOUT_TABLE",
+    );
 }
 
 /// Developer aid: `OOMPROBE_LORA_TRACE=<row id> cargo test --test it

@@ -46,6 +46,15 @@ Run (one thread; another session measures too):
         [--commit 5895df10] [--json out.json]
 
 It prints per-layer saved bytes, layer 1's saved tensors of each, and the step peaks.
+
+Fixture (LitGPT alone, no HF; fixture_rows(): MHA / GQA, LoRA on query + value, all linears, query + key +
+value or value only, dropout 0.05 / 0.0, b1 s300 and two held-out b2 rows), for oomprobe's tests:
+
+    ~/.cache/oomprobe-validation-venv/bin/python validation/litgpt_step.py --threads 1 --fixture \
+        [PATH, default tests/fixtures/finetune/litgpt_measured.json] [--only ROW-ID-SUBSTRING]
+
+Each row is measured at 5895df10; the first row is measured again at 0cc02afa ("cross_check", with its
+differences from the 5895df10 row).
 """
 
 from __future__ import annotations
@@ -77,6 +86,11 @@ COMMITS = {"0cc02afa": "lit_gpt", "5895df10": "litgpt"}
 SEQ = 300
 CHUNK = 128
 SHAPE = dict(n_embd=256, n_layer=4, n_head=8, n_query_groups=8, intermediate_size=688, vocab=1024)
+TARGETS = ("query", "key", "value", "projection", "mlp", "head")  # LitGPT's LoRA switches, in its order
+# the report's row (and the fixture's first): MHA, LoRA r8 alpha 16 dropout 0.05 on query + value, b1 s300
+DEFAULT_ROW = dict(hidden=SHAPE["n_embd"], layers=SHAPE["n_layer"], heads=SHAPE["n_head"],
+                   kv_heads=SHAPE["n_query_groups"], ffn=SHAPE["intermediate_size"], vocab=SHAPE["vocab"],
+                   batch=1, seq=SEQ, rank=8, lora_alpha=16, lora_dropout=0.05, targets=["query", "value"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,19 +145,25 @@ def import_litgpt(commit: str):
     return pkg, lora, utils, stubs
 
 
-def build_litgpt(commit: str, lora):
+def build_litgpt(commit: str, lora, row: dict | None = None):
+    """LitGPT's GPT with LoRA for `row` (DEFAULT_ROW: the report's shape), bf16-true as Fabric sets it up."""
+    row = row or DEFAULT_ROW
+    t = set(row["targets"])
+    assert t <= set(TARGETS), t
+    on = {n: n in t for n in TARGETS}
     if commit == "0cc02afa":
-        extra = dict(_norm_class="RMSNorm", _mlp_class="LLaMAMLP", r=8, alpha=16, dropout=0.05,
-                     to_query=True, to_key=False, to_value=True, to_projection=False, to_mlp=False,
-                     to_head=False)
+        extra = dict(_norm_class="RMSNorm", _mlp_class="LLaMAMLP", r=row["rank"], alpha=row["lora_alpha"],
+                     dropout=row["lora_dropout"], to_query=on["query"], to_key=on["key"], to_value=on["value"],
+                     to_projection=on["projection"], to_mlp=on["mlp"], to_head=on["head"])
     else:
-        extra = dict(norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP", lora_r=8, lora_alpha=16,
-                     lora_dropout=0.05, lora_query=True, lora_key=False, lora_value=True,
-                     lora_projection=False, lora_mlp=False, lora_head=False)
-    cfg = lora.Config(name="llama-mini", block_size=1024, vocab_size=SHAPE["vocab"],
-                      padded_vocab_size=SHAPE["vocab"], n_layer=SHAPE["n_layer"], n_head=SHAPE["n_head"],
-                      n_embd=SHAPE["n_embd"], n_query_groups=SHAPE["n_query_groups"], rotary_percentage=1.0,
-                      parallel_residual=False, bias=False, intermediate_size=SHAPE["intermediate_size"],
+        extra = dict(norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP", lora_r=row["rank"],
+                     lora_alpha=row["lora_alpha"], lora_dropout=row["lora_dropout"], lora_query=on["query"],
+                     lora_key=on["key"], lora_value=on["value"], lora_projection=on["projection"],
+                     lora_mlp=on["mlp"], lora_head=on["head"])
+    cfg = lora.Config(name="llama-mini", block_size=1024, vocab_size=row["vocab"],
+                      padded_vocab_size=row["vocab"], n_layer=row["layers"], n_head=row["heads"],
+                      n_embd=row["hidden"], n_query_groups=row["kv_heads"], rotary_percentage=1.0,
+                      parallel_residual=False, bias=False, intermediate_size=row["ffn"],
                       norm_eps=1e-5, **extra)
     torch.manual_seed(0)
     # fabric.init_module() under bf16-true: default dtype bf16 while the modules are built
@@ -152,7 +172,7 @@ def build_litgpt(commit: str, lora):
     model.apply(model._init_weights)
     lora.mark_only_lora_as_trainable(model)
     model = model.to(torch.bfloat16)  # HalfPrecision.convert_module
-    model.max_seq_length = SEQ  # finetune/lora.py:176, after setup: rope cache rebuilt (fp32)
+    model.max_seq_length = row["seq"]  # finetune/lora.py:176, after setup: rope cache rebuilt (fp32)
     return model, cfg
 
 
@@ -171,15 +191,16 @@ def default_dtype(dt):
 # ----------------------------------------------------------------------------------------------
 
 
-def make_inputs():
+def make_inputs(row: dict | None = None):
+    row = row or DEFAULT_ROW
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, SHAPE["vocab"], (1, SEQ), generator=g)
-    return ids, ids.clone()
+    ids = torch.randint(0, row["vocab"], (row["batch"], row["seq"]), generator=g)
+    return ids, ids.clone()  # LitGPT's batch holds input_ids and labels as two tensors
 
 
-def variant_litgpt(commit: str):
+def variant_litgpt(commit: str, row: dict | None = None):
     _pkg, lora, utils, _ = import_litgpt(commit)
-    model, _cfg = build_litgpt(commit, lora)
+    model, _cfg = build_litgpt(commit, lora, row)
 
     def step(model, ids, targets, on_logits):
         with default_dtype(torch.bfloat16):  # HalfPrecision.forward_context
@@ -233,9 +254,9 @@ def short(name: str) -> str:
     return ML.short(name)
 
 
-def measure_saved(model, step, layer_prefix: str) -> dict:
+def measure_saved(model, step, layer_prefix: str, row: dict | None = None) -> dict:
     model.train()
-    ids, targets = make_inputs()
+    ids, targets = make_inputs(row)
     params, buffers = M.model_tensors(model)
     exclude = {M.storage_key(t) for t in params + buffers}
     tracker = M.ModuleTracker(model, profile_ranges=False)
@@ -286,9 +307,9 @@ def measure_saved(model, step, layer_prefix: str) -> dict:
     return res
 
 
-def measure_train(model, step) -> dict:
+def measure_train(model, step, row: dict | None = None) -> dict:
     model.train()
-    ids, targets = make_inputs()
+    ids, targets = make_inputs(row)
     params, buffers = M.model_tensors(model)
     trainable = [p for p in params if p.requires_grad]
     all_keys = {M.storage_key(t) for t in params + buffers}
@@ -325,7 +346,7 @@ def measure_train(model, step) -> dict:
             M.mark("optimizer")
             opt.step()
             state_keys = {M.storage_key(t) for t in M.optimizer_state_tensors(opt)}
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=True)
             M.mark("end")
         tags = {
             "saved_activations": (set(rec.keys), ("forward", "loss")),
@@ -341,6 +362,8 @@ def measure_train(model, step) -> dict:
         res["baseline_bytes"] = baseline
         res["params_bytes"] = pbytes
         res["adam_state_before_bytes"] = sbytes
+        res["inputs_bytes"] = ibytes
+        res["adam_state_after_bytes"] = M.unique_bytes(M.optimizer_state_tensors(opt))
         results[which] = res
         del prof
         gc.collect()
@@ -388,15 +411,199 @@ def report(res: dict) -> None:
         print("   top live at peak:", t["top_live_allocations_at_peak"][:5])
 
 
+# ----------------------------------------------------------------------------------------------
+# Fixture: tests/fixtures/finetune/litgpt_measured.json
+# ----------------------------------------------------------------------------------------------
+
+FIXTURE_PATH = os.path.join(os.path.dirname(HERE), "tests", "fixtures", "finetune", "litgpt_measured.json")
+FIXTURE_COMMIT = "5895df10"  # the 2024 package `litgpt/`
+CROSS_CHECK_COMMIT = "0cc02afa"  # the first row again, `lit_gpt/`
+FIXTURE_SCHEMA_VERSION = 1
+ALL_LINEAR = ["query", "key", "value", "projection", "mlp"]  # head off
+
+
+def fixture_rows() -> list[dict]:
+    def row(id_, kv, targets, p, batch=1, seq=SEQ, holdout=False):
+        return dict(DEFAULT_ROW, id=id_, holdout=holdout, kv_heads=kv, targets=list(targets), lora_dropout=p,
+                    batch=batch, seq=seq)
+
+    return [
+        row("mha-qv-p05", 8, ["query", "value"], 0.05),
+        row("mha-qv-p0", 8, ["query", "value"], 0.0),
+        row("gqa-qv-p05", 2, ["query", "value"], 0.05),
+        row("mha-all-p05", 8, ALL_LINEAR, 0.05),
+        row("gqa-all-p05", 2, ALL_LINEAR, 0.05),
+        row("gqa-qkv-p0-b2", 2, ["query", "key", "value"], 0.0, batch=2, seq=192, holdout=True),
+        row("mha-v-p05-b2", 8, ["value"], 0.05, batch=2, seq=160, holdout=True),
+    ]
+
+
+ROW_FIELDS = ("id", "holdout", "hidden", "layers", "heads", "kv_heads", "ffn", "vocab", "batch", "seq", "rank",
+              "lora_alpha", "lora_dropout", "targets")
+
+
+def _grad_fns(saved_by: list[str]) -> list[str]:
+    """'IndexCopyBackward0.source [600, 512] bfloat16' -> 'IndexCopyBackward0.source' (unique, sorted)."""
+    return sorted({x.split(" ", 1)[0] for x in saved_by})
+
+
+def _tensor_entry(e: dict) -> dict:
+    """One saved storage of a layer: its (first) saved view's shape and dtype, the storage's bytes."""
+    first = e["saved_as"][0]
+    shape, dtype = first.rsplit(" ", 1)
+    out = {"module": e["module"], "shape": json.loads(shape), "dtype": dtype, "bytes": e["storage_bytes"],
+           "grad_fn": _grad_fns(e["saved_by"])}
+    if len(e["saved_as"]) > 1:
+        out["views"] = e["saved_as"]
+    return out
+
+
+def measure_fixture_row(spec: dict, commit: str, log) -> dict:
+    t0 = time.time()
+    out = {k: spec[k] for k in ROW_FIELDS}
+    out["litgpt_commit"] = commit
+    model, step, prefix, _ = variant_litgpt(commit, spec)
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    out["params_total"] = sum(p.numel() for p in params)
+    out["params_trainable"] = sum(p.numel() for p in trainable)
+    out["params_bytes"] = M.unique_bytes(params)
+    out["trainable_bytes"] = M.unique_bytes(trainable)
+    out["buffers_bytes"] = M.unique_bytes(list(model.buffers()))
+    out["param_dtypes"] = sorted({str(p.dtype).replace("torch.", "") for p in params})
+    out["lora_modules"] = sorted({short(n).rsplit(".", 1)[0] for n, p in model.named_parameters()
+                                  if p.requires_grad and "transformer.h.1." in n})
+    sv = measure_saved(model, step, prefix, spec)
+    del model
+    for k in ("saved_bytes", "saved_forward_bytes", "saved_loss_bytes", "dropout_mask_bytes", "caller_held_bytes"):
+        out[k] = sv[k]
+    out["caller_held"] = sv["caller_held"]
+    out["saved_layer0_bytes"] = sv["per_layer"].get("layer0", 0)
+    out["saved_layer1_bytes"] = sv["per_layer"].get("layer1", 0)
+    out["saved_per_layer_bytes"] = [sv["per_layer"].get(f"layer{i}", 0) for i in range(spec["layers"])]
+    out["saved_outside_layers"] = {k[len("outside: "):]: v for k, v in sv["per_layer"].items()
+                                   if k.startswith("outside: ")}
+    out["saved_layer1"] = [_tensor_entry(e) for e in sv["layer1"]]
+    log(f"  saved {out['saved_bytes']:,} (layer1 {out['saved_layer1_bytes']:,}, masks "
+        f"{out['dropout_mask_bytes']:,}) held {out['caller_held_bytes']:,} params {out['params_total']:,} "
+        f"trainable {out['params_trainable']:,}  [{time.time() - t0:.0f}s]")
+    model2, step2, _, _ = variant_litgpt(commit, spec)
+    steps = measure_train(model2, step2, spec)
+    del model2
+    compact = {}
+    for which, v in steps.items():
+        k = f"foreach_free_{which}"
+        out[f"train_{k}_peak_bytes"] = v["peak_bytes"]
+        out[f"train_{k}_peak_phase"] = v["peak_phase"]
+        out[f"train_{k}_peak_op"] = v["peak_op"]
+        out[f"train_{k}_forward_retained_bytes"] = v["forward_retained_bytes"]
+        for ph in M.PHASES:
+            out[f"train_{k}_{ph}_max_bytes"] = v["phase_max_bytes"].get(ph, 0)
+        compact[k] = {x: v[x] for x in ("baseline_bytes", "params_bytes", "adam_state_before_bytes",
+                                        "adam_state_after_bytes", "inputs_bytes", "forward_retained_bytes",
+                                        "saved_bytes", "caller_held_bytes", "peak_bytes", "peak_delta_bytes",
+                                        "peak_phase", "peak_op", "peak_module", "peak_stack", "live_at_peak_new",
+                                        "phase_max_bytes") if x in v}
+        compact[k]["forward_unaccounted_bytes"] = (v["forward_retained_bytes"] - v["saved_bytes"]
+                                                   - v["caller_held_bytes"])
+        compact[k]["top_live_allocations_at_peak"] = v["top_live_allocations_at_peak"][:6]
+    out["train_steps"] = compact
+    out["seconds"] = round(time.time() - t0, 1)
+    log("  train " + " ".join(f"{k}={v['peak_bytes']:,}@{v['peak_phase']}/{v['peak_op']} (fwd retained "
+                              f"{v['forward_retained_bytes']:,})" for k, v in compact.items())
+        + f"  [{out['seconds']}s]")
+    return out
+
+
+FIXTURE_METHOD = {
+    "model": "LitGPT's GPT + LoRA (litgpt/lora.py at 5895df10, the 2024 package; cross_check: lit_gpt/lora.py at "
+             "0cc02afa) imported from the git mirror as it is, lightning stubbed; Config(n_embd=hidden, "
+             "n_layer=layers, n_head=heads, n_query_groups=kv_heads, intermediate_size=ffn, vocab_size = "
+             "padded_vocab_size = vocab, RMSNorm, LLaMAMLP, rotary_percentage 1.0, bias False, parallel_residual "
+             "False, block_size 1024); random init (model._init_weights), CPU",
+    "lora": "lora_r=rank, lora_alpha, lora_dropout (0.0: LitGPT's identity, no dropout module), lora_<target>=True "
+            "for each of targets (LitGPT names: query, key, value = the fused qkv LoRAQKVLinear; projection = "
+            "attn.proj; mlp = fc_1, fc_2, proj; head off); mark_only_lora_as_trainable",
+    "precision": "Fabric bf16-true emulated as lightning 2.1's HalfPrecision: modules built under default dtype "
+                 "bf16, model.to(bfloat16) (adapters bf16), forward under default dtype bf16, the returned logits "
+                 "chunks cast to fp32 (convert_output); then model.max_seq_length = seq (rope cache rebuilt fp32)",
+    "loss": "logits = model(input_ids, lm_head_chunk_size=128); logits[-1] = logits[-1][..., :-1, :]; "
+            "loss = chunked_cross_entropy(logits, targets[..., 1:]) (LitGPT's utils); input_ids and targets are "
+            "two tensors (random ids, batch x seq)",
+    "saved_bytes": "saved_tensors_hooks during one training forward + loss, unique storages, parameters and buffers "
+                   "excluded; dropout via torch.native_dropout (1-byte bool mask, as CUDA)",
+    "caller_held_bytes": "tensors reachable from the caller's outputs (the fp32 logits list, loss) that autograd "
+                         "did not save",
+    "saved_layer1": "layer 1's unique saved storages: module (under transformer.h.1), the first saved view's shape "
+                    "and dtype, the storage's bytes, the grad_fn.attribute(s) that saved it (walked from the loss); "
+                    "views: all saved views when more than one",
+    "saved_per_layer_bytes": "unique saved storages by the layer whose module first saved them; "
+                             "saved_outside_layers: the rest by module ('<model>' = the loss)",
+    "train_peak": "baseline (all params + buffers + grads before + AdamW state before + input_ids + targets, exact) "
+                  "+ max cumulative delta of torch.profiler CPU allocator events over forward, loss, backward, "
+                  "outputs (logits list, loss) dropped, optimizer.step() (torch AdamW(trainable, foreach=True)), "
+                  "zero_grad(set_to_none=True); as validation/measure_lora.py's measure_train",
+    "variants": "foreach_free_first: no grads, no AdamW state before; foreach_free_steady: AdamW state of the "
+                "trainable params present (from the first step), no grads before",
+    "forward_retained_bytes": "allocator delta at the start of backward: what forward + loss left alive",
+    "holdout": "rows to check a prediction against after the rules were fitted to the others",
+    "cross_check": "the first row measured at LitGPT 0cc02afa (lit_gpt/, Oct 2023)",
+}
+
+
+def write_fixture(path: str, threads: int, only: str, log) -> None:
+    import platform
+    import datetime as _dt
+
+    t0 = time.time()
+    rows, cross = [], []
+    specs = [s for s in fixture_rows() if not only or only in s["id"]]
+    for i, spec in enumerate(specs):
+        log(f"[{i + 1}/{len(specs)}] {spec['id']} @ {FIXTURE_COMMIT}")
+        rows.append(measure_fixture_row(spec, FIXTURE_COMMIT, log))
+    if specs and specs[0]["id"] == "mha-qv-p05":
+        log(f"[cross-check] mha-qv-p05 @ {CROSS_CHECK_COMMIT}")
+        # each commit's package is imported under its own name; a fresh import per commit
+        c = measure_fixture_row(specs[0], CROSS_CHECK_COMMIT, log)
+        c["cross_check"] = True
+        c["minus_5895df10"] = {k: c[k] - rows[0][k] for k in c
+                               if isinstance(c[k], int) and not isinstance(c[k], bool) and k in rows[0]
+                               and c[k] != rows[0][k]}
+        cross.append(c)
+    doc = {
+        "schema_version": FIXTURE_SCHEMA_VERSION,
+        "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "versions": {"torch": torch.__version__, "litgpt": FIXTURE_COMMIT, "litgpt_cross_check": CROSS_CHECK_COMMIT,
+                     "python": platform.python_version()},
+        "device": "cpu",
+        "threads": threads,
+        "method": FIXTURE_METHOD,
+        "seconds": round(time.time() - t0, 1),
+        "rows": rows,
+        "cross_check": cross,
+    }
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    log(f"wrote {path} ({len(rows)} rows + {len(cross)} cross-check, {doc['seconds']} s)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--commit", default="0cc02afa", choices=sorted(COMMITS))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", default="", help="substring of the variant names: litgpt, hf-litloss, hf-native")
     ap.add_argument("--json", default="")
+    ap.add_argument("--fixture", nargs="?", const=FIXTURE_PATH, default="",
+                    help="write the fixture rows (LitGPT 5895df10, the first row also at 0cc02afa) to this path "
+                         f"(default {os.path.relpath(FIXTURE_PATH)}) instead of the report; --only: substring of row ids")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
+    if args.fixture:
+        write_fixture(args.fixture, args.threads, args.only, lambda m: print(m, flush=True))
+        return 0
     _pkg, _lora, utils, stubs = import_litgpt(args.commit)
     print(f"LitGPT {args.commit}: stubbed {stubs}; torch {torch.__version__}")
     variants = {

@@ -299,6 +299,9 @@ pub fn describe(w: &Workload) -> String {
             s.push_str(&format!(", float8 {}", w.float8.name()));
         }
     }
+    if !w.framework.is_transformers() {
+        s.push_str(", LitGPT's GPT and LoRA");
+    }
     if let Some(q) = &w.quant {
         s.push_str(&format!(
             ", {} {}{}",

@@ -125,6 +125,13 @@ pub struct WorkloadArgs {
     /// transformers' loss.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub loss_chunk: Option<String>,
+    /// transformers | litgpt: whose model classes and LoRA build a decoder LLM's step
+    /// [transformers + PEFT]. litgpt: LitGPT's GPT (fused qkv; k and v expanded to every head)
+    /// and its LoRA (adapters in the model's type), with its fine-tuning scripts' defaults
+    /// unless given: --loss-chunk 128, --outputs next, --kv-cache off, and under --quant
+    /// --kbit-prep off and --quant-head on.
+    #[arg(long, value_name = "F", allow_hyphen_values = true)]
+    pub framework: Option<String>,
     /// lazy | eager: how the CUDA stack loads its kernels (CUDA_MODULE_LOADING); eager (PyTorch
     /// before 1.13, CUDA before 11.7) holds about 1 GiB more outside PyTorch on a --gpu card.
     #[arg(long, value_name = "lazy|eager", allow_hyphen_values = true)]
@@ -208,6 +215,7 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         optimizer_in_backward,
         float8,
         loss_chunk,
+        framework,
         cuda_modules,
         gelu,
         kv_cache,

@@ -256,6 +256,28 @@ impl DropoutMask {
     }
 }
 
+/// Whose model classes and adapters build a decoder LLM's step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Framework {
+    /// transformers' model classes, PEFT's LoRA (fp32 adapters over a 16-bit base, each with
+    /// its own dropout).
+    #[default]
+    Transformers,
+    /// LitGPT's `GPT` and its LoRA (`validation/litgpt_notes.md`, LitGPT 5895df10 and 0cc02afa):
+    /// one fused qkv linear whose value view keeps the whole output saved when every head has
+    /// its own key and value; keys and values expanded to every query head when grouped; the
+    /// adapters in the model's type, q, k and v under one LoRA module (one dropout, and
+    /// `zero_pad`'s `index_copy`, which saves its source, unless all three are adapted).
+    Litgpt,
+}
+
+impl Framework {
+    pub fn is_transformers(&self) -> bool {
+        *self == Framework::Transformers
+    }
+}
+
 /// What the training loop holds of the model's outputs (logits, a kept KV cache) while the
 /// backward runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -433,6 +455,9 @@ pub struct Workload {
     /// LitGPT's chunked head and loss (`--loss-chunk`): the tokens of each logits chunk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_chunk: Option<u64>,
+    /// Whose model classes and LoRA build the step (`--framework`).
+    #[serde(default, skip_serializing_if = "Framework::is_transformers")]
+    pub framework: Framework,
     #[serde(default)]
     pub gelu: Gelu,
     /// Hugging Face's `use_cache` left on in training: each layer's key and value are kept in

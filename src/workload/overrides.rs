@@ -28,6 +28,7 @@ pub fn apply(args: &WorkloadArgs, mut w: Workload) -> Result<Resolved, CliError>
     let text = w.is_text_transformer();
     let shape_before = super::layers::Shape::of(&w);
     apply_shape(args, &mut w, text)?;
+    apply_framework(args, &mut w)?;
     apply_numerics(args, &mut w, &mut warnings)?;
     apply_finetune(args, &mut w, &mut warnings)?;
     apply_layout(args, &mut w)?;
@@ -36,6 +37,44 @@ pub fn apply(args: &WorkloadArgs, mut w: Workload) -> Result<Resolved, CliError>
         workload: w,
         warnings,
     })
+}
+
+/// `--framework`: LitGPT's model and LoRA, with its fine-tuning scripts' defaults (the chunked
+/// head, the loop's held outputs, no KV cache), which the flags after it may override.
+fn apply_framework(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
+    use super::layers::Mixer;
+    let Some(v) = &args.framework else {
+        return Ok(());
+    };
+    w.framework = choice(
+        "framework",
+        v,
+        &[
+            ("transformers", super::Framework::Transformers),
+            ("litgpt", super::Framework::Litgpt),
+        ],
+    )?;
+    if w.framework.is_transformers() {
+        return Ok(());
+    }
+    let attention_only = w.model.as_ref().is_none_or(|m| {
+        m.layers
+            .iter()
+            .all(|l| matches!(l.mixer, Mixer::Attention(_)))
+    });
+    if !w.is_decoder_llm() || !attention_only {
+        return Err(usage(
+            "framework",
+            format!(
+                "litgpt is modelled for decoders of attention layers (LLaMA-style, phi, GPT-NeoX), not {}",
+                w.name
+            ),
+        ));
+    }
+    w.loss_chunk = Some(128);
+    w.outputs = super::Outputs::Next;
+    w.kv_cache = false;
+    Ok(())
 }
 
 /// The shape flags (`--batch` through `--params`), each refused where the model has no such part.
@@ -441,7 +480,16 @@ fn apply_quant(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
                 ("int8", QuantKind::Int8),
             ],
         )?;
-        w.quant = Some(Quant::bnb(kind));
+        let mut q = Quant::bnb(kind);
+        if !w.framework.is_transformers() {
+            // LitGPT: Fabric's BitsandbytesPrecision converts every linear, the head too, and
+            // nothing upcasts the rest (no PEFT k-bit preparation); its configs' bnb.nf4 has no
+            // double quantization (bnb.nf4-dq does).
+            q.prepare = false;
+            q.head = true;
+            q.double_quant = false;
+        }
+        w.quant = Some(q);
     }
     if let Some(v) = &args.kbit_prep {
         let on = parse_dropout(v)

@@ -84,6 +84,7 @@ pub fn base(name: &str, arch: Arch) -> Workload {
         optimizer_in_backward: false,
         float8: Default::default(),
         loss_chunk: None,
+        framework: Default::default(),
         cuda_modules: Default::default(),
         gelu: Gelu::Fused,
         kv_cache: false,

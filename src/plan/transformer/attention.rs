@@ -264,6 +264,43 @@ impl T<'_> {
             gate = o.get(3).copied();
             (o[0], o[1], o[2])
         };
+        // LitGPT (`model.py` @5895df10, `CausalSelfAttention.forward`): q, k and v are views of
+        // one fused output. With grouped heads k and v are expanded to every query head and
+        // reshaped (copies at the query width); with a key and value per head they stay views,
+        // and the value SDPA saves keeps the whole fused output alive (measured,
+        // `validation/litgpt_notes.md`).
+        let lit = !self.w.framework.is_transformers();
+        let (k0, v0) = if lit && g != a {
+            let ke = self.heads_t(
+                &format!("{p}.k_expand"),
+                a,
+                self.dtype(k0),
+                Role::Activations,
+            )?;
+            let ve = self.heads_t(
+                &format!("{p}.v_expand"),
+                a,
+                self.dtype(v0),
+                Role::Activations,
+            )?;
+            for t in [k0, v0] {
+                if !saved.contains(&t) {
+                    self.b.free(t);
+                }
+            }
+            (ke, ve)
+        } else {
+            if lit && self.saving {
+                for t in [q0, k0] {
+                    if !saved.contains(&t) {
+                        saved.push(t);
+                    }
+                }
+            }
+            (k0, v0)
+        };
+        // The heads k and v have from here on.
+        let kv_heads = if lit { a } else { g };
         let (q1, k1) = if self.spec.qk_norm {
             let d = self.d;
             let qn = self.norm_over(&format!("{p}.q_norm"), q0, d, saved)?;
@@ -278,7 +315,7 @@ impl T<'_> {
         let (q, k) = if rope {
             let rt = autocast::promote(c, self.r);
             let qr = self.heads_t(&format!("{p}.q"), a, rt, Role::Activations)?;
-            let kr = self.heads_t(&format!("{p}.k"), g, rt, Role::Activations)?;
+            let kr = self.heads_t(&format!("{p}.k"), kv_heads, rt, Role::Activations)?;
             (qr, kr)
         } else {
             (q1, k1)
@@ -329,7 +366,14 @@ impl T<'_> {
             (k, v0)
         };
         let from = saved.len();
-        let ctx = self.llm_core(p, q, k, v, cached, saved)?;
+        // LitGPT hands SDPA every head's key and value: no grouped heads in the core.
+        let grouped = (self.g, self.kvw);
+        if kv_heads != g {
+            (self.g, self.kvw) = (a, self.qw);
+        }
+        let ctx = self.llm_core(p, q, k, v, cached, saved);
+        (self.g, self.kvw) = grouped;
+        let ctx = ctx?;
         // The value's projection (or the fused output it is a slice of) goes unless saved; with
         // the cache, attention read the cache's copy.
         let v0_saved = saved.contains(&v0);

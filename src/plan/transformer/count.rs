@@ -163,7 +163,13 @@ fn adapter_pieces(w: &Workload, i: u64) -> Result<Vec<Piece>, PlanError> {
         }
         if elems > 0 {
             let mut p = Piece::new(format!("L{i}.{block}.lora"), elems).largest(largest);
-            p.dtype = Some(DType::F32);
+            // PEFT keeps the adapters fp32 (`autocast_adapter_dtype`); LitGPT's are the
+            // model's, converted with it by Fabric's true-half precision.
+            p.dtype = Some(if w.framework.is_transformers() {
+                DType::F32
+            } else {
+                crate::plan::params::param_dtype(w.precision)
+            });
             p.factored = Some(factored);
             out.push(p);
         }

@@ -372,10 +372,16 @@ impl T<'_> {
         let g_lp = self
             .b
             .push("grad.logprobs", Role::Workspace, lp_dtype, &shape, lg.v)?;
-        let mut shape = lg.shape;
         if chunk.is_some() {
-            self.b.free(logprobs);
+            // Each chunk's log_softmax backward makes its logits' gradient beside nll's, with
+            // the log-probabilities of the chunks not yet reached and the gradients of those
+            // done: n + 2 chunks at every chunk (measured, `litgpt_measured.json`).
+            let gc = self
+                .b
+                .push("grad.logits_chunk", Role::Workspace, lp_dtype, &shape, lg.v)?;
+            self.b.free_all([logprobs, gc]);
         }
+        let mut shape = lg.shape;
         let gl_dtype = if half_to_float { c } else { lp_dtype };
         let mut g_logits = self
             .b

@@ -53,16 +53,121 @@ impl T<'_> {
         let live = self.live;
         let mut after = live;
         let mut outs = Vec::with_capacity(projs.len());
+        let qkv = [Target::Q, Target::K, Target::V];
+        let fused_lora = !self.w.framework.is_transformers()
+            && projs
+                .iter()
+                .any(|p| p.targets.iter().any(|t| qkv.contains(t)));
         for pr in projs {
             let y = self.rows_t(&pr.tensor, Role::Activations, c, pr.width)?;
             self.linear(piece, x, y, pr.width, inp)?;
-            let y = self.adapt(piece, &pr.module, pr.targets, x, y, (pr.width, inp), saved)?;
+            let y = if fused_lora {
+                y
+            } else {
+                self.adapt(piece, &pr.module, pr.targets, x, y, (pr.width, inp), saved)?
+            };
             after |= self.live;
             self.live = live;
             outs.push(y);
         }
+        if fused_lora {
+            after |= self.adapt_qkv_litgpt(piece, x, inp, projs, &mut outs, saved)?;
+        }
         self.live = after;
         Ok(outs)
+    }
+
+    /// LitGPT's `LoRAQKVLinear` over q, k and v (`lora.py` @5895df10; measured in
+    /// `validation/litgpt_notes.md`): one dropout of the shared input, `lora_A` over it for
+    /// every adapted part at once ([n, r·k], saved by the grouped `conv1d` that is `lora_B`),
+    /// then `zero_pad`: unless q, k and v are all adapted, `index_copy` of the parts into a
+    /// zeroed [n, q+k+v] saves its source (a copy of `lora_B`'s output). Everything is in the
+    /// model's type. The adapted outputs are replaced by `pretrained + lora·scale`. Whether
+    /// anything was adapted (past it every tensor needs a gradient).
+    fn adapt_qkv_litgpt(
+        &mut self,
+        piece: &str,
+        x: TensorIx,
+        inp: u64,
+        projs: &[Proj<'_>],
+        outs: &mut [TensorIx],
+        saved: &mut Vec<TensorIx>,
+    ) -> Result<bool, PlanError> {
+        let Some(lora) = self.w.lora.clone() else {
+            return Ok(false);
+        };
+        let adapted: Vec<usize> = (0..projs.len())
+            .filter(|&i| self.adapts(projs[i].targets))
+            .collect();
+        if adapted.is_empty() {
+            return Ok(false);
+        }
+        let (c, r) = (self.c, lora.rank);
+        let ad = format!("{piece}.lora");
+        let rows = |t: &mut Self, what: &str, width: u64| {
+            t.rows_t(&format!("{ad}.{what}"), Role::Activations, c, width)
+        };
+        let mut xin = x;
+        if lora.dropout > 0.0 {
+            let dt = self.dtype(x);
+            xin = self.rows_t(&format!("{ad}.dropout"), Role::Activations, dt, inp)?;
+            let mt = self.mask_type(dt);
+            let mask = self.rows_t(&format!("{ad}.dropout_mask"), Role::Activations, mt, inp)?;
+            if self.saving && self.live {
+                saved.push(mask);
+            } else {
+                self.b.free(mask);
+            }
+        }
+        let k = adapted.len() as u64;
+        let width: u64 = adapted.iter().map(|&i| projs[i].width).sum();
+        let total: u64 = projs.iter().map(|p| p.width).sum();
+        let a = rows(self, "a", r * k)?;
+        self.matmul(&ad, xin, a, r * k, inp);
+        let bo = rows(self, "b", width)?;
+        self.matmul(&ad, a, bo, width, r);
+        let mut tmp = vec![bo];
+        let all = [Target::Q, Target::K, Target::V]
+            .iter()
+            .all(|&t| self.adapts(&[t]));
+        if !all {
+            // zero_pad: the reshaped source (a copy: lora_B's output is transposed), saved by
+            // IndexCopyBackward0; new_zeros, then the out-of-place index_copy.
+            let src = rows(self, "zero_pad_src", width)?;
+            if self.saving {
+                saved.push(src);
+            } else {
+                tmp.push(src);
+            }
+            tmp.push(rows(self, "zeros", total)?);
+            tmp.push(rows(self, "padded", total)?);
+        }
+        tmp.push(rows(self, "scaled", total)?);
+        if self.saving {
+            if !saved.contains(&xin) {
+                saved.push(xin);
+            }
+            saved.push(a);
+        } else {
+            if xin != x {
+                tmp.push(xin);
+            }
+            tmp.push(a);
+        }
+        // pretrained + lora: the sum replaces each adapted part.
+        for &i in &adapted {
+            let y = outs[i];
+            let n = self.rows_t(
+                &format!("{}.lora_out", projs[i].module),
+                Role::Activations,
+                c,
+                projs[i].width,
+            )?;
+            self.b.free(y);
+            outs[i] = n;
+        }
+        self.b.free_all(tmp);
+        Ok(true)
     }
 
     /// The base is frozen (adapters or a quantized base): its linears save no input for a
@@ -260,6 +365,9 @@ impl T<'_> {
         }
         let (bsz, s, r) = (self.bsz, self.s, lora.rank);
         let ad = format!("{piece}.lora");
+        // PEFT computes its fp32 adapters in fp32; LitGPT's are in the model's type.
+        let lit = !self.w.framework.is_transformers();
+        let f32 = if lit { self.c } else { DType::F32 };
         let f32_rows = |t: &mut Self, what: &str, width: u64, dt: DType| {
             t.b.push(
                 &format!("{name}.lora_{what}"),
@@ -271,7 +379,7 @@ impl T<'_> {
         };
         // QLoRA's forward clones the 4-bit layer's output first (peft bnb.py:533).
         let mut y = y;
-        if self.w.quant.is_some_and(|q| q.kind.is_4bit()) {
+        if self.w.quant.is_some_and(|q| q.kind.is_4bit()) && !lit {
             let dt = self.dtype(y);
             let c = f32_rows(self, "result_clone", out, dt)?;
             self.b.free(y);
@@ -279,12 +387,12 @@ impl T<'_> {
         }
         // The adapters' fp32: x itself, or a copy per adapted layer (`_cast_input_dtype`).
         let mut xin = x;
-        if self.dtype(x) != DType::F32 {
-            xin = f32_rows(self, "x32", inp, DType::F32)?;
+        if self.dtype(x) != f32 {
+            xin = f32_rows(self, "x32", inp, f32)?;
         }
         if lora.dropout > 0.0 {
-            let dropped = f32_rows(self, "dropout", inp, DType::F32)?;
-            let mt = self.mask_type(DType::F32);
+            let dropped = f32_rows(self, "dropout", inp, f32)?;
+            let mt = self.mask_type(f32);
             let mask = f32_rows(self, "dropout_mask", inp, mt)?;
             if self.saving && self.live {
                 saved.push(mask);
@@ -296,9 +404,9 @@ impl T<'_> {
             }
             xin = dropped;
         }
-        let a = f32_rows(self, "a", r, DType::F32)?;
+        let a = f32_rows(self, "a", r, f32)?;
         self.matmul(&ad, xin, a, r, inp);
-        let bo = f32_rows(self, "b", out, DType::F32)?;
+        let bo = f32_rows(self, "b", out, f32)?;
         self.matmul(&ad, a, bo, out, r);
         if self.saving {
             if !saved.contains(&xin) {
@@ -312,13 +420,13 @@ impl T<'_> {
             self.b.free(a);
         }
         // · scaling, then result + that (fp32), then back to the result's type.
-        let scaled = f32_rows(self, "scaled", out, DType::F32)?;
+        let scaled = f32_rows(self, "scaled", out, f32)?;
         self.b.free(bo);
-        let sum = f32_rows(self, "sum", out, DType::F32)?;
+        let sum = f32_rows(self, "sum", out, f32)?;
         self.b.free(scaled);
         let yt = self.dtype(y);
         self.b.free(y);
-        let res = if yt != DType::F32 {
+        let res = if yt != f32 {
             let t = f32_rows(self, "out", out, yt)?;
             self.b.free(sum);
             t

@@ -129,7 +129,7 @@ pub use step::build;
 /// count).
 fn spec_of(w: &Workload) -> Result<Spec, PlanError> {
     use crate::workload::Arch;
-    Ok(match w.arch {
+    let mut s = match w.arch {
         Arch::Gpt2 => gpt2::spec(w),
         Arch::Bert => bert::spec(w),
         Arch::Vit => vit::spec(w),
@@ -140,7 +140,14 @@ fn spec_of(w: &Workload) -> Result<Spec, PlanError> {
         Arch::Mixtral | Arch::Qwen2Moe | Arch::Qwen3Moe => moe::spec(w),
         Arch::Decoder => decoder::spec(w),
         Arch::Resnet | Arch::Dense => return Err(PlanError::Invalid("not a transformer".into())),
-    })
+    };
+    if !w.framework.is_transformers() {
+        // LitGPT's LoRA adapts q, k and v apart (one module, one weight gradient each), so they
+        // are planned as three projections; what its one fused output keeps alive is the
+        // attention's to say (`attention_llm`).
+        s.fused_qkv = false;
+    }
+    Ok(s)
 }
 
 /// What one backward frame is: a layer's attention or MLP block.

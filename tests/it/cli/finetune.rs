@@ -271,6 +271,7 @@ fn bad_fine_tuning_flags_exit_2_with_one_line() {
             "on or off",
         ),
         (vec!["--lora", "8", "--outputs", "later"], "unknown value"),
+        (vec!["--lora", "8", "--framework", "lit"], "unknown value"),
     ] {
         let mut a = vec!["estimate", "--config", p];
         a.extend(args.iter().copied());
@@ -507,4 +508,74 @@ fn legacy_bitsandbytes_inputs_live_as_long_as_the_graph() {
     legacy_w.step = StepKind::First;
     let first = Plan::for_workload(&legacy_w).unwrap();
     assert!(first.tensors.iter().all(|t| !t.name.starts_with("prev.")));
+}
+
+/// `--framework litgpt`: LitGPT's fine-tuning defaults unless given (the chunked head, the
+/// loop's held outputs, no KV cache; Fabric's 4-bit head, no k-bit preparation, bnb.nf4
+/// without double quantization), refused for a model LitGPT's GPT is not planned for; its
+/// adapters are in the model's type, so they and their Adam state take half PEFT's fp32.
+#[test]
+fn the_litgpt_framework_takes_its_scripts_defaults() {
+    let p = llama3();
+    let p = p.to_str().unwrap();
+    let base = [
+        "estimate",
+        "--config",
+        p,
+        "--precision",
+        "bf16",
+        "--lora",
+        "8",
+    ];
+    let with = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend(extra);
+        a.push("--json");
+        json(&a)
+    };
+    let v = with(&["--quant", "nf4", "--framework", "litgpt"]);
+    let w = &v["workload"];
+    assert_eq!(w["framework"], "litgpt");
+    assert_eq!(w["loss_chunk"], 128);
+    assert_eq!(w["outputs"], "next");
+    assert_eq!(w["kv_cache"], false);
+    assert_eq!(w["quant"]["head"], true);
+    assert_eq!(w["quant"]["prepare"], false);
+    assert_eq!(w["quant"]["double_quant"], false);
+    assert_eq!(w["checkpoint"]["mode"], "none");
+    // Given flags win.
+    let v = with(&[
+        "--framework",
+        "litgpt",
+        "--loss-chunk",
+        "0",
+        "--outputs",
+        "kept",
+    ]);
+    assert!(v["workload"]["loss_chunk"].is_null());
+    assert!(v["workload"]["outputs"].is_null());
+    // bf16 adapters: both Adam moments at 2 B instead of 4 (Llama-3-8B, r8 on q and v:
+    // 32 layers of 8·(4096 + 4096) + 8·(4096 + 1024) parameters).
+    let peft = with(&["--kv-cache", "off"]);
+    let lit = with(&[
+        "--framework",
+        "litgpt",
+        "--loss-chunk",
+        "0",
+        "--outputs",
+        "kept",
+    ]);
+    let adapters = 32 * (8 * (4096 + 4096) + 8 * (4096 + 1024));
+    assert_eq!(peft["breakdown"]["optimizer"], adapters * 2 * 4);
+    assert_eq!(lit["breakdown"]["optimizer"], adapters * 2 * 2);
+    let out = oomprobe()
+        .args(["estimate", "--model", "gpt2", "--framework", "litgpt"])
+        .assert()
+        .code(2)
+        .get_output()
+        .stderr
+        .clone();
+    let err = String::from_utf8(out).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("gpt2"), "{err}");
 }

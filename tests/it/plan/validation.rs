@@ -603,6 +603,93 @@ fn lora_rows_are_reproduced() {
     assert_checks(&lora_checks(), "OOMPROBE_LORA_TABLE");
 }
 
+/// Rows of `tests/fixtures/finetune/litgpt_measured.json` (`validation/litgpt_step.py`: LitGPT
+/// 5895df10's GPT and LoRA on the CPU, bf16-true emulated, `lm_head_chunk_size=128`): the small
+/// LLaMA with a key and value per head or grouped, LoRA on LitGPT's query/key/value/
+/// projection/mlp, `holdout` rows (`true`) or the rest: trainable parameters exactly, saved +
+/// held and the first and steady step peaks.
+fn litgpt_checks(holdout: bool) -> Vec<Check> {
+    use oomprobe::workload::{Framework, Lora, Target};
+    let fx = load("finetune/litgpt_measured.json");
+    let mut out = Vec::new();
+    for r in fx["rows"].as_array().unwrap() {
+        if r["holdout"].as_bool().unwrap() != holdout {
+            continue;
+        }
+        let id = r["id"].as_str().unwrap().to_string();
+        let mut w = presets::base("litgpt-llama", Arch::Llama);
+        for k in ["batch", "seq", "layers", "hidden", "heads", "ffn", "vocab"] {
+            assert!(r[k].is_u64(), "{id}: {k}");
+        }
+        (w.batch, w.seq, w.layers, w.hidden) =
+            (u(r, "batch"), u(r, "seq"), u(r, "layers"), u(r, "hidden"));
+        (w.heads, w.ffn, w.vocab) = (u(r, "heads"), u(r, "ffn"), u(r, "vocab"));
+        w.kv_heads = Some(u(r, "kv_heads")).filter(|&k| k != w.heads);
+        w.tie_embeddings = Some(false);
+        w.autocast_device = Device::Cpu;
+        w.attention = Attention::Sdpa;
+        w.precision = Precision::Bf16;
+        w.framework = Framework::Litgpt;
+        w.loss_chunk = Some(128);
+        w.kv_cache = false;
+        w.optimizer_impl = Some(OptimizerImpl::Foreach);
+        let mut targets = Vec::new();
+        for t in r["targets"].as_array().unwrap() {
+            targets.extend(match t.as_str().unwrap() {
+                "query" => vec![Target::Q],
+                "key" => vec![Target::K],
+                "value" => vec![Target::V],
+                "projection" => vec![Target::O],
+                "mlp" => vec![Target::Gate, Target::Up, Target::Down],
+                other => panic!("{id}: target {other}"),
+            });
+        }
+        w.lora = Some(Lora {
+            rank: u(r, "rank"),
+            targets,
+            alpha: r["lora_alpha"].as_f64(),
+            dropout: r["lora_dropout"].as_f64().unwrap(),
+        });
+        assert_eq!(
+            oomprobe::plan::transformer::trainable_count(&w).unwrap(),
+            u(r, "params_trainable"),
+            "{id}: trainable parameters"
+        );
+        let plan = Plan::for_workload(&w).unwrap();
+        plan.check_timeline().unwrap();
+        out.push(Check {
+            row: id.clone(),
+            what: "saved + held".into(),
+            measured: u(r, "saved_bytes") + u(r, "caller_held_bytes"),
+            estimated: plan.saved_bytes(),
+            tol: 0.01,
+            phases: None,
+        });
+        for (key, step) in [("first", StepKind::First), ("steady", StepKind::Steady)] {
+            let mut v = w.clone();
+            v.step = step;
+            let p = Plan::for_workload(&v).unwrap();
+            p.check_timeline().unwrap();
+            let k = format!("train_foreach_free_{key}");
+            out.push(step_peak_check(&id, key, r, &k, &p, 0.01));
+        }
+    }
+    out
+}
+
+/// LitGPT's GPT and LoRA (`--framework litgpt`) against the CPU: within 1 %.
+#[test]
+fn litgpt_rows_are_reproduced() {
+    assert_checks(&litgpt_checks(false), "OOMPROBE_LITGPT_TABLE");
+}
+
+/// The LitGPT rows held out while `--framework litgpt` was built (q, k and v adapted over
+/// grouped heads without dropout; the value alone; batch 2).
+#[test]
+fn litgpt_held_out_rows_are_reproduced() {
+    assert_checks(&litgpt_checks(true), "OOMPROBE_LITGPT_HOLDOUT_TABLE");
+}
+
 /// Rows of `tests/fixtures/finetune/bnb_legacy_measured.json` (`validation/measure_bnb_legacy.py`:
 /// bitsandbytes 0.42.0's `MatMul4Bit` replayed on 0.50.2's CPU backend, bf16 QLoRA without
 /// PEFT's k-bit preparation, optionally a 4-bit head, the kept loop or LitGPT's): the step

@@ -55,6 +55,16 @@ value or value only, dropout 0.05 / 0.0, b1 s300 and two held-out b2 rows), for 
 
 Each row is measured at 5895df10; the first row is measured again at 0cc02afa ("cross_check", with its
 differences from the 5895df10 row).
+
+Family rows (family_rows(): LitGPT's phi-1_5 and stablelm-base-alpha-3b Config fields from lit_gpt/config.py
+at 0cc02afa, scaled to h 256, 8 heads, 4 layers, ffn 1024; LoRA r8 alpha 16 dropout 0.05 on query + value),
+measured at 0cc02afa and 5895df10, the 0cc02afa rows put into the fixture after the others (which stay as
+they are); and their transformers + PEFT counterparts (PhiForCausalLM / GPTNeoXForCausalLM, LitGPT's loss
+path):
+
+    ~/.cache/oomprobe-validation-venv/bin/python validation/litgpt_step.py --threads 1 --family-rows \
+        [PATH] [--json dump.json]
+    ~/.cache/oomprobe-validation-venv/bin/python validation/litgpt_step.py --threads 1 --hf-family [--json out]
 """
 
 from __future__ import annotations
@@ -145,26 +155,39 @@ def import_litgpt(commit: str):
     return pkg, lora, utils, stubs
 
 
+# LitGPT Config fields a row may set (family rows); the defaults are the Llama-like rows' shape
+ARCH_DEFAULTS = dict(family="llama", parallel_residual=False, shared_attention_norm=False, bias=False,
+                     rotary_percentage=1.0, norm="RMSNorm", mlp="LLaMAMLP", gelu_approximate="none",
+                     lm_head_bias=False)
+
+
+def arch(row: dict) -> dict:
+    return {k: row.get(k, v) for k, v in ARCH_DEFAULTS.items()}
+
+
 def build_litgpt(commit: str, lora, row: dict | None = None):
     """LitGPT's GPT with LoRA for `row` (DEFAULT_ROW: the report's shape), bf16-true as Fabric sets it up."""
     row = row or DEFAULT_ROW
+    a = arch(row)
     t = set(row["targets"])
     assert t <= set(TARGETS), t
     on = {n: n in t for n in TARGETS}
     if commit == "0cc02afa":
-        extra = dict(_norm_class="RMSNorm", _mlp_class="LLaMAMLP", r=row["rank"], alpha=row["lora_alpha"],
+        extra = dict(_norm_class=a["norm"], _mlp_class=a["mlp"], r=row["rank"], alpha=row["lora_alpha"],
                      dropout=row["lora_dropout"], to_query=on["query"], to_key=on["key"], to_value=on["value"],
                      to_projection=on["projection"], to_mlp=on["mlp"], to_head=on["head"])
     else:
-        extra = dict(norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP", lora_r=row["rank"],
+        extra = dict(norm_class_name=a["norm"], mlp_class_name=a["mlp"], lora_r=row["rank"],
                      lora_alpha=row["lora_alpha"], lora_dropout=row["lora_dropout"], lora_query=on["query"],
                      lora_key=on["key"], lora_value=on["value"], lora_projection=on["projection"],
                      lora_mlp=on["mlp"], lora_head=on["head"])
-    cfg = lora.Config(name="llama-mini", block_size=1024, vocab_size=row["vocab"],
+    cfg = lora.Config(name=f"{a['family']}-mini", block_size=1024, vocab_size=row["vocab"],
                       padded_vocab_size=row["vocab"], n_layer=row["layers"], n_head=row["heads"],
-                      n_embd=row["hidden"], n_query_groups=row["kv_heads"], rotary_percentage=1.0,
-                      parallel_residual=False, bias=False, intermediate_size=row["ffn"],
-                      norm_eps=1e-5, **extra)
+                      n_embd=row["hidden"], n_query_groups=row["kv_heads"],
+                      rotary_percentage=a["rotary_percentage"], parallel_residual=a["parallel_residual"],
+                      shared_attention_norm=a["shared_attention_norm"], bias=a["bias"],
+                      lm_head_bias=a["lm_head_bias"], gelu_approximate=a["gelu_approximate"],
+                      intermediate_size=row["ffn"], norm_eps=1e-5, **extra)
     torch.manual_seed(0)
     # fabric.init_module() under bf16-true: default dtype bf16 while the modules are built
     with default_dtype(torch.bfloat16):
@@ -458,9 +481,11 @@ def _tensor_entry(e: dict) -> dict:
     return out
 
 
-def measure_fixture_row(spec: dict, commit: str, log) -> dict:
+def measure_fixture_row(spec: dict, commit: str, log, extra: dict | None = None) -> dict:
     t0 = time.time()
     out = {k: spec[k] for k in ROW_FIELDS}
+    if "family" in spec:  # family rows: LitGPT's Config fields
+        out.update(arch(spec))
     out["litgpt_commit"] = commit
     model, step, prefix, _ = variant_litgpt(commit, spec)
     params = list(model.parameters())
@@ -484,6 +509,9 @@ def measure_fixture_row(spec: dict, commit: str, log) -> dict:
     out["saved_outside_layers"] = {k[len("outside: "):]: v for k, v in sv["per_layer"].items()
                                    if k.startswith("outside: ")}
     out["saved_layer1"] = [_tensor_entry(e) for e in sv["layer1"]]
+    if extra is not None:
+        extra["saved_layer0"] = [_tensor_entry(e) for e in sv["layer0"]]
+        extra["saved_outside"] = out["saved_outside_layers"]
     log(f"  saved {out['saved_bytes']:,} (layer1 {out['saved_layer1_bytes']:,}, masks "
         f"{out['dropout_mask_bytes']:,}) held {out['caller_held_bytes']:,} params {out['params_total']:,} "
         f"trainable {out['params_trainable']:,}  [{time.time() - t0:.0f}s]")
@@ -551,6 +579,149 @@ FIXTURE_METHOD = {
 }
 
 
+# LitGPT's phi-1_5 and stablelm-base-alpha-3b (lit_gpt/config.py at 0cc02afa: Config defaults, i.e.
+# parallel_residual True, bias True, LayerNorm, GptNeoxMLP, n_query_groups = n_head, plus phi's
+# rotary_percentage 0.5, shared_attention_norm, lm_head_bias, gelu_approximate "tanh"; StableLM's
+# rotary_percentage 0.25), scaled down to h 256, 8 heads (head size 32), 4 layers, ffn 4h, vocab 1024
+FAMILY_COMMIT = "0cc02afa"  # the 2023 resource table's LitGPT
+FAMILY_ARCH = {
+    "phi": dict(family="phi", parallel_residual=True, shared_attention_norm=True, bias=True,
+                rotary_percentage=0.5, norm="LayerNorm", mlp="GptNeoxMLP", gelu_approximate="tanh",
+                lm_head_bias=True),
+    "gpt_neox": dict(family="gpt_neox", parallel_residual=True, shared_attention_norm=False, bias=True,
+                     rotary_percentage=0.25, norm="LayerNorm", mlp="GptNeoxMLP", gelu_approximate="none",
+                     lm_head_bias=False),
+}
+
+
+def family_rows() -> list[dict]:
+    return [dict(DEFAULT_ROW, id=id_, holdout=False, kv_heads=8, ffn=1024, targets=["query", "value"],
+                 lora_dropout=0.05, **FAMILY_ARCH[fam])
+            for id_, fam in (("phi-qv-p05", "phi"), ("neox-qv-p05", "gpt_neox"))]
+
+
+# transformers' counterparts of the family rows (the configs oomprobe plans them as, at the rows' shape)
+HF_FAMILY = {
+    "phi": dict(model_type="phi", partial_rotary_factor=0.5, hidden_act="gelu_pytorch_tanh", resid_pdrop=0.0,
+                embd_pdrop=0.0, attention_dropout=0.0, qk_layernorm=False, targets=["q_proj", "v_proj"]),
+    "gpt_neox": dict(model_type="gpt_neox", rotary_pct=0.25, hidden_act="gelu", use_parallel_residual=True,
+                     attention_bias=True, attention_dropout=0.0, hidden_dropout=0.0,
+                     targets=["query_key_value"]),
+}
+
+
+def variant_hf_family(row: dict, chunked_ce):
+    """PhiForCausalLM / GPTNeoXForCausalLM at the row's shape: bf16 (`model.bfloat16()`), sdpa, PEFT LoRA
+    (adapters fp32, as PEFT makes them after the cast) on q_proj + v_proj (phi) or the fused
+    query_key_value (gpt_neox), r / alpha / dropout as the row; LitGPT's loss path (head per 128-token chunk,
+    fp32 chunks, LitGPT's chunked_cross_entropy)."""
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    fam = dict(HF_FAMILY[row["family"]])
+    targets = fam.pop("targets")
+    mt = fam.pop("model_type")
+    cls = transformers.PhiConfig if mt == "phi" else transformers.GPTNeoXConfig
+    cfg = cls(vocab_size=row["vocab"], hidden_size=row["hidden"], intermediate_size=row["ffn"],
+              num_hidden_layers=row["layers"], num_attention_heads=row["heads"], max_position_embeddings=1024,
+              layer_norm_eps=1e-5, tie_word_embeddings=False, use_cache=False, **fam)
+    if mt == "phi":
+        cfg.num_key_value_heads = row["kv_heads"]
+    torch.manual_seed(0)
+    mcls = transformers.PhiForCausalLM if mt == "phi" else transformers.GPTNeoXForCausalLM
+    model = mcls._from_config(cfg, attn_implementation="sdpa").bfloat16()
+    model = get_peft_model(model, LoraConfig(r=row["rank"], lora_alpha=row["lora_alpha"], target_modules=targets,
+                                             lora_dropout=row["lora_dropout"], bias="none",
+                                             task_type="CAUSAL_LM"))
+    base = model.base_model.model
+    decoder = base.model if mt == "phi" else base.gpt_neox
+    head = base.get_output_embeddings()
+
+    def step(model, ids, targets_, on_logits):
+        hs = decoder(input_ids=ids).last_hidden_state
+        logits = [head(x).float() for x in hs.split(CHUNK, dim=1)]
+        on_logits()
+        logits[-1] = logits[-1][..., :-1, :]
+        loss = chunked_ce(logits, targets_[..., 1:])
+        return loss, logits
+
+    prefix = "model.layers." if mt == "phi" else "gpt_neox.layers."
+    return model, step, prefix, None
+
+
+def hf_family_report(only: str, log, dump: str = "") -> list[dict]:
+    """Saved tensors (per layer, layers 0 and 1 by tensor) and step peaks of the HF + PEFT counterparts."""
+    _pkg, _lora, utils, _ = import_litgpt(FAMILY_COMMIT)
+    out = []
+    for spec in family_rows():
+        if only and only not in spec["id"]:
+            continue
+        t0 = time.time()
+        model, step, prefix, _ = variant_hf_family(spec, utils.chunked_cross_entropy)
+        sv = measure_saved(model, step, prefix, spec)
+        del model
+        model2, step2, _, _ = variant_hf_family(spec, utils.chunked_cross_entropy)
+        tr = measure_train(model2, step2, spec)
+        del model2
+        r = {"id": "hf-" + spec["id"], "per_layer": sv["per_layer"], "saved_bytes": sv["saved_bytes"],
+             "caller_held_bytes": sv["caller_held_bytes"], "dropout_mask_bytes": sv["dropout_mask_bytes"],
+             "params_bytes": sv["params_bytes"], "trainable_bytes": sv["trainable_bytes"],
+             "saved_layer0": [_tensor_entry(e) for e in sv["layer0"]],
+             "saved_layer1": [_tensor_entry(e) for e in sv["layer1"]],
+             "train": {k: {x: v[x] for x in ("baseline_bytes", "peak_bytes", "peak_phase", "peak_op",
+                                               "forward_retained_bytes")} for k, v in tr.items()},
+             "seconds": round(time.time() - t0, 1)}
+        log(f"{r['id']}: saved {r['saved_bytes']:,} per layer {dict(sorted(r['per_layer'].items()))} "
+            f"peaks {[(k, v['peak_bytes']) for k, v in r['train'].items()]}")
+        for L in ("saved_layer0", "saved_layer1"):
+            log(f"  {L}: {sum(e['bytes'] for e in r[L]):,}")
+            for e in r[L]:
+                log(f"    {e['module']:<34} {str(e['shape']):<18} {e['dtype']:<9} {e['bytes']:>9,}  {e['grad_fn']}")
+        out.append(r)
+    if dump:
+        with open(dump, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+def write_family_rows(path: str, only: str, log, commits=(FAMILY_COMMIT, FIXTURE_COMMIT),
+                      dump: str = "") -> None:
+    """Measure family_rows() (at the 2023 table's commit, and at 5895df10 for comparison) and put the
+    first commit's rows into the fixture at `path`, after its other rows (which stay as they are)."""
+    with open(path) as f:
+        doc = json.load(f)
+    specs = [s for s in family_rows() if not only or only in s["id"]]
+    measured, side = {}, {}
+    for spec in specs:
+        for c in commits:
+            log(f"{spec['id']} @ {c}")
+            ex = {}
+            measured[(spec["id"], c)] = measure_fixture_row(spec, c, log, ex)
+            side[(spec["id"], c)] = ex
+    if len(commits) > 1:
+        for spec in specs:
+            a, b = measured[(spec["id"], commits[0])], measured[(spec["id"], commits[1])]
+            diff = {k: a[k] - b[k] for k in a if isinstance(a[k], int) and not isinstance(a[k], bool)
+                    and k in b and a[k] != b[k]}
+            log(f"{spec['id']}: {commits[0]} - {commits[1]} = {diff}")
+    if dump:
+        with open(dump, "w") as f:
+            json.dump([dict(r, commit=c, **side[(i, c)]) for (i, c), r in measured.items()], f, indent=1)
+    new = [measured[(s["id"], commits[0])] for s in specs]
+    ids = {r["id"] for r in new}
+    doc["rows"] = [r for r in doc["rows"] if r["id"] not in ids] + new
+    doc["versions"]["litgpt_family_rows"] = commits[0]
+    doc["method"]["family_rows"] = (
+        "rows with a `family` key: LitGPT's phi-1_5 / stablelm-base-alpha-3b Config fields (lit_gpt/config.py at "
+        "0cc02afa) at the rows' shape, measured at litgpt_commit (0cc02afa, lit_gpt/, the 2023 resource table's); "
+        "Config(parallel_residual, shared_attention_norm, bias, rotary_percentage, _norm_class=norm, "
+        "_mlp_class=mlp, gelu_approximate, lm_head_bias), otherwise as the other rows")
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    log(f"wrote {path}: {len(new)} family rows ({sorted(ids)})")
+
+
 def write_fixture(path: str, threads: int, only: str, log) -> None:
     import platform
     import datetime as _dt
@@ -598,9 +769,22 @@ def main(argv=None) -> int:
     ap.add_argument("--fixture", nargs="?", const=FIXTURE_PATH, default="",
                     help="write the fixture rows (LitGPT 5895df10, the first row also at 0cc02afa) to this path "
                          f"(default {os.path.relpath(FIXTURE_PATH)}) instead of the report; --only: substring of row ids")
+    ap.add_argument("--family-rows", nargs="?", const=FIXTURE_PATH, default="",
+                    help="measure the phi / gpt_neox rows (family_rows(), at 0cc02afa and 5895df10) and put the "
+                         "0cc02afa ones into this fixture, other rows unchanged; --only: substring of row ids; "
+                         "--json: every measured row (both commits, layer 0's tensors too)")
+    ap.add_argument("--hf-family", action="store_true",
+                    help="the family rows' transformers + PEFT counterparts (PhiForCausalLM, GPTNeoXForCausalLM) "
+                         "with LitGPT's loss path: saved tensors and step peaks (--json: dump)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
+    if args.hf_family:
+        hf_family_report(args.only, lambda m: print(m, flush=True), dump=args.json)
+        return 0
+    if args.family_rows:
+        write_family_rows(args.family_rows, args.only, lambda m: print(m, flush=True), dump=args.json)
+        return 0
     if args.fixture:
         write_fixture(args.fixture, args.threads, args.only, lambda m: print(m, flush=True))
         return 0

@@ -208,7 +208,7 @@ impl T<'_> {
             // The attention branch's output waits for the MLP's; nothing saves it.
             let o = self.hidden_t(&format!("{p}.attn.out"), Role::Activations, c)?;
             self.base_linear(pa, ctx, o, h, qw)?;
-            self.consumed(ctx, sa);
+            self.projection_read(ctx, sa);
             // The MLP reads the shared norm's output: a trained one saves it with the
             // attention's frame (a frozen base's linears save no input).
             if self.shared_norm() && self.saving && !self.frozen() && !sa.contains(&n1) {
@@ -218,7 +218,7 @@ impl T<'_> {
         } else if self.spec.sandwich_norms {
             let o = self.hidden_t(&format!("{p}.attn.out"), Role::Activations, c)?;
             self.base_linear(pa, ctx, o, h, qw)?;
-            self.consumed(ctx, sa);
+            self.projection_read(ctx, sa);
             let y = self.norm(&format!("{p}.post_attn_norm"), o, sa)?;
             let x2 = self.resid(&ln2_in)?;
             self.b.free(y);
@@ -253,6 +253,19 @@ impl T<'_> {
         }
     }
 
+    /// The output projection has read the context `ctx`: a frozen projection saves no input, so
+    /// unless something else saved it, it goes now (measured under LitGPT's parallel blocks,
+    /// `validation/litgpt_notes.md`); a trained one saved it.
+    fn projection_read(&mut self, ctx: TensorIx, sa: &mut Vec<TensorIx>) {
+        if self.saving && self.frozen() {
+            if !sa.contains(&ctx) {
+                self.b.free(ctx);
+            }
+        } else {
+            self.consumed(ctx, sa);
+        }
+    }
+
     /// The MLP block over `x2` (the residual after attention; a parallel block with one norm:
     /// the attention's normed input `n1`; with a norm each: the layer's input), saving into
     /// `sm`: the layer's output.
@@ -267,10 +280,23 @@ impl T<'_> {
     ) -> Result<TensorIx, PlanError> {
         let (h, f, saving) = (self.h, self.f, self.saving);
         self.use_piece(pm)?;
+        // Whether the MLP's input needs a gradient: a parallel block's MLP reads the layer's
+        // input (normed), not the attention's output, so past an attention adapter it is as
+        // the layer began (over a frozen embedding, layer 0's builds no graph at all).
+        let live = if self.parallel_block() {
+            self.live_in
+        } else {
+            self.live
+        };
         let n2 = if self.shared_norm() {
             n1
         } else {
-            let n2 = self.norm(&format!("{p}.ln2"), x2, sm)?;
+            // A frozen norm over an input that needs no gradient saves nothing (`norm_over`).
+            let was = self.live;
+            self.live = live;
+            let n2 = self.norm(&format!("{p}.ln2"), x2, sm);
+            self.live = was;
+            let n2 = n2?;
             let readers = match (self.spec.mlp, self.spec.fused_gate_up) {
                 (Mlp::Gated, false) => 2,
                 _ => 1,
@@ -278,7 +304,7 @@ impl T<'_> {
             let n2 = self.sp_gather(n2, readers, false, sm)?;
             self.matmul_input(n2, readers, false, sm)?
         };
-        let dead = saving && !self.live && !self.adapts(&[Target::Gate, Target::Up]);
+        let dead = saving && !live && !self.adapts(&[Target::Gate, Target::Up]);
         if dead {
             self.saving = false;
         }

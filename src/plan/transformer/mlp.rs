@@ -63,17 +63,28 @@ impl T<'_> {
             }
             self.matmul_input(out, 1, false, sm)
         } else {
-            sm.push(fc1);
             let gelu = self.wide(&format!("{p}.gelu.out"))?;
-            // The second projection's input: a frozen one does not save it.
-            if !self.frozen() {
-                sm.push(gelu);
-            }
             self.b.step(Step::Gelu {
                 x: fc1,
                 y: gelu,
                 elems,
             });
+            if self.saving {
+                sm.push(fc1);
+                // The second projection's input: a frozen one does not save it.
+                if !self.frozen() {
+                    sm.push(gelu);
+                }
+            } else {
+                // No graph (no_grad, or an input that needs no gradient, as layer 0's MLP over
+                // a frozen embedding in a parallel block): the GELU's input goes once read; a
+                // trained second projection's input goes with the layer's, a frozen one's once
+                // read (`mlp_block`).
+                self.b.free(fc1);
+                if !self.frozen() {
+                    sm.push(gelu);
+                }
+            }
             Ok(gelu)
         }
     }

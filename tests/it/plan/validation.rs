@@ -603,6 +603,23 @@ fn lora_rows_are_reproduced() {
     assert_checks(&lora_checks(), "OOMPROBE_LORA_TABLE");
 }
 
+/// The workload these command-line flags resolve to.
+fn resolved(flags: &str) -> Workload {
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        w: oomprobe::workload::args::WorkloadArgs,
+    }
+    use clap::Parser;
+    let args: Vec<&str> = std::iter::once("x")
+        .chain(flags.split_whitespace())
+        .collect();
+    let a = Flags::try_parse_from(&args).unwrap_or_else(|e| panic!("{flags}: {e}"));
+    oomprobe::resolve::resolve(&a.w, "gpt2")
+        .unwrap_or_else(|e| panic!("{flags}: {e}"))
+        .workload
+}
+
 /// Rows of `tests/fixtures/finetune/litgpt_measured.json` (`validation/litgpt_step.py`: LitGPT
 /// 5895df10's GPT and LoRA on the CPU, bf16-true emulated, `lm_head_chunk_size=128`): the small
 /// LLaMA with a key and value per head or grouped, LoRA on LitGPT's query/key/value/
@@ -617,14 +634,36 @@ fn litgpt_checks(holdout: bool) -> Vec<Check> {
             continue;
         }
         let id = r["id"].as_str().unwrap().to_string();
-        let mut w = presets::base("litgpt-llama", Arch::Llama);
-        for k in ["batch", "seq", "layers", "hidden", "heads", "ffn", "vocab"] {
-            assert!(r[k].is_u64(), "{id}: {k}");
-        }
-        (w.batch, w.seq, w.layers, w.hidden) =
-            (u(r, "batch"), u(r, "seq"), u(r, "layers"), u(r, "hidden"));
-        (w.heads, w.ffn, w.vocab) = (u(r, "heads"), u(r, "ffn"), u(r, "vocab"));
-        w.kv_heads = Some(u(r, "kv_heads")).filter(|&k| k != w.heads);
+        let mut w = match r["family"].as_str() {
+            // LitGPT's phi-1.5 and StableLM-Alpha shapes: the configs the published rows read,
+            // at the row's size.
+            Some(family) => {
+                let cfg = match family {
+                    "phi" => "phi-1_5-litgpt.json",
+                    "gpt_neox" => "stablelm-base-alpha-3b-litgpt.json",
+                    other => panic!("{id}: family {other}"),
+                };
+                let flags = format!(
+                    "--config {}/tests/fixtures/configs/{cfg} --hidden {} --heads {} --kv-heads {} --layers {} --ffn {} --vocab {}",
+                    env!("CARGO_MANIFEST_DIR"),
+                    u(r, "hidden"),
+                    u(r, "heads"),
+                    u(r, "kv_heads"),
+                    u(r, "layers"),
+                    u(r, "ffn"),
+                    u(r, "vocab")
+                );
+                resolved(&flags)
+            }
+            None => {
+                let mut w = presets::base("litgpt-llama", Arch::Llama);
+                (w.layers, w.hidden) = (u(r, "layers"), u(r, "hidden"));
+                (w.heads, w.ffn, w.vocab) = (u(r, "heads"), u(r, "ffn"), u(r, "vocab"));
+                w.kv_heads = Some(u(r, "kv_heads")).filter(|&k| k != w.heads);
+                w
+            }
+        };
+        (w.batch, w.seq) = (u(r, "batch"), u(r, "seq"));
         w.tie_embeddings = Some(false);
         w.autocast_device = Device::Cpu;
         w.attention = Attention::Sdpa;
@@ -657,9 +696,18 @@ fn litgpt_checks(holdout: bool) -> Vec<Check> {
         );
         let plan = Plan::for_workload(&w).unwrap();
         plan.check_timeline().unwrap();
+        // The parallel blocks (phi, GPT-NeoX) hold the SDPA statistics at two fp32 a row, as
+        // oomprobe's flash kernel writes them, where PyTorch's logsumexp is one: 4·heads bytes
+        // a token and layer over, 0.36 % of these small rows' saved bytes (measured,
+        // `validation/litgpt_notes.md`); held to 1 % instead of 0.5 %.
+        let family = r["family"].is_string();
         out.push(Check {
             row: id.clone(),
-            what: "saved + held".into(),
+            what: if family {
+                "saved + held (two-float SDPA statistics)".into()
+            } else {
+                "saved + held".into()
+            },
             measured: u(r, "saved_bytes") + u(r, "caller_held_bytes"),
             estimated: plan.saved_bytes(),
             tol: 0.01,

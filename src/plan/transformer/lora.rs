@@ -142,18 +142,8 @@ impl T<'_> {
             tmp.push(rows(self, "zeros", total)?);
             tmp.push(rows(self, "padded", total)?);
         }
+        self.adapter_inputs(x, xin, a, saved);
         tmp.push(rows(self, "scaled", total)?);
-        if self.saving {
-            if !saved.contains(&xin) {
-                saved.push(xin);
-            }
-            saved.push(a);
-        } else {
-            if xin != x {
-                tmp.push(xin);
-            }
-            tmp.push(a);
-        }
         // pretrained + lora: the sum replaces each adapted part.
         for &i in &adapted {
             let y = outs[i];
@@ -342,6 +332,29 @@ impl T<'_> {
         }
     }
 
+    /// An adapter's `lora_A` input `xin` (the layer input `x`, a copy of it or the dropout's
+    /// output) and `lora_A`'s output `a`: saved for the adapters' weight gradients, or, not
+    /// saving, gone now (`x` is the caller's).
+    fn adapter_inputs(
+        &mut self,
+        x: TensorIx,
+        xin: TensorIx,
+        a: TensorIx,
+        saved: &mut Vec<TensorIx>,
+    ) {
+        if self.saving {
+            if !saved.contains(&xin) {
+                saved.push(xin);
+            }
+            saved.push(a);
+        } else {
+            if xin != x {
+                self.b.free(xin);
+            }
+            self.b.free(a);
+        }
+    }
+
     /// PEFT's adapter on a base linear named `name` (`targets`) of block `piece`, over input
     /// `x` with base output `y` ([b, s, out]): returns the adapted output (a new tensor; `y`
     /// goes) or `y` when no adapter is there. Saving, pushes what `lora_A`, `lora_B` and the
@@ -408,17 +421,7 @@ impl T<'_> {
         self.matmul(&ad, xin, a, r, inp);
         let bo = f32_rows(self, "b", out, f32)?;
         self.matmul(&ad, a, bo, out, r);
-        if self.saving {
-            if !saved.contains(&xin) {
-                saved.push(xin);
-            }
-            saved.push(a);
-        } else {
-            if xin != x {
-                self.b.free(xin);
-            }
-            self.b.free(a);
-        }
+        self.adapter_inputs(x, xin, a, saved);
         // · scaling, then result + that (fp32), then back to the result's type.
         let scaled = f32_rows(self, "scaled", out, f32)?;
         self.b.free(bo);

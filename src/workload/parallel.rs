@@ -115,6 +115,11 @@ pub struct Parallel {
     /// (`fully_shard`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fsdp1: bool,
+    /// FSDP1's `backward_prefetch` other than torch's BACKWARD_PRE (`--backward-prefetch post`
+    /// or `none`): the unit before is gathered only after this one's post-backward has
+    /// resharded it, so one unit is gathered at a time in the backward.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_pre_prefetch: bool,
     /// FSDP's CPU offload: the sharded parameters, gradients and optimizer state live in host
     /// memory; the GPU holds what is gathered and computed.
     #[serde(default)]
@@ -144,6 +149,7 @@ impl Default for Parallel {
             fsdp: None,
             reshard_after_forward: true,
             fsdp1: false,
+            no_pre_prefetch: false,
             offload: false,
             ddp_bucket_mb: None,
             bucket_view: false,
@@ -573,6 +579,11 @@ pub struct ParallelArgs {
     /// in place; Accelerate's, Lightning's and LitGPT's FSDP) or FSDP2's fully_shard [2].
     #[arg(long, value_name = "1|2", allow_hyphen_values = true)]
     pub fsdp_version: Option<String>,
+    /// pre | post | none: FSDP1's backward_prefetch [pre, torch's BACKWARD_PRE, as Lightning
+    /// passes it]; post (BACKWARD_POST) and none (Accelerate's and the Trainer's default) gather
+    /// the unit before only once this one has resharded.
+    #[arg(long, value_name = "P", allow_hyphen_values = true)]
+    pub backward_prefetch: Option<String>,
     /// on | off: FSDP's CPU offload of the sharded states (the GPU holds what is gathered).
     #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
     pub offload: Option<String>,
@@ -623,6 +634,7 @@ impl ParallelArgs {
             fsdp,
             reshard_after_forward,
             fsdp_version,
+            backward_prefetch,
             offload,
             ddp,
             bucket_view,
@@ -643,6 +655,7 @@ impl ParallelArgs {
             "fsdp" => &mut self.fsdp,
             "reshard_after_forward" => &mut self.reshard_after_forward,
             "fsdp_version" => &mut self.fsdp_version,
+            "backward_prefetch" => &mut self.backward_prefetch,
             "offload" => &mut self.offload,
             "ddp" => &mut self.ddp,
             "bucket_view" => &mut self.bucket_view,
@@ -696,6 +709,19 @@ pub fn apply(
     }
     if let Some(v) = &a.fsdp_version {
         p.fsdp1 = choice("fsdp-version", v, &[("1", true), ("2", false)])?;
+    }
+    if let Some(v) = &a.backward_prefetch {
+        p.no_pre_prefetch = choice(
+            "backward-prefetch",
+            v,
+            &[("pre", false), ("post", true), ("none", true)],
+        )?;
+        if !p.fsdp1 {
+            return Err(usage(
+                "backward-prefetch",
+                "is FSDP1's: it needs --fsdp-version 1 (FSDP2 always prefetches)",
+            ));
+        }
     }
     if let Some(v) = &a.offload {
         p.offload = on_off("offload", v)?;

@@ -462,9 +462,12 @@ impl T<'_> {
         }
         let block = fr.block;
         if let (Some(i), Block::Mlp) = (layer, block) {
-            // FSDP2's pre-backward: the layer gathered, the next one in backward prefetched.
+            // The layer's pre-backward: it is gathered, and the next one in backward prefetched
+            // (FSDP2; FSDP1's BACKWARD_PRE). Under FSDP1's BACKWARD_POST or none the next one
+            // waits until this one has resharded (torch 2.15 `fsdp/_runtime_utils.py`,
+            // `_pre_backward_hook` / `_post_backward_hook` and `_prefetch_handle`).
             self.unshard_layer(i)?;
-            if i > self.lo {
+            if i > self.lo && !self.post_prefetch() {
                 self.unshard_layer(i - 1)?;
             }
         }

@@ -553,7 +553,19 @@ impl T<'_> {
             self.b.free(flat);
         }
         self.states.begin_backward(self.b);
+        // The root's pre-backward prefetches the last layer, except under FSDP1's
+        // BACKWARD_POST or none, where the layer is gathered at its own pre-backward.
+        if self.post_prefetch() {
+            return Ok(());
+        }
         self.unshard_layer(last_layer)
+    }
+
+    /// FSDP1 without BACKWARD_PRE: a unit is gathered in the backward only at its own
+    /// pre-backward (BACKWARD_POST prefetches it after the unit before has resharded, the same
+    /// moment for memory).
+    fn post_prefetch(&self) -> bool {
+        self.w.parallel.fsdp1 && self.w.parallel.no_pre_prefetch
     }
 
     /// A norm over the hidden size (see `norm_over`).

@@ -55,6 +55,30 @@ fn a_bad_layout_exits_2_naming_its_dimension() {
             vec![
                 "--fsdp",
                 "full",
+                "--gpus",
+                "8",
+                "--backward-prefetch",
+                "post",
+            ],
+            ["--backward-prefetch", "--fsdp-version 1"],
+        ),
+        (
+            vec![
+                "--fsdp",
+                "full",
+                "--gpus",
+                "8",
+                "--fsdp-version",
+                "1",
+                "--backward-prefetch",
+                "later",
+            ],
+            ["--backward-prefetch", "pre, post"],
+        ),
+        (
+            vec![
+                "--fsdp",
+                "full",
                 "--fsdp-version",
                 "1",
                 "--gpus",

@@ -83,6 +83,15 @@ fn flags(r: &Value, rank: u64, step: &str) -> Vec<String> {
                 other => panic!("FSDP1 {other} is not planned"),
             };
             add(format!("--gpus {world} --fsdp {strategy} --fsdp-version 1"));
+            add(format!(
+                "--backward-prefetch {}",
+                match l["backward_prefetch"].as_str() {
+                    Some("BACKWARD_PRE") => "pre",
+                    Some("BACKWARD_POST") => "post",
+                    None => "none",
+                    Some(other) => panic!("backward_prefetch {other}"),
+                }
+            ));
             // PEFT's LoRA inside the flat parameters (use_orig_params).
             if let Some(lora) = l["lora"].as_object() {
                 let targets: Vec<&str> = lora["targets"]
@@ -254,9 +263,9 @@ fn held_out_layouts_are_reproduced() {
 /// model over 4 ranks, an odd-sized one whose flat parameters are padded). Not planned, so not
 /// checked: NO_SHARD (FSDP1 deprecates it for DDP), frozen parameters without adapters, LoRA
 /// under mixed precision (refused: adapters under `amp-*` are not modelled),
-/// one unit for the whole model (Lightning's default without a wrap policy), and backward
-/// prefetch other than torch's BACKWARD_PRE (`BACKWARD_POST`, none: Accelerate's and the
-/// Trainer's default).
+/// and one unit for the whole model (Lightning's default without a wrap policy). Backward
+/// prefetch is checked as BACKWARD_PRE (torch's default), BACKWARD_POST and none
+/// (Accelerate's and the Trainer's default, `--backward-prefetch`).
 fn fsdp1_rows(name: &str) -> Value {
     let mut fx = load(name);
     let planned = |r: &Value| {
@@ -265,7 +274,6 @@ fn fsdp1_rows(name: &str) -> Value {
             && (l["frozen"].is_null() || l["lora"].is_object())
             && !(l["lora"].is_object() && l["mp_param_dtype"].is_string())
             && !l["auto_wrap_policy"].is_null()
-            && l["backward_prefetch"] == "BACKWARD_PRE"
     };
     let rows: Vec<Value> = fx["rows"]
         .as_array()

@@ -57,6 +57,8 @@ fn layout() -> impl Strategy<Value = (Parallel, u64, u8)> {
                     reshard_after_forward: raf,
                     // FSDP1 on the draws that also pick a rank (either way on the others).
                     fsdp1: pick && ddp.is_none() && fsdp.is_some(),
+                    // BACKWARD_POST on half of FSDP1's draws.
+                    no_pre_prefetch: pick && view,
                     offload: false,
                     ddp_bucket_mb: ddp,
                     bucket_view: view && ddp.is_some(),

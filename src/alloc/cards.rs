@@ -202,6 +202,25 @@ pub const NCCL_COMMUNICATOR: u64 = 1 << 30;
 pub const EAGER_MODULES: u64 = 1 << 30;
 
 impl Card {
+    /// PyTorch's default BLAS workspace on this card, which its caching allocator holds
+    /// (pytorch 26a3905 `aten/src/ATen/cuda/CublasHandlePool.cpp`, `parseChosenWorkspaceSize`):
+    /// 32 MiB on Hopper (sm90); on ROCm 32 MiB, 128 MiB on gfx94x (MI300, CDNA3); else
+    /// `:4096:2:16:8`, 8 MiB + 128 KiB.
+    pub fn blas_workspace(&self) -> u64 {
+        match self.arch {
+            "Hopper" | "CDNA2" => 32 * MIB,
+            "CDNA3" => 128 * MIB,
+            _ => crate::plan::build::CUBLAS_WORKSPACE,
+        }
+    }
+
+    /// `w` as it runs on this card: its BLAS workspace the card's default unless given.
+    pub fn adopt(&self, w: &mut crate::workload::Workload) {
+        if w.cublas_workspace.is_none() {
+            w.cublas_workspace = Some(self.blas_workspace());
+        }
+    }
+
     /// Outside PyTorch on this card for one rank of `w`: one NCCL communicator per process
     /// group the rank is in (data, tensor, pipeline, context parallel; one where more than one
     /// GPU runs without a layout).

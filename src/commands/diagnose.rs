@@ -31,7 +31,10 @@ pub fn run(args: &DiagnoseArgs) -> CliResult<()> {
         let memory = args.memory.as_deref().map(memory_arg).transpose()?;
         return crate::commands::snapshot::diagnose(&args.snapshot, memory, args.json);
     }
-    let r = resolve(&args.workload, "gpt2")?;
+    let mut r = resolve(&args.workload, "gpt2")?;
+    if let Some(c) = card {
+        c.adopt(&mut r.workload);
+    }
     if card.is_some() && args.memory.is_some() {
         return Err(CliError::usage(
             "--gpu and --memory both say what the card has: give one",

@@ -111,7 +111,10 @@ pub fn run(args: &EstimateArgs) -> CliResult<()> {
     }
     let card_arg = card_arg(args)?;
     let r = resolve(&args.workload, "gpt2")?;
-    let w = r.workload;
+    let mut w = r.workload;
+    if let Some(c) = card_arg {
+        c.adopt(&mut w);
+    }
     if args.gpu.as_deref() == Some("all") {
         no_picture(args, "--gpu all")?;
         for w in &r.warnings {

@@ -238,6 +238,36 @@ pub fn validate(w: &Workload) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// PyTorch's cuBLAS workspace on CUDA, default `CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8`, that
+/// is 8 MiB and 128 KiB (`parseChosenWorkspaceSize`, pytorch 26a3905
+/// `aten/src/ATen/cuda/CublasHandlePool.cpp`; 32 MiB on Hopper, `Card::blas_workspace`).
+pub const CUBLAS_WORKSPACE: u64 = 4096 * 1024 * 2 + 16 * 1024 * 8;
+
+/// The step's matmuls run through cuBLAS, whose workspace for the (handle, stream) pair PyTorch
+/// allocates through its caching allocator at the first matmul and keeps
+/// (`setWorkspaceForHandle`): one block for the process, there before a steady step begins.
+/// None on the CPU, for a bare parameter count (no matmul), with `--cublas-workspace 0`, and
+/// not planned for a serving engine (`serve::profile_workload` sets 0).
+fn blas_workspace(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
+    let bytes = w.cublas_workspace.unwrap_or(CUBLAS_WORKSPACE);
+    if w.arch == Arch::Dense
+        || w.mode == crate::workload::Mode::Serve
+        || w.autocast_device != crate::plan::autocast::Device::Cuda
+        || bytes == 0
+    {
+        return Ok(());
+    }
+    // (Byte rows: a probe may split it into chunks of any size.)
+    b.push(
+        "cublas.workspace",
+        super::Role::Workspace,
+        super::DType::U8,
+        &[bytes],
+        1,
+    )?;
+    Ok(())
+}
+
 impl Plan {
     /// The plan of `workload` under `scenario` with the varied dimension set to `x`.
     pub fn for_value(workload: &Workload, scenario: Scenario, x: u64) -> Result<Plan, PlanError> {
@@ -288,6 +318,7 @@ impl Plan {
             let mut b = Builder::default();
             // A rank computes with its shard of the shape (tensor and context parallelism).
             let local = crate::workload::parallel::local_shape(w);
+            blas_workspace(&mut b, w)?;
             match w.arch {
                 Arch::Dense => params::build_dense(&mut b, &local, x).map_err(with_dim)?,
                 Arch::Resnet => resnet::build(&mut b, &local).map_err(with_dim)?,

@@ -133,6 +133,9 @@ pub fn profile_workload(w: &Workload, s: &Serve, limits: Limits) -> Workload {
     let mut p = w.clone();
     p.mode = Mode::Inference;
     p.optimizer = Optimizer::None;
+    // The engine sizes its pool from weights and the profile's activations; cuBLAS's
+    // workspace is not planned there.
+    p.cublas_workspace = Some(0);
     p.precision = serving_precision(w.precision);
     p.batch = 1;
     p.seq = limits.max_num_batched_tokens;

@@ -132,6 +132,11 @@ pub struct WorkloadArgs {
     /// --kbit-prep off and --quant-head on.
     #[arg(long, value_name = "F", allow_hyphen_values = true)]
     pub framework: Option<String>,
+    /// SIZE: cuBLAS's workspace (CUBLAS_WORKSPACE_CONFIG's total, e.g. 32MiB; 0: none)
+    /// [PyTorch's default: 8 MiB + 128 KiB, 32 MiB on a Hopper --gpu], allocated through the
+    /// caching allocator at the first matmul and kept.
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
+    pub cublas_workspace: Option<String>,
     /// lazy | eager: how the CUDA stack loads its kernels (CUDA_MODULE_LOADING); eager (PyTorch
     /// before 1.13, CUDA before 11.7) holds about 1 GiB more outside PyTorch on a --gpu card.
     #[arg(long, value_name = "lazy|eager", allow_hyphen_values = true)]
@@ -216,6 +221,7 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         float8,
         loss_chunk,
         framework,
+        cublas_workspace,
         cuda_modules,
         gelu,
         kv_cache,

@@ -458,6 +458,11 @@ pub struct Workload {
     /// Whose model classes and LoRA build the step (`--framework`).
     #[serde(default, skip_serializing_if = "Framework::is_transformers")]
     pub framework: Framework,
+    /// cuBLAS's workspace in bytes (`--cublas-workspace`, `CUBLAS_WORKSPACE_CONFIG`'s total);
+    /// None: PyTorch's default for the card (`plan::build::CUBLAS_WORKSPACE`, 32 MiB on
+    /// Hopper).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cublas_workspace: Option<u64>,
     #[serde(default)]
     pub gelu: Gelu,
     /// Hugging Face's `use_cache` left on in training: each layer's key and value are kept in

@@ -272,6 +272,16 @@ fn apply_numerics(
             }
         };
     }
+    if let Some(v) = &args.cublas_workspace {
+        let bytes = match v.trim() {
+            "0" | "off" | "none" => 0,
+            v => crate::units::parse_size(v).map_err(|e| usage("cublas-workspace", e))?,
+        };
+        if bytes > 1 << 40 {
+            return Err(usage("cublas-workspace", format!("{v} is more than 1 TiB")));
+        }
+        w.cublas_workspace = Some(bytes);
+    }
     if let Some(v) = &args.loss_chunk {
         w.loss_chunk = match v.trim() {
             "0" | "off" => None,

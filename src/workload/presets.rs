@@ -85,6 +85,7 @@ pub fn base(name: &str, arch: Arch) -> Workload {
         float8: Default::default(),
         loss_chunk: None,
         framework: Default::default(),
+        cublas_workspace: None,
         cuda_modules: Default::default(),
         gelu: Gelu::Fused,
         kv_cache: false,

@@ -197,7 +197,7 @@ fn diagnose_says_first_whether_it_fits() {
     let text = diagnose_text(&l8);
     let first = text.lines().next().unwrap();
     assert!(
-        first.starts_with("does not fit: the step needs 74.79 GiB") && first.contains("(3."),
+        first.starts_with("does not fit: the step needs 74.80 GiB") && first.contains("(3."),
         "{first}"
     );
     let v = diagnose(&l8);

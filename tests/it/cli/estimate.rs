@@ -657,7 +657,7 @@ fn a_step_three_times_the_card_says_it_does_not_fit_first() {
     let text = text_of(&args);
     let first = text.lines().next().unwrap();
     assert!(
-        first.starts_with("does not fit: the step needs 74.79 GiB"),
+        first.starts_with("does not fit: the step needs 74.80 GiB"),
         "{first}"
     );
     assert!(first.contains("PyTorch may use 23.17 GiB"), "{first}");

@@ -272,6 +272,8 @@ fn bad_fine_tuning_flags_exit_2_with_one_line() {
         ),
         (vec!["--lora", "8", "--outputs", "later"], "unknown value"),
         (vec!["--lora", "8", "--framework", "lit"], "unknown value"),
+        (vec!["--cublas-workspace", "lots"], "invalid size"),
+        (vec!["--cublas-workspace", "2TiB"], "more than 1 TiB"),
     ] {
         let mut a = vec!["estimate", "--config", p];
         a.extend(args.iter().copied());
@@ -578,4 +580,34 @@ fn the_litgpt_framework_takes_its_scripts_defaults() {
     let err = String::from_utf8(out).unwrap();
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("gpt2"), "{err}");
+}
+
+/// cuBLAS's workspace (pytorch 26a3905 `CublasHandlePool.cpp`): PyTorch's default 8 MiB + 128 KiB
+/// is in a CUDA step's plan from its start, 32 MiB on a Hopper `--gpu`, none with
+/// `--cublas-workspace 0` or on the CPU.
+#[test]
+fn the_cublas_workspace_is_a_tensor_of_the_step() {
+    let p = llama3();
+    let p = p.to_str().unwrap();
+    let workspace = |extra: &[&str]| {
+        let mut a = vec![
+            "estimate",
+            "--config",
+            p,
+            "--precision",
+            "bf16",
+            "--seq",
+            "512",
+        ];
+        a.extend(extra);
+        a.push("--json");
+        let v = json(&a);
+        v["breakdown"]["workspace"].as_u64().unwrap()
+    };
+    let default = workspace(&[]);
+    let none = workspace(&["--cublas-workspace", "0"]);
+    assert_eq!(default - none, 4096 * 1024 * 2 + 16 * 1024 * 8);
+    assert_eq!(workspace(&["--gpu", "h100-sxm"]) - none, 32 << 20);
+    assert_eq!(workspace(&["--gpu", "a100-80gb"]) - none, default - none);
+    assert_eq!(workspace(&["--autocast-device", "cpu"]), none);
 }

@@ -795,12 +795,15 @@ fn fsdp_states_are_zero3s_share() {
         f.gpus = n;
         f.parallel.fsdp = Some(Fsdp::Full);
         let plan = Plan::for_workload(&f).unwrap();
+        // The model states set up before the step (not cuBLAS's workspace).
         let setup: u64 = plan
             .events
             .iter()
             .filter(|e| e.phase == Phase::Setup)
             .filter_map(|e| match e.kind {
-                EventKind::Alloc(t) => Some(plan.tensors[t].bytes),
+                EventKind::Alloc(t) if plan.tensors[t].role != Role::Workspace => {
+                    Some(plan.tensors[t].bytes)
+                }
                 _ => None,
             })
             .sum();
@@ -879,12 +882,15 @@ fn context_parallel_ranks_store_their_share_of_the_sequence() {
             bytes_with_prefix(&pd, "L1."),
             "cp {cp}"
         );
+        // The model states set up before the step (not cuBLAS's workspace).
         let setup = |p: &Plan| -> u64 {
             p.events
                 .iter()
                 .filter(|e| e.phase == Phase::Setup)
                 .filter_map(|e| match e.kind {
-                    EventKind::Alloc(t) => Some(p.tensors[t].bytes),
+                    EventKind::Alloc(t) if p.tensors[t].role != Role::Workspace => {
+                        Some(p.tensors[t].bytes)
+                    }
                     _ => None,
                 })
                 .sum()

@@ -229,12 +229,12 @@ pub struct Quant {
     /// `autograd/_functions.py:516-525`), a plain attribute that PyTorch's engine does not
     /// release once the node has run, so each input lives as long as the autograd graph does.
     /// 0.44 keeps `(None, B)`.
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "super::is_false")]
     pub holds_input: bool,
     /// The output head quantized too (`--quant-head`): Lightning Fabric's
     /// `BitsandbytesPrecision` without `ignore_modules` converts every `nn.Linear`, as LitGPT
     /// uses it; transformers keeps `lm_head` unquantized (`get_keys_to_not_convert`).
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "super::is_false")]
     pub head: bool,
 }
 
@@ -267,10 +267,6 @@ impl Quant {
 
 fn yes() -> bool {
     true
-}
-
-fn is_false(b: &bool) -> bool {
-    !*b
 }
 
 #[cfg(test)]

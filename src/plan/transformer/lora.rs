@@ -378,10 +378,11 @@ impl T<'_> {
         }
         let (bsz, s, r) = (self.bsz, self.s, lora.rank);
         let ad = format!("{piece}.lora");
-        // PEFT computes its fp32 adapters in fp32; LitGPT's are in the model's type.
+        // The adapters' type: PEFT computes its fp32 adapters in fp32, LitGPT's are in the
+        // model's type.
         let lit = !self.w.framework.is_transformers();
-        let f32 = if lit { self.c } else { DType::F32 };
-        let f32_rows = |t: &mut Self, what: &str, width: u64, dt: DType| {
+        let at = if lit { self.c } else { DType::F32 };
+        let rows_of = |t: &mut Self, what: &str, width: u64, dt: DType| {
             t.b.push(
                 &format!("{name}.lora_{what}"),
                 Role::Activations,
@@ -394,19 +395,19 @@ impl T<'_> {
         let mut y = y;
         if self.w.quant.is_some_and(|q| q.kind.is_4bit()) && !lit {
             let dt = self.dtype(y);
-            let c = f32_rows(self, "result_clone", out, dt)?;
+            let c = rows_of(self, "result_clone", out, dt)?;
             self.b.free(y);
             y = c;
         }
         // The adapters' fp32: x itself, or a copy per adapted layer (`_cast_input_dtype`).
         let mut xin = x;
-        if self.dtype(x) != f32 {
-            xin = f32_rows(self, "x32", inp, f32)?;
+        if self.dtype(x) != at {
+            xin = rows_of(self, "x32", inp, at)?;
         }
         if lora.dropout > 0.0 {
-            let dropped = f32_rows(self, "dropout", inp, f32)?;
-            let mt = self.mask_type(f32);
-            let mask = f32_rows(self, "dropout_mask", inp, mt)?;
+            let dropped = rows_of(self, "dropout", inp, at)?;
+            let mt = self.mask_type(at);
+            let mask = rows_of(self, "dropout_mask", inp, mt)?;
             if self.saving && self.live {
                 saved.push(mask);
             } else {
@@ -417,20 +418,20 @@ impl T<'_> {
             }
             xin = dropped;
         }
-        let a = f32_rows(self, "a", r, f32)?;
+        let a = rows_of(self, "a", r, at)?;
         self.matmul(&ad, xin, a, r, inp);
-        let bo = f32_rows(self, "b", out, f32)?;
+        let bo = rows_of(self, "b", out, at)?;
         self.matmul(&ad, a, bo, out, r);
         self.adapter_inputs(x, xin, a, saved);
         // · scaling, then result + that (fp32), then back to the result's type.
-        let scaled = f32_rows(self, "scaled", out, f32)?;
+        let scaled = rows_of(self, "scaled", out, at)?;
         self.b.free(bo);
-        let sum = f32_rows(self, "sum", out, f32)?;
+        let sum = rows_of(self, "sum", out, at)?;
         self.b.free(scaled);
         let yt = self.dtype(y);
         self.b.free(y);
-        let res = if yt != f32 {
-            let t = f32_rows(self, "out", out, yt)?;
+        let res = if yt != at {
+            let t = rows_of(self, "out", out, yt)?;
             self.b.free(sum);
             t
         } else {

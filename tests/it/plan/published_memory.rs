@@ -3,16 +3,8 @@
 //! plan. Rows that hold are within 8 %; rows with a known gap stay inside the band their
 //! reason explains, so that a change to the model that moves them is seen.
 
-use clap::Parser;
 use oomprobe::plan::Plan;
-use oomprobe::workload::args::WorkloadArgs;
 use serde_json::Value;
-
-#[derive(Parser)]
-struct Flags {
-    #[command(flatten)]
-    w: WorkloadArgs,
-}
 
 fn rows() -> Vec<Value> {
     let path = format!(
@@ -26,13 +18,7 @@ fn rows() -> Vec<Value> {
 /// The plan's peak for a row's flags (`tensors_peak`), or the caching allocator's reserved peak
 /// over two steps (`reserved_peak`).
 fn predicted(flags: &str, compare: &str) -> u64 {
-    let args: Vec<&str> = std::iter::once("x")
-        .chain(flags.split_whitespace())
-        .collect();
-    let a = Flags::try_parse_from(&args).unwrap_or_else(|e| panic!("{flags}: {e}"));
-    let w = oomprobe::resolve::resolve(&a.w, "gpt2")
-        .unwrap_or_else(|e| panic!("{flags}: {e}"))
-        .workload;
+    let w = crate::support::flags::workload(flags);
     let plan = Plan::for_workload(&w).unwrap();
     match compare {
         "tensors_peak" => plan.peak().bytes,

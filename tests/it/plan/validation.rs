@@ -604,23 +604,6 @@ fn lora_rows_are_reproduced() {
     assert_checks(&lora_checks(), "OOMPROBE_LORA_TABLE");
 }
 
-/// The workload these command-line flags resolve to.
-fn resolved(flags: &str) -> Workload {
-    #[derive(clap::Parser)]
-    struct Flags {
-        #[command(flatten)]
-        w: oomprobe::workload::args::WorkloadArgs,
-    }
-    use clap::Parser;
-    let args: Vec<&str> = std::iter::once("x")
-        .chain(flags.split_whitespace())
-        .collect();
-    let a = Flags::try_parse_from(&args).unwrap_or_else(|e| panic!("{flags}: {e}"));
-    oomprobe::resolve::resolve(&a.w, "gpt2")
-        .unwrap_or_else(|e| panic!("{flags}: {e}"))
-        .workload
-}
-
 /// Rows of `tests/fixtures/finetune/litgpt_measured.json` (`validation/litgpt_step.py`: LitGPT
 /// 5895df10's GPT and LoRA on the CPU, bf16-true emulated, `lm_head_chunk_size=128`): the small
 /// LLaMA with a key and value per head or grouped, LoRA on LitGPT's query/key/value/
@@ -654,7 +637,7 @@ fn litgpt_checks(holdout: bool) -> Vec<Check> {
                     u(r, "ffn"),
                     u(r, "vocab")
                 );
-                resolved(&flags)
+                crate::support::flags::workload(&flags)
             }
             None => {
                 let mut w = presets::base("litgpt-llama", Arch::Llama);

@@ -125,6 +125,16 @@ pub struct WorkloadArgs {
     /// transformers' loss.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub loss_chunk: Option<String>,
+    /// mlm | seq-cls: BERT's head. seq-cls: transformers' BertForSequenceClassification (the
+    /// pooler's dense and tanh over the first token, dropout and a classifier over
+    /// --num-labels labels) in place of the masked-LM head [mlm; seq-cls where a config names
+    /// BertForSequenceClassification].
+    #[arg(long, value_name = "H", allow_hyphen_values = true)]
+    pub head: Option<String>,
+    /// N: the classifier's labels under --head seq-cls [a config's id2label, else 2, as
+    /// transformers' num_labels].
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub num_labels: Option<String>,
     /// transformers | litgpt: whose model classes and LoRA build a decoder LLM's step
     /// [transformers + PEFT]. litgpt: LitGPT's GPT (fused qkv; k and v expanded to every head)
     /// and its LoRA (adapters in the model's type), with its fine-tuning scripts' defaults
@@ -220,6 +230,8 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         optimizer_in_backward,
         float8,
         loss_chunk,
+        head,
+        num_labels,
         framework,
         cublas_workspace,
         cuda_modules,

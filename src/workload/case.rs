@@ -80,7 +80,7 @@ impl CaseFile {
 pub const MAX_EXPECTS: usize = 256;
 
 /// Workload keys of a case file and how each is typed.
-const STRING_KEYS: [&str; 15] = [
+const STRING_KEYS: [&str; 16] = [
     "precision",
     "optimizer",
     "attention",
@@ -96,8 +96,9 @@ const STRING_KEYS: [&str; 15] = [
     "autocast_device",
     "cuda_modules",
     "float8",
+    "head",
 ];
-const NUMBER_KEYS: [&str; 15] = [
+const NUMBER_KEYS: [&str; 16] = [
     "batch",
     "seq",
     "layers",
@@ -113,6 +114,7 @@ const NUMBER_KEYS: [&str; 15] = [
     "experts",
     "experts_per_token",
     "loss_chunk",
+    "num_labels",
 ];
 
 fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
@@ -137,6 +139,8 @@ fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
         "cuda_modules" => &mut args.cuda_modules,
         "float8" => &mut args.float8,
         "loss_chunk" => &mut args.loss_chunk,
+        "head" => &mut args.head,
+        "num_labels" => &mut args.num_labels,
         "mode" => &mut args.mode,
         "grads" => &mut args.grads,
         "outputs" => &mut args.outputs,

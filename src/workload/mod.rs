@@ -452,6 +452,11 @@ pub struct Workload {
     /// torchao's float8 training (`convert_to_float8_training`) of the decoder layers' linears.
     #[serde(default, skip_serializing_if = "Float8::is_off")]
     pub float8: Float8,
+    /// BERT with a sequence-classification head (`BertForSequenceClassification`, `--head
+    /// seq-cls`): the pooler (the first token's dense and tanh), dropout and a classifier over
+    /// this many labels in place of the masked-LM head. None: the model's own head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<u64>,
     /// LitGPT's chunked head and loss (`--loss-chunk`): the tokens of each logits chunk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_chunk: Option<u64>,

@@ -29,6 +29,7 @@ pub fn apply(args: &WorkloadArgs, mut w: Workload) -> Result<Resolved, CliError>
     let shape_before = super::layers::Shape::of(&w);
     apply_shape(args, &mut w, text)?;
     apply_framework(args, &mut w)?;
+    apply_head(args, &mut w)?;
     apply_numerics(args, &mut w, &mut warnings)?;
     apply_finetune(args, &mut w, &mut warnings)?;
     apply_layout(args, &mut w)?;
@@ -74,6 +75,35 @@ fn apply_framework(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError
     w.loss_chunk = Some(128);
     w.outputs = super::Outputs::Next;
     w.kv_cache = false;
+    Ok(())
+}
+
+/// `--head` and `--num-labels`: BERT's sequence-classification head in place of its masked-LM
+/// head (transformers' `num_labels` is 2 unless a config says otherwise).
+fn apply_head(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
+    if let Some(v) = &args.head {
+        let seq_cls = choice("head", v, &[("mlm", false), ("seq-cls", true)])?;
+        if w.arch != Arch::Bert {
+            return Err(usage(
+                "head",
+                format!(
+                    "mlm and seq-cls are BERT's heads (BertForMaskedLM, BertForSequenceClassification), not {}'s",
+                    w.name
+                ),
+            ));
+        }
+        w.labels = seq_cls.then(|| w.labels.unwrap_or(2));
+    }
+    if let Some(v) = &args.num_labels {
+        let n = count("num-labels", v)?;
+        if w.labels.is_none() {
+            return Err(usage(
+                "num-labels",
+                "needs --head seq-cls (a BERT classifier)",
+            ));
+        }
+        w.labels = Some(n);
+    }
     Ok(())
 }
 

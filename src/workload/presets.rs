@@ -83,6 +83,7 @@ pub fn base(name: &str, arch: Arch) -> Workload {
         optimizer_impl: None,
         optimizer_in_backward: false,
         float8: Default::default(),
+        labels: None,
         loss_chunk: None,
         framework: Default::default(),
         cublas_workspace: None,

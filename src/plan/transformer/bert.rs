@@ -1,11 +1,12 @@
 //! BERT (`BertForMaskedLM`): post-LN encoder (its stored tensors have the pre-LN layer's shapes
 //! and count, so it is built with the same layer), embeddings LayerNorm, separate q, k, v with
 //! biases, GELU MLP, the MLM head tied to the word embeddings; no cast back after the softmax.
+//! `BertForSequenceClassification` (`--head seq-cls`) has the pooler and a classifier instead.
 
 use super::spec::{Embed, Head, SoftmaxCode, Spec};
 use crate::workload::Workload;
 
-pub(super) fn spec(_w: &Workload) -> Spec {
+pub(super) fn spec(w: &Workload) -> Spec {
     let softmax = SoftmaxCode {
         fp32: false,
         mask_promotes: false,
@@ -13,6 +14,14 @@ pub(super) fn spec(_w: &Workload) -> Spec {
     };
     Spec {
         learned_positions: true,
-        ..Spec::layer_norm_family(Embed::TokensNorm, Head::Mlm, softmax)
+        ..Spec::layer_norm_family(
+            Embed::TokensNorm,
+            if w.labels.is_some() {
+                Head::Pooled
+            } else {
+                Head::Mlm
+            },
+            softmax,
+        )
     }
 }

@@ -320,11 +320,21 @@ pub fn base_pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
     let (embed, embed_rest, head_rest) = match (s.embed, s.head) {
         // word; position + token type (2h) + LN (2h); MLM transform (h² + h) + LN (2h) +
         // decoder bias (V). BertForMaskedLM has no pooler.
-        (Embed::TokensNorm, _) => (
+        (Embed::TokensNorm, Head::Mlm) => (
             emb,
             sum(&[positions, 4 * h], e)?,
             sum(&[prod(&[h, h], e)?, 3 * h, v], e)?,
         ),
+        // BertForSequenceClassification: the pooler (h² + h) and the classifier (hL + L).
+        (Embed::TokensNorm, _) => {
+            let l = w.labels.unwrap_or(2);
+            let pooler = sum(&[prod(&[h, h], e)?, h], e)?;
+            (
+                emb,
+                sum(&[positions, 4 * h], e)?,
+                sum(&[pooler, prod(&[h, l], e)?, l], e)?,
+            )
+        }
         // patch conv (3p²h + h) + class token (h) + positions (tokens·h); final LN (2h) +
         // classifier (hC + C).
         (Embed::Patches, _) => {
@@ -354,7 +364,7 @@ pub fn base_pieces(w: &Workload) -> Result<Vec<Piece>, PlanError> {
         out.push(Piece::new(format!("L{i}.mlp"), mlp).largest(mlp_largest));
     }
     out.push(Piece::new("head.rest", head_rest).largest(head_largest));
-    if s.head != Head::Classifier && !w.tied_head() {
+    if !matches!(s.head, Head::Classifier | Head::Pooled) && !w.tied_head() {
         out.push(Piece::new("head", emb));
     }
     out.retain(|p| p.elems > 0);
@@ -541,6 +551,11 @@ pub(super) fn cast_elems(w: &Workload, name: &str) -> Result<(u64, u64, u64), Pl
             ("embed" | "head", _) => {
                 let vh = prod(&[v, h], e)?;
                 (vh, 0, vh)
+            }
+            // BERT's pooler and classifier (the pooler's dense first).
+            ("head.rest", Embed::TokensNorm) if s.head == Head::Pooled => {
+                let l = w.labels.unwrap_or(2);
+                (sum(&[hh, prod(&[h, l], e)?], e)?, h + l, sum(&[hh, h], e)?)
             }
             // BERT's MLM transform dense and the decoder's bias; ViT's classifier.
             ("head.rest", Embed::TokensNorm) => (hh, sum(&[h, v], e)?, sum(&[hh, h], e)?),

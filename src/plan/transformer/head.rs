@@ -1,4 +1,4 @@
-//! The step's end of the forward: the head's piece, BERT's MLM transform, the final norm,
+//! The step's end of the forward: the head's piece, BERT's MLM transform or pooler, the final norm,
 //! the logits (gathered, replaced or kept as the caller holds them) and the loss with its
 //! gradient.
 
@@ -32,7 +32,7 @@ impl T<'_> {
 
     /// The head's parameter group: a classifier's own, a tied head's embedding, or the head.
     fn head_piece(&self) -> &'static str {
-        if self.spec.head == Head::Classifier {
+        if matches!(self.spec.head, Head::Classifier | Head::Pooled) {
             "head.rest"
         } else if self.w.tied_head() {
             "embed"
@@ -50,10 +50,10 @@ impl T<'_> {
     ) -> Result<Option<TensorIx>, PlanError> {
         let mut head_saved = Vec::new();
         let mut head_tail = None;
-        let head_x = if self.spec.head == Head::Mlm {
-            self.mlm_transform(head_in, &mut head_saved, &mut head_tail)?
-        } else {
-            self.final_norm(fwd, head_in, &mut head_saved, &mut head_tail)?
+        let head_x = match self.spec.head {
+            Head::Mlm => self.mlm_transform(head_in, &mut head_saved, &mut head_tail)?,
+            Head::Pooled => self.pooler(head_in, &mut head_saved, &mut head_tail)?,
+            _ => self.final_norm(fwd, head_in, &mut head_saved, &mut head_tail)?,
         };
         let logits = self.logits(head_x, &mut head_saved, &mut head_tail)?;
         if !fwd.train {
@@ -114,6 +114,61 @@ impl T<'_> {
         let piece = self.head_piece();
         self.use_piece(piece)?;
         self.matmul_input(n, 1, false, head_saved)
+    }
+
+    /// BERT's pooler (`BertPooler`: dense and tanh over the first token) and the classifier's
+    /// dropout: the classifier's input, [b, h].
+    fn pooler(
+        &mut self,
+        head_in: TensorIx,
+        head_saved: &mut Vec<TensorIx>,
+        head_tail: &mut Option<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let (train, c, bsz, h) = (self.train, self.c, self.bsz, self.h);
+        self.use_piece("head.rest")?;
+        // `hidden_states[:, 0]` is a view: the dense saves it as it is, which keeps the whole
+        // [b, s, h] output alive until the pooler's backward, unless autocast casts it (a
+        // [b, h] 16-bit copy; the output then goes with the model's outputs).
+        let cast = self
+            .ac
+            .is_some_and(|a| a.casts_input("linear", self.dtype(head_in)));
+        let x = if cast {
+            let t = self
+                .b
+                .push("head.cls_cast", Role::Activations, c, &[bsz, h], h)?;
+            head_saved.push(t);
+            t
+        } else {
+            head_in
+        };
+        if train && !cast {
+            head_saved.push(head_in);
+        } else {
+            *head_tail = Some(head_in);
+        }
+        let d = self
+            .b
+            .push("head.pool_dense", Role::Activations, c, &[bsz, h], h)?;
+        self.matmul_rows("head.rest", x, d, bsz, h, h);
+        // tanh saves its output; the classifier saves its input (dropout's output, in the
+        // dense's type: neither op is on autocast's lists).
+        let t = self
+            .b
+            .push("head.pool_tanh", Role::Activations, c, &[bsz, h], h)?;
+        self.b.free(d);
+        head_saved.push(t);
+        if !(train && self.dropout) {
+            return Ok(t);
+        }
+        let mt = self.mask_type(c);
+        let mask = self
+            .b
+            .push("head.dropout_mask", Role::Activations, mt, &[bsz, h], h)?;
+        let o = self
+            .b
+            .push("head.dropout_out", Role::Activations, c, &[bsz, h], h)?;
+        head_saved.extend([mask, o]);
+        Ok(o)
     }
 
     /// The final norm, and the head's matmul input: the model's forward returns meanwhile.
@@ -188,8 +243,14 @@ impl T<'_> {
         head_tail: &mut Option<TensorIx>,
     ) -> Result<Logits, PlanError> {
         let (w, c, h, bsz) = (self.w, self.c, self.h, self.bsz);
-        let v = w.vocab;
-        let (mut rows, mut shape): (u64, Vec<u64>) = if self.spec.head == Head::Classifier {
+        let pooled = self.spec.head == Head::Pooled;
+        let v = if pooled {
+            w.labels.unwrap_or(2)
+        } else {
+            w.vocab
+        };
+        let (mut rows, mut shape): (u64, Vec<u64>) = if pooled || self.spec.head == Head::Classifier
+        {
             (bsz, vec![bsz, v])
         } else {
             (bsz.saturating_mul(self.s), vec![bsz, self.s, v])
@@ -332,7 +393,7 @@ impl T<'_> {
         }
         let (lp_dtype, copy, half_to_float) = if chunk.is_some() {
             (DType::F32, false, false)
-        } else if self.spec.head != Head::Mlm {
+        } else if !matches!(self.spec.head, Head::Mlm | Head::Pooled) {
             (DType::F32, c != DType::F32, false)
         } else {
             match self.ac {
@@ -429,13 +490,22 @@ impl T<'_> {
         } else {
             None
         };
-        let mut gx = self.hidden("grad.head_x", Role::Workspace)?;
+        // The pooler's gradients are [b, h] until the first token's select scatters them.
+        let (bsz, h) = (self.bsz, self.h);
+        let head_x_grad = |t: &mut Self, name: &str, dt: DType| {
+            if t.spec.head == Head::Pooled {
+                t.b.push(name, Role::Workspace, dt, &[bsz, h], h)
+            } else {
+                t.hidden_t(name, Role::Workspace, dt)
+            }
+        };
+        let mut gx = head_x_grad(self, "grad.head_x", c)?;
         self.b.free_all(deq);
         self.b.free(g_logits);
         self.states.settle(self.b, w)?;
         if self.r != c {
             // ToCopyBackward0: the 16-bit gradient of the head's input copy becomes fp32.
-            let g = self.hidden_t("grad.head_x32", Role::Workspace, self.r)?;
+            let g = head_x_grad(self, "grad.head_x32", self.r)?;
             self.b.free(gx);
             gx = g;
         }

@@ -54,6 +54,9 @@ pub enum Head {
     Mlm,
     /// ViT: final norm and a classifier over the class token.
     Classifier,
+    /// BERT's sequence classification (`BertForSequenceClassification`): the pooler's dense
+    /// and tanh over the first token, dropout and a classifier over `Workload::labels`.
+    Pooled,
 }
 
 /// How a model's code runs attention's softmax (Hugging Face transformers 5.24,

@@ -5,7 +5,9 @@
 //! - GPT-2: `n_embd`, `n_layer`, `n_head`, `vocab_size`, `n_positions` (or `n_ctx`), `n_inner`
 //!   (null → 4·n_embd), `resid_pdrop` (dropout when > 0).
 //! - BERT (`"bert"`): `hidden_size`, `num_hidden_layers`, `num_attention_heads`,
-//!   `intermediate_size`, `max_position_embeddings`, `vocab_size`, `hidden_dropout_prob`.
+//!   `intermediate_size`, `max_position_embeddings`, `vocab_size`, `hidden_dropout_prob`;
+//!   `architectures` naming `BertForSequenceClassification`: the classifier head over
+//!   `id2label`'s labels (2 when absent).
 //! - The decoder LLMs: each `model_type` is a row of `table::FAMILIES` (field names and the
 //!   transformers config class's defaults); the layers come from the fields transformers reads.
 //! - ViT (`"vit"`): as BERT plus `image_size`, `patch_size`, `num_channels` (3), classes from
@@ -217,6 +219,16 @@ fn gpt2_fields(fields: &Fields, w: &mut Workload) -> Result<(), ConfigError> {
 }
 
 /// BERT's and ViT's sizes, dropout and activation, then BERT's vocabulary or ViT's image.
+/// A classifier's labels: `id2label`'s entries (None when the config has none).
+fn labels(path: &str, obj: &serde_json::Map<String, Json>) -> Result<Option<u64>, ConfigError> {
+    match obj.get("id2label") {
+        Some(Json::Object(m)) if !m.is_empty() => check_limit("vocab", m.len() as u64)
+            .map(Some)
+            .map_err(|e| field_err(path, "id2label", e)),
+        _ => Ok(None),
+    }
+}
+
 fn encoder_fields(fields: &Fields, w: &mut Workload, arch: Arch) -> Result<(), ConfigError> {
     let (path, obj) = (fields.path, fields.obj);
     let get_u = |key: &str| fields.u(key);
@@ -232,6 +244,18 @@ fn encoder_fields(fields: &Fields, w: &mut Workload, arch: Arch) -> Result<(), C
         Arch::Bert => {
             w.vocab = req_u("vocab_size")?;
             w.max_positions = req_u("max_position_embeddings")?;
+            // A fine-tuned classifier's config names its class; its labels are `id2label`'s
+            // (transformers' `num_labels`), 2 when absent.
+            let seq_cls = obj
+                .get("architectures")
+                .and_then(Json::as_array)
+                .is_some_and(|a| {
+                    a.iter()
+                        .any(|x| x.as_str() == Some("BertForSequenceClassification"))
+                });
+            if seq_cls {
+                w.labels = Some(labels(path, obj)?.unwrap_or(2));
+            }
         }
         Arch::Vit => {
             w.image = req_u("image_size")?;
@@ -248,11 +272,7 @@ fn encoder_fields(fields: &Fields, w: &mut Workload, arch: Arch) -> Result<(), C
             if w.image < w.patch {
                 return Err(field_err(path, "image_size", "smaller than patch_size"));
             }
-            w.vocab = match obj.get("id2label") {
-                Some(Json::Object(m)) if !m.is_empty() => check_limit("vocab", m.len() as u64)
-                    .map_err(|e| field_err(path, "id2label", e))?,
-                _ => 1000,
-            };
+            w.vocab = labels(path, obj)?.unwrap_or(1000);
             w.seq = vit_tokens(w.image, w.patch);
             w.max_positions = w.seq;
         }

@@ -232,6 +232,48 @@ fn config_files_name_the_bad_field() {
         "expect[0].verdict",
     );
 
+    // A fine-tuned BERT classifier's config: its class and labels pick the head.
+    std::fs::write(&p, r#"{"model_type":"bert","architectures":["BertForSequenceClassification"],"hidden_size":768,"num_hidden_layers":12,"num_attention_heads":12,"intermediate_size":3072,"vocab_size":30522,"max_position_embeddings":512,"id2label":{"0":"a","1":"b","2":"c"}}"#).unwrap();
+    let out = oomprobe()
+        .args(["estimate", "--config", p.to_str().unwrap(), "--json"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["workload"]["labels"], 3, "{v}");
+    assert_eq!(v["param_count"], 109_482_240u64 + 768 * 3 + 3, "{v}");
+    for (args, says) in [
+        (
+            &["--head", "seq-cls", "--model", "gpt2"][..],
+            "BERT's heads",
+        ),
+        (
+            &["--head", "pooled", "--model", "bert-base"][..],
+            "unknown value",
+        ),
+        (
+            &["--num-labels", "3", "--model", "bert-base"][..],
+            "needs --head seq-cls",
+        ),
+        (
+            &[
+                "--head",
+                "seq-cls",
+                "--num-labels",
+                "0",
+                "--model",
+                "bert-base",
+            ][..],
+            "--num-labels",
+        ),
+    ] {
+        let mut a = vec!["estimate"];
+        a.extend(args.iter().copied());
+        fails_with_one_line(&a, says);
+    }
+
     // A good HF config: GPT-2 small's shape gives GPT-2's parameter count.
     std::fs::write(
         &p,

@@ -415,6 +415,22 @@ fn preset_param_counts_match_published() {
         param_count(&preset("bert-large")).unwrap(),
         335_141_888 + 2 * 1024 + 30522
     );
+    // BertForSequenceClassification: BertModel with its pooler, and the classifier (hL + L).
+    // bert-base-uncased with two labels is the often-quoted 109,483,778.
+    for (name, base, h) in [
+        ("bert-base", 109_482_240, 768),
+        ("bert-large", 335_141_888, 1024),
+    ] {
+        for labels in [2, 5] {
+            let mut w = preset(name);
+            w.labels = Some(labels);
+            assert_eq!(
+                param_count(&w).unwrap(),
+                base + h * labels + labels,
+                "{name}"
+            );
+        }
+    }
 }
 
 /// Elements a step touches in each tensor it names.

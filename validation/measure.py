@@ -56,6 +56,16 @@ tests/fixtures/validation_families.json, every row's breakdown -> validation/sav
 
 (torch 2.15.0, transformers 5.24.0: 29 rows, no failure, 269 s of measuring, 4 min 53 s wall on 2 cores).
 
+Sequence classification (`--bert-cls`): BertForSequenceClassification (eager; pooler = token 0 ->
+dense -> tanh, dropout, classifier Linear(h, num_labels), CrossEntropyLoss over random labels
+[batch] in [0, num_labels); the loss starts after `classifier`), rows with head "seq-cls" and a
+`num_labels` field, fp32 and autocast-bf16, Adam foreach and for-loop. The build set (hidden 256,
+2 layers, b2/b4 s128, dropout 0.1/0) -> tests/fixtures/validation_bert_cls.json; a held-out shape
+(hidden 384, 3 layers, b3 s192; one row with 5 labels) -> validation_bert_cls_holdout.json;
+`--bert-cls-breakdown-out PATH` also writes every row's saved-tensor breakdown. Measured with
+
+    OMP_NUM_THREADS=2 "$OOMPROBE_VENV/bin/python" validation/measure.py --bert-cls --threads 2
+
 `--variants REGEX` measures only the train variants whose key (e.g. `foreach_keep_first`)
 matches; with `--update-variants` it measures only those steps of the selected rows and writes
 them into the existing rows of their fixture (the rows' train_<key>_* fields and
@@ -241,9 +251,14 @@ def build_model(row: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
             attention_probs_dropout_prob=p,
             max_position_embeddings=row["max_positions"],
             tie_word_embeddings=row["tied_embeddings"],
+            **({"num_labels": row["num_labels"]} if row["head"] == "seq-cls" else {}),
         )
-        model = transformers.BertForMaskedLM._from_config(cfg, attn_implementation="eager")
-        head = model.cls
+        if row["head"] == "seq-cls":  # pooler (token 0 -> dense -> tanh), dropout, classifier
+            model = transformers.BertForSequenceClassification._from_config(cfg, attn_implementation="eager")
+            head = model.classifier
+        else:
+            model = transformers.BertForMaskedLM._from_config(cfg, attn_implementation="eager")
+            head = model.cls
     elif arch == "vit":
         import transformers
 
@@ -379,6 +394,8 @@ def make_inputs(row: dict) -> dict[str, torch.Tensor]:
         return {"input_ids": ids, "labels": ids}
     if arch == "bert":
         ids = torch.randint(0, row["vocab"], (b, row["seq"]), generator=g)
+        if row["head"] == "seq-cls":  # one class per sequence: CrossEntropyLoss over [b, num_labels]
+            return {"input_ids": ids, "labels": torch.randint(0, row["num_labels"], (b,), generator=g)}
         labels = ids.clone()
         keep = torch.rand(ids.shape, generator=g) < 0.15  # the 15 % masked positions
         labels[~keep] = -100
@@ -1051,6 +1068,30 @@ def holdout_rows() -> list[dict]:
     return rows
 
 
+# BertForSequenceClassification (--bert-cls): BertModel with its pooler (hidden_states[:, 0] ->
+# dense h x h -> tanh), dropout (hidden_dropout_prob), classifier Linear(h, num_labels),
+# CrossEntropyLoss over integer labels [batch]. The loss starts after `classifier`. Every variant,
+# Adam foreach and for-loop. tied_embeddings: the config's (True), nothing to tie without an LM head.
+BERT_CLS = dict(BERT, head="seq-cls", num_labels=2, adam_foreach=(True, False))
+
+
+def bert_cls_rows(holdout: bool | None = None) -> list[dict]:
+    """The seq-cls rows: the build set (holdout False) -> --bert-cls-out; the held-out shape
+    (holdout True) -> --bert-cls-holdout-out; None: both."""
+    mini = dict(BERT_CLS, model="bert-cls-mini", hidden=256, layers=2, heads=4, ffn=1024)
+    small = dict(BERT_CLS, model="bert-cls-small", hidden=384, layers=3, heads=6, ffn=1536, batch=3, seq=192,
+                 dropout=0.1)
+    build = [dict(mini, dropout=p, batch=b, seq=128, precision=prec)
+             for prec in ("fp32", "autocast-bf16") for p in (0.1, 0.0) for b in (2, 4)]
+    held = [dict(small, precision="fp32"), dict(small, precision="autocast-bf16"),
+            dict(small, model="bert-cls5-small", num_labels=5, precision="fp32")]
+    rows = (build if holdout is not True else []) + (held if holdout is not False else [])
+    for r in rows:
+        fill_config_defaults(r)
+        r["id"] = row_id(r)
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------
 # Today's families, tiny (--families): each row's model is built from a config.json FILE under
 # tests/fixtures/validation_families/, the same file `oomprobe estimate --config FILE` reads.
@@ -1375,6 +1416,8 @@ def measure_row(row: dict, breakdown: bool, log, variants: str | None = None) ->
     out = {k: row[k] for k in CONFIG_FIELDS}
     if "config" in row:  # --families rows: the config.json file the model was built from
         out["config"] = row["config"]
+    if "num_labels" in row:  # --bert-cls rows: the classifier's width
+        out["num_labels"] = row["num_labels"]
     if row.get("inference_only"):
         out["inference_only"] = True
     model, _ = build_model(row)
@@ -1490,7 +1533,7 @@ METHOD = {
 }
 
 
-def write_fixture(path: str, rows: list[dict], versions: dict, threads: int, seconds: float, merge: bool,
+def write_rows_fixture(path: str, rows: list[dict], versions: dict, threads: int, seconds: float, merge: bool,
                   order: list[str] | None = None) -> int:
     doc = {
         "schema_version": SCHEMA_VERSION,
@@ -1603,7 +1646,7 @@ def measure_families(rows: list[dict], args, versions: dict, log) -> int:
     old_failures = []
     if args.merge and os.path.exists(path):
         old_failures = json.load(open(path)).get("failures", [])
-    if write_fixture(path, measured, versions, args.threads, seconds, args.merge, order) != 0:
+    if write_rows_fixture(path, measured, versions, args.threads, seconds, args.merge, order) != 0:
         return 2
     doc = json.load(open(path))
     done = {r["id"] for r in measured} | {f["id"] for f in failures}
@@ -1646,7 +1689,9 @@ def main(argv=None) -> int:
                "                                      re-measure only keep_first in the LLM fixture's rows, in place\n"
                "  measure.py --families               tiny rows of today's families from config files ->\n"
                "                                      tests/fixtures/validation_families.json (+ the config files,\n"
-               "                                      validation/saved_breakdown_families.json)\n")
+               "                                      validation/saved_breakdown_families.json)\n"
+               "  measure.py --bert-cls               BertForSequenceClassification rows -> tests/fixtures/validation_bert_cls.json\n"
+               "                                      (build set) and validation_bert_cls_holdout.json (held-out shape)\n")
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(here)
     ap.add_argument("--out", default=os.path.join(root, "tests", "fixtures", "validation.json"))
@@ -1685,6 +1730,16 @@ def main(argv=None) -> int:
                          "`failures`")
     ap.add_argument("--families-out", default=os.path.join(root, "tests", "fixtures", "validation_families.json"))
     ap.add_argument("--families-breakdown-out", default=os.path.join(here, "saved_breakdown_families.json"))
+    ap.add_argument("--bert-cls", action="store_true",
+                    help="only the BertForSequenceClassification rows (pooler, classifier, CrossEntropyLoss over "
+                         "[batch] labels; fp32 and autocast-bf16; Adam foreach and for-loop): the build set -> "
+                         "--bert-cls-out, the held-out shape -> --bert-cls-holdout-out; breakdowns only where "
+                         "--bert-cls-breakdown-out is given")
+    ap.add_argument("--bert-cls-out", default=os.path.join(root, "tests", "fixtures", "validation_bert_cls.json"))
+    ap.add_argument("--bert-cls-holdout-out",
+                    default=os.path.join(root, "tests", "fixtures", "validation_bert_cls_holdout.json"))
+    ap.add_argument("--bert-cls-breakdown-out", default="", metavar="PATH",
+                    help="with --bert-cls: every measured row's saved-tensor breakdown to PATH (default: none)")
     ap.add_argument("--variants", default=None, metavar="REGEX",
                     help="measure only the train variants whose key ({foreach|forloop}_{free|keep}_{first|steady}) "
                          "matches, e.g. 'keep_first'")
@@ -1706,6 +1761,8 @@ def main(argv=None) -> int:
     if args.families:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs from files only, nothing downloaded
         candidates = family_rows(root)
+    elif args.bert_cls:
+        candidates = bert_cls_rows()
     elif args.holdout:
         candidates = holdout_rows()
     elif args.llm:
@@ -1737,7 +1794,7 @@ def main(argv=None) -> int:
 
     import transformers
 
-    if args.families:  # no torchvision model among them: its version only where it is installed
+    if args.families or args.bert_cls:  # no torchvision model among them: its version only where it is installed
         try:
             import torchvision
         except ImportError:
@@ -1754,6 +1811,9 @@ def main(argv=None) -> int:
         del versions["torchvision"]
     if args.families:
         out_for = lambda r: args.families_out  # noqa: E731
+    elif args.bert_cls:
+        held_ids = {r["id"] for r in bert_cls_rows(holdout=True)}
+        out_for = lambda r: args.bert_cls_holdout_out if r["id"] in held_ids else args.bert_cls_out  # noqa: E731
     elif args.holdout:
         out_for = lambda r: args.holdout_out  # noqa: E731
     elif args.llm:
@@ -1773,12 +1833,20 @@ def main(argv=None) -> int:
     t0 = time.time()
     for i, row in enumerate(rows):
         log(f"[{i + 1}/{len(rows)}] {row['id']}")
-        res, bd = measure_row(row, args.llm or args.holdout or row["id"] in BREAKDOWN_IDS, log, args.variants)
+        res, bd = measure_row(row, args.llm or args.holdout or args.bert_cls or row["id"] in BREAKDOWN_IDS, log,
+                              args.variants)
         measured.append(res)
         if bd is not None:
             breakdowns[row["id"]] = bd
     seconds = round(time.time() - t0, 1)
-    if args.holdout:
+    if args.bert_cls:
+        groups = ((args.bert_cls_out, [r for r in measured if out_for(r) == args.bert_cls_out]),
+                  (args.bert_cls_holdout_out, [r for r in measured if out_for(r) == args.bert_cls_holdout_out]))
+        order = [r["id"] for r in bert_cls_rows()]
+        breakdown_out = args.bert_cls_breakdown_out
+        if not breakdown_out:
+            breakdowns = {}
+    elif args.holdout:
         groups = ((args.holdout_out, measured),)
         order = [r["id"] for r in holdout_rows()]
         breakdown_out = args.holdout_breakdown_out
@@ -1792,7 +1860,7 @@ def main(argv=None) -> int:
         order = None
         breakdown_out = args.breakdown_out
     for path, group in groups:
-        if group and write_fixture(path, group, versions, args.threads, seconds, args.merge, order) != 0:
+        if group and write_rows_fixture(path, group, versions, args.threads, seconds, args.merge, order) != 0:
             return 2
         if group:
             log(f"wrote {path} ({len(group)} rows measured now)")

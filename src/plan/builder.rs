@@ -261,6 +261,9 @@ impl Builder {
     /// The loss's log-softmax over `logits` ([rows, cols]): an fp32 copy of the logits first
     /// when `fp32_copy` (freed once the log-probabilities exist), then the log-probabilities in
     /// `dtype`, which the loss's backward keeps. Returns the log-probabilities.
+    /// The loss's log-softmax over `logits` (an fp32 copy first when `fp32_copy`): its output,
+    /// and the copy when `keep_input` (PyTorch before 1.11 saves the input too:
+    /// `Release::softmax_saves_input`), which the caller frees with the output.
     pub fn loss_log_softmax(
         &mut self,
         logits: TensorIx,
@@ -268,7 +271,8 @@ impl Builder {
         cols: u64,
         fp32_copy: bool,
         dtype: DType,
-    ) -> Result<TensorIx, PlanError> {
+        keep_input: bool,
+    ) -> Result<(TensorIx, Option<TensorIx>), PlanError> {
         let shape = [rows, cols];
         let copy = if fp32_copy {
             Some(self.push("loss.logits_f32", Role::Workspace, DType::F32, &shape, cols)?)
@@ -282,8 +286,11 @@ impl Builder {
             rows,
             cols,
         });
+        if keep_input {
+            return Ok((logprobs, copy));
+        }
         self.free_all(copy);
-        Ok(logprobs)
+        Ok((logprobs, None))
     }
     pub fn tensor(&self, ix: TensorIx) -> &TensorSpec {
         &self.tensors[ix]

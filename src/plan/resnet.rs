@@ -519,12 +519,13 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     let half_to_float = ac.is_some_and(|a| a.device == Device::Cuda && c == DType::F16);
     let lp_dtype = if ac.is_some() { DType::F32 } else { c };
     let shape = [bsz, classes];
-    let logprobs = r.b.loss_log_softmax(
+    let (logprobs, kept) = r.b.loss_log_softmax(
         logits,
         bsz,
         classes,
         ac.is_some() && !half_to_float,
         lp_dtype,
+        w.softmax_saves_input(),
     )?;
     r.states.autocast_exit(r.b, |_| false);
     r.states.begin_backward(r.b);
@@ -534,6 +535,7 @@ pub fn build(b: &mut Builder, w: &Workload) -> Result<(), PlanError> {
     let mut g_logits =
         r.b.push("grad.logits", Role::Workspace, gl_dtype, &shape, classes)?;
     r.b.free_all([g_lp, logprobs]);
+    r.b.free_all(kept);
     if gl_dtype != c {
         // ToCopyBackward0 of the fp32 copy: the logits' own type.
         let g =

@@ -125,6 +125,17 @@ pub struct WorkloadArgs {
     /// transformers' loss.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub loss_chunk: Option<String>,
+    /// X.Y: the PyTorch release the job runs (e.g. 1.10): where it kept more than today's, the
+    /// plan follows it. Before 1.11 softmax saves its input too; before 2.0 zero_grad() keeps
+    /// gradients (--grads keep), cuBLAS's workspace is outside PyTorch's pool and there is no
+    /// SDPA (eager attention), unless those flags are given [today's release].
+    #[arg(long, value_name = "X.Y", allow_hyphen_values = true)]
+    pub torch_version: Option<String>,
+    /// on | off: BERT's eager attention adds a mask to the scores (transformers before 5
+    /// always did; padded batches do), in the embeddings' type: under autocast the softmax
+    /// reads fp32 [off].
+    #[arg(long, value_name = "on|off", allow_hyphen_values = true)]
+    pub attention_mask: Option<String>,
     /// mlm | seq-cls: BERT's head. seq-cls: transformers' BertForSequenceClassification (the
     /// pooler's dense and tanh over the first token, dropout and a classifier over
     /// --num-labels labels) in place of the masked-LM head [mlm; seq-cls where a config names
@@ -230,6 +241,8 @@ pub fn merge(base: &WorkloadArgs, over: &WorkloadArgs) -> WorkloadArgs {
         optimizer_in_backward,
         float8,
         loss_chunk,
+        torch_version,
+        attention_mask,
         head,
         num_labels,
         framework,

@@ -80,7 +80,7 @@ impl CaseFile {
 pub const MAX_EXPECTS: usize = 256;
 
 /// Workload keys of a case file and how each is typed.
-const STRING_KEYS: [&str; 16] = [
+const STRING_KEYS: [&str; 18] = [
     "precision",
     "optimizer",
     "attention",
@@ -97,6 +97,8 @@ const STRING_KEYS: [&str; 16] = [
     "cuda_modules",
     "float8",
     "head",
+    "torch_version",
+    "attention_mask",
 ];
 const NUMBER_KEYS: [&str; 16] = [
     "batch",
@@ -140,6 +142,8 @@ fn set_arg(args: &mut WorkloadArgs, key: &str, v: String) {
         "float8" => &mut args.float8,
         "loss_chunk" => &mut args.loss_chunk,
         "head" => &mut args.head,
+        "torch_version" => &mut args.torch_version,
+        "attention_mask" => &mut args.attention_mask,
         "num_labels" => &mut args.num_labels,
         "mode" => &mut args.mode,
         "grads" => &mut args.grads,

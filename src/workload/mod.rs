@@ -256,6 +256,90 @@ impl DropoutMask {
     }
 }
 
+/// A PyTorch release (`--torch-version X.Y`): the plan follows what that release keeps where it
+/// differs from today's (`Release::softmax_saves_input`, `zero_grad_keeps`, `blas_in_pool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Release {
+    pub major: u16,
+    pub minor: u16,
+}
+
+impl Release {
+    /// Before 1.11, `_softmax` and `_log_softmax` saved their input as well as their output
+    /// for the backward (pytorch/pytorch#64000; the fix, #66018, landed on 2021-10-01, after
+    /// 1.10 branched).
+    pub fn softmax_saves_input(self) -> bool {
+        self < Release::new(1, 11)
+    }
+    /// Before 2.0, `zero_grad()` defaulted to `set_to_none=False`: gradients are zeroed in
+    /// place and kept between steps.
+    pub fn zero_grad_keeps(self) -> bool {
+        self < Release::new(2, 0)
+    }
+    /// From 2.0, PyTorch hands cuBLAS a workspace from its caching allocator
+    /// (pytorch/pytorch#83461; #95668 reports the 8 MiB + 128 KiB that 2.0 keeps and 1.13 did
+    /// not); before, cuBLAS allocated its own, outside PyTorch's pool.
+    pub fn blas_in_pool(self) -> bool {
+        self >= Release::new(2, 0)
+    }
+    /// PyTorch's `scaled_dot_product_attention` arrived in 2.0.
+    pub fn has_sdpa(self) -> bool {
+        self >= Release::new(2, 0)
+    }
+    pub const fn new(major: u16, minor: u16) -> Release {
+        Release { major, minor }
+    }
+}
+
+impl std::fmt::Display for Release {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+impl std::str::FromStr for Release {
+    type Err = String;
+    /// `X.Y` or `X.Y.Z` (a patch release or a local tag such as `2.1.0+cu121` keeps X.Y).
+    fn from_str(v: &str) -> Result<Release, String> {
+        let bad = || {
+            format!(
+                "expected a version like 1.10 or 2.1.0, not '{}'",
+                v.escape_debug()
+            )
+        };
+        let core = v.trim().split('+').next().unwrap_or("");
+        let parts: Vec<&str> = core.split('.').collect();
+        if !(2..=3).contains(&parts.len()) || parts.iter().any(|p| p.is_empty()) {
+            return Err(bad());
+        }
+        let num = |p: &str| p.parse::<u16>().map_err(|_| bad());
+        let r = Release::new(num(parts[0])?, num(parts[1])?);
+        if let Some(p) = parts.get(2) {
+            num(p)?;
+        }
+        if r < Release::new(1, 0) {
+            return Err(format!(
+                "{r} is older than PyTorch 1.0, which is not modelled"
+            ));
+        }
+        Ok(r)
+    }
+}
+
+impl TryFrom<String> for Release {
+    type Error = String;
+    fn try_from(v: String) -> Result<Release, String> {
+        v.parse()
+    }
+}
+
+impl From<Release> for String {
+    fn from(r: Release) -> String {
+        r.to_string()
+    }
+}
+
 /// Whose model classes and adapters build a decoder LLM's step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -452,6 +536,15 @@ pub struct Workload {
     /// torchao's float8 training (`convert_to_float8_training`) of the decoder layers' linears.
     #[serde(default, skip_serializing_if = "Float8::is_off")]
     pub float8: Float8,
+    /// The PyTorch release whose behaviour the plan follows where it differs from today's
+    /// (`--torch-version`). None: the release the plans are measured against (2.x).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_version: Option<Release>,
+    /// BERT's eager attention adds an attention mask, in the embeddings' type, to the scores
+    /// (`--attention-mask on`): transformers before 5 always did (a mask of ones when the
+    /// batch had none), and padded batches do. Under autocast it promotes the scores to fp32.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub attention_mask: bool,
     /// BERT with a sequence-classification head (`BertForSequenceClassification`, `--head
     /// seq-cls`): the pooler (the first token's dense and tanh), dropout and a classifier over
     /// this many labels in place of the masked-LM head. None: the model's own head.
@@ -528,6 +621,10 @@ fn is_cuda(d: &AutocastDevice) -> bool {
 }
 
 impl Workload {
+    /// Whether the softmaxes save their input too (`Release::softmax_saves_input`).
+    pub fn softmax_saves_input(&self) -> bool {
+        self.torch_version.is_some_and(Release::softmax_saves_input)
+    }
     /// An inference forward (`--mode inference`, or `--optimizer none`).
     pub fn inference(&self) -> bool {
         matches!(self.mode, Mode::Inference | Mode::Serve) || self.optimizer == Optimizer::None

@@ -33,6 +33,7 @@ pub fn apply(args: &WorkloadArgs, mut w: Workload) -> Result<Resolved, CliError>
     apply_numerics(args, &mut w, &mut warnings)?;
     apply_finetune(args, &mut w, &mut warnings)?;
     apply_layout(args, &mut w)?;
+    apply_release(args, &mut w)?;
     finish(args, &mut w, &mut warnings, text, shape_before)?;
     Ok(Resolved {
         workload: w,
@@ -103,6 +104,45 @@ fn apply_head(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
             ));
         }
         w.labels = Some(n);
+    }
+    Ok(())
+}
+
+/// `--torch-version` and `--attention-mask`: the release's own defaults where no flag says
+/// otherwise (gradients kept, cuBLAS's workspace outside the pool and eager attention before
+/// 2.0), and BERT's additive mask.
+fn apply_release(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
+    if let Some(v) = &args.attention_mask {
+        w.attention_mask = on_off("attention-mask", v)?;
+        if w.arch != Arch::Bert {
+            return Err(usage(
+                "attention-mask",
+                format!(
+                    "applies to BERT's eager attention (GPT-2 always adds its causal mask), not {}",
+                    w.name
+                ),
+            ));
+        }
+    }
+    let Some(v) = &args.torch_version else {
+        return Ok(());
+    };
+    let r: super::Release = v.parse().map_err(|e| usage("torch-version", e))?;
+    w.torch_version = Some(r);
+    if r.zero_grad_keeps() && args.grads.is_none() && w.grads == super::Grads::Free {
+        w.grads = super::Grads::Keep;
+    }
+    if !r.blas_in_pool() && args.cublas_workspace.is_none() {
+        w.cublas_workspace = Some(0);
+    }
+    if !r.has_sdpa() && w.attention == Attention::Sdpa {
+        if args.attention.is_some() {
+            return Err(usage(
+                "attention",
+                format!("sdpa needs PyTorch 2.0 or later, not {r} (--torch-version)"),
+            ));
+        }
+        w.attention = Attention::Naive;
     }
     Ok(())
 }

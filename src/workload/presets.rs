@@ -83,6 +83,8 @@ pub fn base(name: &str, arch: Arch) -> Workload {
         optimizer_impl: None,
         optimizer_in_backward: false,
         float8: Default::default(),
+        torch_version: None,
+        attention_mask: false,
         labels: None,
         loss_chunk: None,
         framework: Default::default(),

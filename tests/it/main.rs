@@ -75,6 +75,7 @@ mod plan {
     mod distributed;
     mod parallel_props;
     mod published_memory;
+    mod releases;
     mod step_order;
     mod validation;
 }

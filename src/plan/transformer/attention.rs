@@ -571,7 +571,15 @@ impl T<'_> {
                 saved.push(t);
             }
         }
-        let scores = self.scores(&format!("{p}.attn.scores"), Role::Workspace, c)?;
+        // PyTorch before 1.11 saves the softmax's input as well: then the scores it reads are
+        // a saved activation (the CPU's fp32 copy, below, or the scores themselves).
+        let keeps_input = self.saving && self.w.softmax_saves_input();
+        let role = if keeps_input && !(eager && self.w.attn_softcap) {
+            Role::Attention
+        } else {
+            Role::Workspace
+        };
+        let scores = self.scores(&format!("{p}.attn.scores"), role, c)?;
         let sm = self.spec.softmax;
         let mut last = scores;
         if eager && self.w.attn_softcap {
@@ -615,7 +623,15 @@ impl T<'_> {
         } else {
             self.scores(&format!("{p}.attn.probs"), Role::Attention, pt)?
         };
-        self.b.free_all(widened);
+        // PyTorch before 1.11 saves the softmax's input too (the CPU's fp32 copy, or the
+        // scores as the kernel reads them).
+        let softmax_in = (keeps_input && !sinks).then(|| widened.unwrap_or(last));
+        if let Some(t) = softmax_in {
+            saved.push(t);
+        }
+        if widened != softmax_in {
+            self.b.free_all(widened);
+        }
         self.b.free_all(sink_in);
         saved.push(probs);
         let mut pv = probs;
@@ -655,7 +671,7 @@ impl T<'_> {
         // last reader), then its `transpose(1, 2).contiguous()` copy, the context. The kernel
         // writes that output into the dead scores' buffer when it fits (s ≥ d), so the plan
         // allocates the context after the scores go, as PyTorch does.
-        let fits = last != probs && s >= d;
+        let fits = last != probs && s >= d && softmax_in != Some(last);
         let ctx = if fits {
             None
         } else {
@@ -673,7 +689,9 @@ impl T<'_> {
             head_dim: d,
             causal: self.spec.causal,
         });
-        self.b.free(last);
+        if softmax_in != Some(last) {
+            self.b.free(last);
+        }
         if q_unsaved && !saved.contains(&q) {
             self.b.free(q);
         }

@@ -9,7 +9,8 @@ use crate::workload::Workload;
 pub(super) fn spec(w: &Workload) -> Spec {
     let softmax = SoftmaxCode {
         fp32: false,
-        mask_promotes: false,
+        // `--attention-mask`: the extended mask, in the embeddings' type, added to the scores.
+        mask_promotes: w.attention_mask,
         cast_back: false,
     };
     Spec {

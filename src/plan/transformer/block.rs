@@ -55,9 +55,12 @@ impl T<'_> {
             self.input_done(x);
         }
         let mut sm = Vec::new();
+        let mut x2_gone = false;
         let out = if has_mlp {
             let n2_in = if norms_each { x } else { x2 };
-            self.mlp_block(p, &pm, n2_in, n1, out_name, &mut sm)?
+            let (out, gone) = self.mlp_block(p, &pm, n2_in, n1, out_name, &mut sm)?;
+            x2_gone = gone;
+            out
         } else {
             x2
         };
@@ -76,7 +79,7 @@ impl T<'_> {
             if owned && (!saving || !sm.contains(&x)) {
                 self.input_done(x);
             }
-        } else if has_mlp && !sm.contains(&x2) {
+        } else if has_mlp && !sm.contains(&x2) && !x2_gone {
             self.b.free(x2);
         }
         if self.shared_norm()
@@ -115,10 +118,10 @@ impl T<'_> {
         Ok((frames, out))
     }
 
-    /// A layer's owned input after its last reader: the decoder LLMs' loop variable keeps it
-    /// until the layer returns; elsewhere it goes now.
+    /// A layer's owned input after its last reader: the decoder LLMs' and BERT's loop variable
+    /// keeps it until the layer returns; elsewhere it goes now.
     fn input_done(&mut self, x: TensorIx) {
-        if self.w.is_decoder_llm() {
+        if self.w.is_decoder_llm() || self.w.arch == crate::workload::Arch::Bert {
             self.layer_tail.push(x);
         } else {
             self.b.free(x);
@@ -268,7 +271,7 @@ impl T<'_> {
 
     /// The MLP block over `x2` (the residual after attention; a parallel block with one norm:
     /// the attention's normed input `n1`; with a norm each: the layer's input), saving into
-    /// `sm`: the layer's output.
+    /// `sm`: the layer's output, and whether `x2` is gone already.
     fn mlp_block(
         &mut self,
         p: &str,
@@ -277,9 +280,10 @@ impl T<'_> {
         n1: TensorIx,
         out_name: &str,
         sm: &mut Vec<TensorIx>,
-    ) -> Result<TensorIx, PlanError> {
+    ) -> Result<(TensorIx, bool), PlanError> {
         let (h, f, saving) = (self.h, self.f, self.saving);
         self.use_piece(pm)?;
+        let mut x2_gone = false;
         // Whether the MLP's input needs a gradient: a parallel block's MLP reads the layer's
         // input (normed), not the attention's output, so past an attention adapter it is as
         // the layer began (over a frozen embedding, layer 0's builds no graph at all).
@@ -297,6 +301,13 @@ impl T<'_> {
             let n2 = self.norm(&format!("{p}.ln2"), x2, sm);
             self.live = was;
             let n2 = n2?;
+            if !saving && self.w.arch == crate::workload::Arch::Bert {
+                // BERT is post-LN: the MLP adds its output to the normed `attention_output`,
+                // so under no_grad the residual sum goes once normed.
+                sm.retain(|&t| t != x2);
+                self.b.free(x2);
+                x2_gone = true;
+            }
             let readers = match (self.spec.mlp, self.spec.fused_gate_up) {
                 (Mlp::Gated, false) => 2,
                 _ => 1,
@@ -349,7 +360,7 @@ impl T<'_> {
         if dead {
             self.saving = saving;
         }
-        Ok(out)
+        Ok((out, x2_gone))
     }
 
     /// Layers `from..to` in forward from `x`. Saving (a training forward without

@@ -109,7 +109,6 @@ impl T<'_> {
             });
             Ok(ctx)
         } else {
-            let scores = self.scores(&format!("{p}.attn.scores"), Role::Workspace, c)?;
             // The probabilities' type: the model's own softmax call and autocast's lists.
             let sm = self.spec.softmax;
             let pt = if sm.fp32 {
@@ -122,6 +121,28 @@ impl T<'_> {
                 };
                 self.out("softmax", &[input])
             };
+            // PyTorch before 1.11 saves the softmax's input too: the scores as the kernel
+            // reads them (16-bit under `dtype=float32`; else cast or promoted to the
+            // probabilities' type first, a tensor of its own).
+            let input_type = (self.saving && self.w.softmax_saves_input()).then_some(if sm.fp32 {
+                c
+            } else {
+                pt
+            });
+            let role = if input_type == Some(c) {
+                Role::Attention
+            } else {
+                Role::Workspace
+            };
+            let scores = self.scores(&format!("{p}.attn.scores"), role, c)?;
+            let softmax_in = match input_type {
+                Some(it) if it == c => Some(scores),
+                Some(it) => {
+                    Some(self.scores(&format!("{p}.attn.softmax_in"), Role::Attention, it)?)
+                }
+                None => None,
+            };
+            saved.extend(softmax_in);
             // Softmax's backward saves its output.
             let probs = self.scores(&format!("{p}.attn.probs"), Role::Attention, pt)?;
             saved.push(probs);
@@ -148,11 +169,15 @@ impl T<'_> {
                 cur = o;
                 cur_saved = false;
             }
+            // BERT's attention returns its probabilities (after dropout) and `BertLayer` keeps
+            // them (`_`) until it returns: under no_grad they outlive the attention.
+            let returned =
+                (!self.saving && self.w.arch == crate::workload::Arch::Bert).then_some(cur);
             // probs·V saves its first input; under autocast in the 16-bit type (a cast copy
             // when the probabilities are still fp32, e.g. BERT's on CUDA).
             let pv = if self.dtype(cur) != c {
                 let t = self.scores(&format!("{p}.attn.probs_cast"), Role::Attention, c)?;
-                if !cur_saved {
+                if !cur_saved && returned.is_none() {
                     self.b.free(cur);
                 }
                 t
@@ -161,6 +186,10 @@ impl T<'_> {
             };
             if pv != probs {
                 saved.push(pv);
+            }
+            if let Some(r) = returned {
+                saved.retain(|&t| t != r);
+                self.layer_tail.push(r);
             }
             let ctx = self.rows_t(&format!("{p}.ctx"), Role::Activations, c, qw)?;
             saved.push(ctx);
@@ -176,7 +205,9 @@ impl T<'_> {
                 head_dim,
                 causal,
             });
-            self.b.free(scores);
+            if softmax_in != Some(scores) {
+                self.b.free(scores);
+            }
             Ok(ctx)
         }
     }

@@ -51,8 +51,17 @@ impl T<'_> {
         let mut head_saved = Vec::new();
         let mut head_tail = None;
         let head_x = match self.spec.head {
-            Head::Mlm => self.mlm_transform(head_in, &mut head_saved, &mut head_tail)?,
-            Head::Pooled => self.pooler(head_in, &mut head_saved, &mut head_tail)?,
+            Head::Mlm => {
+                // `BertModel` has returned: its `embedding_output` goes.
+                self.base_model_returns(fwd);
+                self.mlm_transform(head_in, &mut head_saved, &mut head_tail)?
+            }
+            Head::Pooled => {
+                // The pooler runs inside `BertModel`, which returns after it.
+                let x = self.pooler(head_in, &mut head_saved, &mut head_tail)?;
+                self.base_model_returns(fwd);
+                x
+            }
             _ => self.final_norm(fwd, head_in, &mut head_saved, &mut head_tail)?,
         };
         let logits = self.logits(head_x, &mut head_saved, &mut head_tail)?;
@@ -171,6 +180,20 @@ impl T<'_> {
         Ok(o)
     }
 
+    /// The base model's forward returns: its mask and `inputs_embeds` go (the embeddings unless
+    /// the first layer saved them or they are the first checkpoint). Checkpointed layers were
+    /// handed the mask as an input: each checkpoint keeps it until its layer's backward is
+    /// done, so it lives until layer 0's (measured, issue 35).
+    fn base_model_returns(&mut self, fwd: &mut Fwd) {
+        if fwd.seg.is_none() {
+            self.b.free_all(std::mem::take(&mut fwd.masks));
+        }
+        // (A later pipeline stage's received input is the pipeline's until its backward.)
+        if fwd.embeds_go() {
+            self.b.free(fwd.x0);
+        }
+    }
+
     /// The final norm, and the head's matmul input: the model's forward returns meanwhile.
     fn final_norm(
         &mut self,
@@ -188,17 +211,7 @@ impl T<'_> {
             // (A 16-bit RMSNorm saves its fp32 copy instead.)
             self.b.free(head_in);
         }
-        // The model's forward returns: its mask and `inputs_embeds` go (the embeddings unless
-        // the first layer saved them or they are the first checkpoint). Checkpointed layers
-        // were handed the mask as an input: each checkpoint keeps it until its layer's backward
-        // is done, so it lives until layer 0's (measured, issue 35).
-        if fwd.seg.is_none() {
-            self.b.free_all(std::mem::take(&mut fwd.masks));
-        }
-        // (A later pipeline stage's received input is the pipeline's until its backward.)
-        if fwd.embeds_go() {
-            self.b.free(fwd.x0);
-        }
+        self.base_model_returns(fwd);
         let piece = self.head_piece();
         self.use_piece(piece)?;
         if self.spec.head == Head::Classifier && self.ac.is_some() {
@@ -404,9 +417,19 @@ impl T<'_> {
                 Some(_) => (DType::F32, true, false),
             }
         };
-        let logprobs = self
+        // PyTorch before 1.11 saves the log-softmax's input too: the fp32 copy, or the logits
+        // themselves, which then outlive the caller's hold until the loss's backward.
+        let keep_input = self.w.softmax_saves_input() && chunk.is_none();
+        let (logprobs, kept_copy) = self
             .b
-            .loss_log_softmax(lg.t, lg.rows, lg.v, copy, lp_dtype)?;
+            .loss_log_softmax(lg.t, lg.rows, lg.v, copy, lp_dtype, keep_input)?;
+        let mut kept = kept_copy;
+        if keep_input && !copy && self.w.outputs != Outputs::Kept {
+            if let Some(i) = self.held.iter().position(|&t| t == lg.t) {
+                self.held.remove(i);
+                kept = Some(lg.t);
+            }
+        }
         // transformers computes the loss inside the model's forward, which returns now.
         self.fwd_return.get_or_insert(self.b.mark());
         // The autocast region ends with the loss: the cache is cleared (bias copies go; weight
@@ -451,6 +474,7 @@ impl T<'_> {
         if chunk.is_none() {
             self.b.free(logprobs);
         }
+        self.b.free_all(kept);
         if gl_dtype != c {
             let g = self
                 .b

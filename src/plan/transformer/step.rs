@@ -16,6 +16,9 @@ pub(super) struct Fwd {
     pub(super) train: bool,
     /// A decoder LLM (its forward keeps `inputs_embeds` and eager attention's mask).
     pub(super) llm: bool,
+    /// The base model's forward keeps the embedding's output until it returns (the decoder
+    /// LLMs' `inputs_embeds`, `BertModel`'s `embedding_output`).
+    pub(super) keeps_x0: bool,
     /// The first layer's input: the embedding's output, or a later stage's received input.
     pub(super) x0: TensorIx,
     /// The embedding's saved tensors: the last backward frame.
@@ -38,7 +41,7 @@ impl Fwd {
     /// The first layer's input goes when the model's forward returns (the decoder LLMs keep
     /// `inputs_embeds` until then), unless a layer saved it or it is the first checkpoint.
     pub(super) fn embeds_go(&self) -> bool {
-        self.llm
+        self.keeps_x0
             && self.stage.first()
             && self.seg.is_none()
             && !self.frames.iter().any(|f| f.saved.contains(&self.x0))
@@ -286,6 +289,7 @@ impl<'a> T<'a> {
             stage,
             train,
             llm: w.is_decoder_llm(),
+            keeps_x0: w.is_decoder_llm() || w.arch == crate::workload::Arch::Bert,
             x0,
             emb_saved,
             inputs,
@@ -354,8 +358,9 @@ impl<'a> T<'a> {
         };
         let head_in = match fwd.seg {
             None => {
-                let (fr, out) =
-                    self.layers(lo, l, fwd.x0, fwd.train, !fwd.llm, &|i| out_name(i, ""))?;
+                let (fr, out) = self.layers(lo, l, fwd.x0, fwd.train, !fwd.keeps_x0, &|i| {
+                    out_name(i, "")
+                })?;
                 fwd.frames = fr;
                 out
             }

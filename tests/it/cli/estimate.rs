@@ -268,6 +268,21 @@ fn config_files_name_the_bad_field() {
             ][..],
             "--num-labels",
         ),
+        (&["--torch-version", "one.ten"][..], "like 1.10"),
+        (&["--torch-version", "0.4"][..], "older than PyTorch 1.0"),
+        (&["--torch-version", "1.10.2.1"][..], "like 1.10"),
+        (
+            &["--torch-version", "1.10", "--attention", "sdpa"][..],
+            "sdpa needs PyTorch 2.0",
+        ),
+        (
+            &["--attention-mask", "on", "--model", "gpt2"][..],
+            "applies to BERT",
+        ),
+        (
+            &["--attention-mask", "maybe", "--model", "bert-base"][..],
+            "--attention-mask",
+        ),
     ] {
         let mut a = vec!["estimate"];
         a.extend(args.iter().copied());

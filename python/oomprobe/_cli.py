@@ -53,8 +53,8 @@ def binary() -> str:
 _META = frozenset({"help", "version", "json"})
 # The flags that read on | off: True is "on", False is "off".
 ON_OFF = frozenset({"dropout", "kv_cache", "optimizer_in_backward", "double_quant", "kbit_prep",
-                    "quant_head", "reshard_after_forward", "offload", "bucket_view",
-                    "sequence_parallel"})
+                    "quant_head", "attention_mask", "reshard_after_forward", "offload",
+                    "bucket_view", "sequence_parallel"})
 # The flags whose value may be left out (`--ddp` is DDP's default buckets): True is the bare
 # flag, False leaves it out.
 BARE = frozenset({"ddp"})

@@ -128,7 +128,8 @@ pub struct WorkloadArgs {
     /// X.Y: the PyTorch release the job runs (e.g. 1.10): where it kept more than today's, the
     /// plan follows it. Before 1.11 softmax saves its input too; before 2.0 zero_grad() keeps
     /// gradients (--grads keep), cuBLAS's workspace is outside PyTorch's pool and there is no
-    /// SDPA (eager attention), unless those flags are given [today's release].
+    /// SDPA (eager attention); before 1.13 kernels load eagerly (--cuda-modules eager); unless
+    /// those flags are given [today's release].
     #[arg(long, value_name = "X.Y", allow_hyphen_values = true)]
     pub torch_version: Option<String>,
     /// on | off: BERT's eager attention adds a mask to the scores (transformers before 5

@@ -257,7 +257,8 @@ impl DropoutMask {
 }
 
 /// A PyTorch release (`--torch-version X.Y`): the plan follows what that release keeps where it
-/// differs from today's (`Release::softmax_saves_input`, `zero_grad_keeps`, `blas_in_pool`).
+/// differs from today's (`Release::softmax_saves_input`, `zero_grad_keeps`, `blas_in_pool`,
+/// `lazy_modules`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct Release {
@@ -282,6 +283,11 @@ impl Release {
     /// not); before, cuBLAS allocated its own, outside PyTorch's pool.
     pub fn blas_in_pool(self) -> bool {
         self >= Release::new(2, 0)
+    }
+    /// From 1.13 PyTorch sets `CUDA_MODULE_LOADING=LAZY` itself (with CUDA 11.7+,
+    /// pytorch#86509); before, every kernel was loaded with the context.
+    pub fn lazy_modules(self) -> bool {
+        self >= Release::new(1, 13)
     }
     /// PyTorch's `scaled_dot_product_attention` arrived in 2.0.
     pub fn has_sdpa(self) -> bool {

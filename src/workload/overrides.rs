@@ -110,7 +110,7 @@ fn apply_head(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
 
 /// `--torch-version` and `--attention-mask`: the release's own defaults where no flag says
 /// otherwise (gradients kept, cuBLAS's workspace outside the pool and eager attention before
-/// 2.0), and BERT's additive mask.
+/// 2.0, every kernel loaded with the context before 1.13), and BERT's additive mask.
 fn apply_release(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
     if let Some(v) = &args.attention_mask {
         w.attention_mask = on_off("attention-mask", v)?;
@@ -134,6 +134,9 @@ fn apply_release(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> 
     }
     if !r.blas_in_pool() && args.cublas_workspace.is_none() {
         w.cublas_workspace = Some(0);
+    }
+    if !r.lazy_modules() && args.cuda_modules.is_none() {
+        w.cuda_modules = super::ModuleLoading::Eager;
     }
     if !r.has_sdpa() && w.attention == Attention::Sdpa {
         if args.attention.is_some() {

@@ -1,12 +1,12 @@
 //! `--torch-version` and `--attention-mask`: what an older PyTorch (and transformers 4's BERT)
 //! keeps, each against its closed form: before 1.11 every softmax saves its input as well
 //! (pytorch/pytorch#64000), before 2.0 gradients are kept between steps and cuBLAS's workspace
-//! is outside the caching allocator; an additive mask in the embeddings' type makes the
+//! is outside the caching allocator, before 1.13 kernels load eagerly; an additive mask in the embeddings' type makes the
 //! softmax's input fp32 under autocast.
 
 use crate::support::flags::workload;
 use oomprobe::plan::Plan;
-use oomprobe::workload::{Attention, Grads};
+use oomprobe::workload::{Attention, Grads, ModuleLoading};
 
 const BERT: &str = "--model bert-base --attention eager --batch 2 --seq 128 --layers 4";
 
@@ -46,6 +46,11 @@ fn the_release_sets_its_defaults_unless_a_flag_says_otherwise() {
     let w = workload(&format!("{BERT} --torch-version 1.13"));
     assert_eq!(w.grads, Grads::Keep);
     assert_eq!(w.cublas_workspace, Some(0));
+    assert_eq!(w.cuda_modules, ModuleLoading::Lazy);
+    let w = workload(&format!("{BERT} --torch-version 1.12"));
+    assert_eq!(w.cuda_modules, ModuleLoading::Eager);
+    let w = workload(&format!("{BERT} --torch-version 1.12 --cuda-modules lazy"));
+    assert_eq!(w.cuda_modules, ModuleLoading::Lazy);
     let w = workload(&format!(
         "{BERT} --torch-version 1.13 --grads free --cublas-workspace 4MiB"
     ));

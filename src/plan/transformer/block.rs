@@ -209,8 +209,7 @@ impl T<'_> {
         let ln2_in = format!("{p}.ln2.in");
         if self.parallel_block() {
             // The attention branch's output waits for the MLP's; nothing saves it.
-            let o = self.hidden_t(&format!("{p}.attn.out"), Role::Activations, c)?;
-            self.base_linear(pa, ctx, o, h, qw)?;
+            let o = self.output_projection(p, pa, ctx, sa)?;
             self.projection_read(ctx, sa);
             // The MLP reads the shared norm's output: a trained one saves it with the
             // attention's frame (a frozen base's linears save no input).
@@ -219,8 +218,7 @@ impl T<'_> {
             }
             Ok(o)
         } else if self.spec.sandwich_norms {
-            let o = self.hidden_t(&format!("{p}.attn.out"), Role::Activations, c)?;
-            self.base_linear(pa, ctx, o, h, qw)?;
+            let o = self.output_projection(p, pa, ctx, sa)?;
             self.projection_read(ctx, sa);
             let y = self.norm(&format!("{p}.post_attn_norm"), o, sa)?;
             let x2 = self.resid(&ln2_in)?;
@@ -254,6 +252,32 @@ impl T<'_> {
             self.consumed(ctx, sa);
             Ok(x2)
         }
+    }
+
+    /// The attention's output projection of `ctx` into a tensor of its own (a parallel or a
+    /// sandwich block): as the base stores it, with its adapter when `o` is adapted (LoRA's
+    /// dropout copy, its mask and `lora_A`'s output saved; measured under LitGPT's phi,
+    /// `validation/litgpt_phi_all.py`).
+    fn output_projection(
+        &mut self,
+        p: &str,
+        pa: &str,
+        ctx: TensorIx,
+        sa: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let (h, qw, c) = (self.h, self.qw, self.c);
+        if self.frozen() && self.adapts(&[Target::O]) {
+            let proj = lora::Proj {
+                tensor: format!("{p}.attn.out"),
+                module: format!("{p}.o_proj"),
+                targets: &[Target::O],
+                width: h,
+            };
+            return Ok(self.projections(pa, ctx, qw, &[proj], sa)?[0]);
+        }
+        let o = self.hidden_t(&format!("{p}.attn.out"), Role::Activations, c)?;
+        self.base_linear(pa, ctx, o, h, qw)?;
+        Ok(o)
     }
 
     /// The output projection has read the context `ctx`: a frozen projection saves no input, so
@@ -339,6 +363,9 @@ impl T<'_> {
                 self.b.free(y);
                 out
             }
+            None if self.frozen() && self.adapts(&[Target::Up, Target::Down]) => {
+                self.mlp_gelu_adapted(p, pm, n2, live, out_name, sm)?
+            }
             None => {
                 let fc1 = self.wide(&format!("{p}.fc1.out"))?;
                 self.base_linear(pm, n2, fc1, f, h)?;
@@ -361,6 +388,50 @@ impl T<'_> {
             self.saving = saving;
         }
         Ok((out, x2_gone))
+    }
+
+    /// An ungated MLP over a frozen base with adapters on fc1 (`up`) or fc2 (`down`): each
+    /// linear as `projections` makes it (the base, then its adapter), fc2 into a tensor of its
+    /// own before the residual add. `live`: whether the MLP's input needs a gradient.
+    fn mlp_gelu_adapted(
+        &mut self,
+        p: &str,
+        pm: &str,
+        n2: TensorIx,
+        live: bool,
+        out_name: &str,
+        sm: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let (h, f) = (self.h, self.f);
+        let was = self.live;
+        self.live = live;
+        let proj = |tensor: String, module: String, targets: &'static [Target], width| lora::Proj {
+            tensor,
+            module,
+            targets,
+            width,
+        };
+        let up = proj(format!("{p}.fc1.out"), format!("{p}.fc1"), &[Target::Up], f);
+        let fc1 = self.projections(pm, n2, h, &[up], sm)?[0];
+        if !sm.contains(&n2) && !self.shared_norm() {
+            self.b.free(n2);
+        }
+        let last = self.activation(p, fc1, sm)?;
+        self.mask(&format!("{p}.mlp.drop_mask"), sm)?;
+        let down = proj(
+            format!("{p}.fc2.out"),
+            format!("{p}.fc2"),
+            &[Target::Down],
+            h,
+        );
+        let y = self.projections(pm, last, f, &[down], sm)?[0];
+        if !sm.contains(&last) {
+            self.b.free(last);
+        }
+        let out = self.resid(out_name)?;
+        self.b.free(y);
+        self.live |= was;
+        Ok(out)
     }
 
     /// Layers `from..to` in forward from `x`. Saving (a training forward without

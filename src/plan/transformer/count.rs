@@ -119,7 +119,10 @@ pub fn linears(w: &Workload) -> Result<Vec<Linear>, PlanError> {
             "adapters over a mixture of experts are not modelled".into(),
         ));
     }
-    if s.fused_gate_up {
+    if s.mlp == Mlp::Gelu {
+        // An ungated MLP has two: fc1 (up) and fc2 (down); no gate to adapt.
+        v.push(l(&[Target::Up], f, h, false));
+    } else if s.fused_gate_up {
         v.push(l(&[Target::Gate, Target::Up], 2 * f, h, false));
     } else {
         v.push(l(&[Target::Gate], f, h, false));

@@ -658,14 +658,27 @@ fn lora_rows_are_reproduced() {
 /// projection/mlp, `holdout` rows (`true`) or the rest: trainable parameters exactly, saved +
 /// held and the first and steady step peaks.
 fn litgpt_checks(holdout: bool) -> Vec<Check> {
+    litgpt_checks_of("finetune/litgpt_measured.json", holdout)
+}
+
+/// The checks of a LitGPT fixture's rows (held out or not). Rows with LoRA on the head
+/// (`lora_head`) are left out: the plan has no adapter there.
+fn litgpt_checks_of(file: &str, holdout: bool) -> Vec<Check> {
     use oomprobe::workload::{Framework, Lora, Target};
-    let fx = load("finetune/litgpt_measured.json");
+    let fx = load(file);
     let mut out = Vec::new();
     for r in fx["rows"].as_array().unwrap() {
-        if r["holdout"].as_bool().unwrap() != holdout {
+        if r["holdout"].as_bool().unwrap() != holdout
+            || r["targets"].as_array().unwrap().iter().any(|t| t == "head")
+        {
             continue;
         }
-        let id = r["id"].as_str().unwrap().to_string();
+        let commit = r["litgpt_commit"].as_str().unwrap_or("");
+        let id = format!(
+            "{} @{}",
+            r["id"].as_str().unwrap(),
+            &commit[..commit.len().min(8)]
+        );
         let mut w = match r["family"].as_str() {
             // LitGPT's phi-1.5 and StableLM-Alpha shapes: the configs the published rows read,
             // at the row's size.
@@ -711,6 +724,8 @@ fn litgpt_checks(holdout: bool) -> Vec<Check> {
                 "key" => vec![Target::K],
                 "value" => vec![Target::V],
                 "projection" => vec![Target::O],
+                // GptNeoxMLP's fc and proj (an ungated MLP: up and down), LLaMAMLP's three.
+                "mlp" if r["family"].is_string() => vec![Target::Up, Target::Down],
                 "mlp" => vec![Target::Gate, Target::Up, Target::Down],
                 other => panic!("{id}: target {other}"),
             });
@@ -765,6 +780,18 @@ fn litgpt_rows_are_reproduced() {
 
 /// The LitGPT rows held out while `--framework litgpt` was built (q, k and v adapted over
 /// grouped heads without dropout; the value alone; batch 2).
+/// LitGPT's phi with LoRA on every linear (`tests/fixtures/finetune/litgpt_phi_all_measured.json`,
+/// `validation/litgpt_phi_all.py`; both LitGPT commits): the output projection's, fc's and
+/// proj's adapters save their dropout copy, its mask and `lora_A`'s output, which the
+/// published phi-2 rows found missing. The row with LoRA on the head too is measured, not
+/// planned (`lora_head`: 0.47 MB more here, 1.5 %).
+#[test]
+fn litgpt_phi_rows_with_every_linear_adapted_are_reproduced() {
+    let checks = litgpt_checks_of("finetune/litgpt_phi_all_measured.json", false);
+    assert!(checks.len() >= 12, "{} checks", checks.len());
+    assert_checks(&checks, "OOMPROBE_LITGPT_PHI_TABLE");
+}
+
 #[test]
 fn litgpt_held_out_rows_are_reproduced() {
     assert_checks(&litgpt_checks(true), "OOMPROBE_LITGPT_HOLDOUT_TABLE");

@@ -236,6 +236,13 @@ pub struct Quant {
     /// uses it; transformers keeps `lm_head` unquantized (`get_keys_to_not_convert`).
     #[serde(default, skip_serializing_if = "super::is_false")]
     pub head: bool,
+    /// The 4-bit weights were quantized from fp16: Lightning Fabric's `BitsandbytesPrecision`
+    /// casts each weight to fp16 before `quantize_4bit` (`_Linear4bit.quantize`, lightning
+    /// 2.3.0 `fabric/plugins/precision/bitsandbytes.py:334`), so `dequantize_4bit` returns fp16
+    /// and `MatMul4Bit`'s `.to(A.dtype)` (bitsandbytes 0.42.0 `autograd/_functions.py:517`,
+    /// and its backward's) copies it into a bf16 compute type: two dequantized weights at once.
+    #[serde(default, skip_serializing_if = "super::is_false")]
+    pub from_fp16: bool,
 }
 
 impl Quant {
@@ -248,6 +255,7 @@ impl Quant {
             prepare: false,
             holds_input: false,
             head: false,
+            from_fp16: false,
         }
     }
 
@@ -261,6 +269,7 @@ impl Quant {
             prepare: true,
             holds_input: false,
             head: false,
+            from_fp16: false,
         }
     }
 }

@@ -567,10 +567,11 @@ fn apply_quant(args: &WorkloadArgs, w: &mut Workload) -> Result<(), CliError> {
         if !w.framework.is_transformers() {
             // LitGPT: Fabric's BitsandbytesPrecision converts every linear, the head too, and
             // nothing upcasts the rest (no PEFT k-bit preparation); its configs' bnb.nf4 has no
-            // double quantization (bnb.nf4-dq does).
+            // double quantization (bnb.nf4-dq does); Fabric quantizes each weight from fp16.
             q.prepare = false;
             q.head = true;
             q.double_quant = false;
+            q.from_fp16 = true;
         }
         w.quant = Some(q);
     }

@@ -507,10 +507,7 @@ impl T<'_> {
         let deq = if self.quant_head() {
             let dt = crate::plan::params::compute_dtype(w.precision);
             let (v, h) = (w.vocab, self.h);
-            Some(
-                self.b
-                    .push("head.dequant_bwd", Role::Workspace, dt, &[v, h], h)?,
-            )
+            Some(self.dequantized("head.dequant_bwd", v, h, dt)?)
         } else {
             None
         };

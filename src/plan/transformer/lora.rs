@@ -224,13 +224,7 @@ impl T<'_> {
                         64,
                     )?);
                 }
-                let wdq = self.b.push(
-                    &format!("{piece}.dequant"),
-                    Role::Workspace,
-                    qc,
-                    &[out, inp],
-                    inp,
-                )?;
+                let wdq = self.dequantized(&format!("{piece}.dequant"), out, inp, qc)?;
                 tmp.push(wdq);
                 let xin = if self.dtype(x) != qc {
                     let t = self.b.push(
@@ -302,6 +296,35 @@ impl T<'_> {
         }
         self.b.free_all(tmp);
         Ok(())
+    }
+
+    /// A bitsandbytes weight [out, inp] dequantized whole into `dt` (named `name`): a 4-bit one
+    /// quantized from fp16 (`Quant::from_fp16`) dequantizes to fp16 first, and that copy is
+    /// alive beside the one in `dt` until the cast is done.
+    pub(super) fn dequantized(
+        &mut self,
+        name: &str,
+        out: u64,
+        inp: u64,
+        dt: DType,
+    ) -> Result<TensorIx, PlanError> {
+        let from16 = self
+            .w
+            .quant
+            .is_some_and(|q| q.from_fp16 && q.kind.is_4bit())
+            && dt != DType::F16;
+        let first = if from16 {
+            let n = format!("{name}16");
+            Some(
+                self.b
+                    .push(&n, Role::Workspace, DType::F16, &[out, inp], inp)?,
+            )
+        } else {
+            None
+        };
+        let w = self.b.push(name, Role::Workspace, dt, &[out, inp], inp)?;
+        self.b.free_all(first);
+        Ok(w)
     }
 
     /// A base linear without an adapter: as `linear` stores it under a bitsandbytes base, else
@@ -467,13 +490,8 @@ impl T<'_> {
             // (Backward runs only in training, where 4-bit and 8-bit layers both dequantize.)
             if self.w.quant.is_some_and(|q| q.kind.is_bnb()) {
                 let dt = crate::plan::params::compute_dtype(self.w.precision);
-                tmp.push(self.b.push(
-                    &format!("{piece}.dequant_bwd"),
-                    Role::Workspace,
-                    dt,
-                    &[l.out, l.inp],
-                    l.inp,
-                )?);
+                let name = format!("{piece}.dequant_bwd");
+                tmp.push(self.dequantized(&name, l.out, l.inp, dt)?);
             }
             self.b.free_all(tmp);
         }

@@ -915,3 +915,37 @@ fn context_parallel_ranks_store_their_share_of_the_sequence() {
         assert!((sc - sd).abs() / sd < 1e-4, "cp {cp}: {sc} vs {sd}");
     }
 }
+
+/// Lightning Fabric quantizes each 4-bit weight from fp16 (`Quant::from_fp16`, set by
+/// `--framework litgpt`): every dequantization makes the fp16 weight and then its bf16 copy, both
+/// alive at once; transformers' 4-bit base dequantizes straight to its compute type.
+#[test]
+fn fabric_4bit_weights_dequantize_through_fp16() {
+    let flags = "--model llama-7b --lora 8 --precision bf16 --batch 1 --seq 256 --quant nf4";
+    let head = 32000 * 4096 * 2;
+    for (extra, twice) in [("--framework litgpt", true), ("", false)] {
+        let w = crate::support::flags::workload(&format!("{flags} {extra}"));
+        assert_eq!(w.quant.unwrap().from_fp16, twice, "{extra}");
+        let p = Plan::for_workload(&w).unwrap();
+        let named = |n: &str| p.tensors.iter().filter(|t| t.name == n).count();
+        // LitGPT's 4-bit head: forward and backward, each through fp16 first.
+        if twice {
+            assert_eq!(named("head.dequant16"), 1);
+            assert_eq!(named("head.dequant_bwd16"), 1);
+            let t = p
+                .tensors
+                .iter()
+                .find(|t| t.name == "head.dequant16")
+                .unwrap();
+            assert_eq!(t.bytes, head);
+        } else {
+            assert_eq!(named("head.dequant16"), 0);
+        }
+        let fp16_copies = p
+            .tensors
+            .iter()
+            .filter(|t| t.name.ends_with(".dequant16"))
+            .count();
+        assert_eq!(fp16_copies > 0, twice, "{extra}");
+    }
+}

@@ -86,12 +86,11 @@ fn published_rows_hold_or_stay_in_their_known_gap() {
         }
     }
     assert!(held >= 29, "{held} rows hold");
-    // Issue 45's bar, a median within 3 %, over the rows that hold. Over every numeric row
-    // (the known gaps included) it is not met: the QLoRA rows' gap puts that median at 3.6 %,
-    // held here to 4 % so that it cannot grow unseen.
+    // Issue 45's bar: median within 3 %, over the rows that hold and over every numeric row
+    // (the known gaps included).
     for (what, errors, bar) in [
         ("the rows that hold", held_errors, 0.03),
-        ("all rows", all_errors, 0.04),
+        ("all rows", all_errors, 0.03),
     ] {
         let mut e = errors;
         e.sort_by(f64::total_cmp);

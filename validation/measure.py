@@ -702,28 +702,35 @@ def alloc_context(n) -> str:
     return f"{ctx or '-'} / {op or '-'}"
 
 
-def analyse_profile(prof, baseline: int, tagged: dict[str, tuple[set[int], tuple[str, ...]]]) -> dict:
-    """Live-bytes curve from the allocator's events; peak, phase, op and what is live there."""
+def allocations_and_marks(prof) -> tuple[list, list[tuple[int, str]]]:
+    """The profile's allocator events and its phase marks (start time, name), each in time order."""
     roots = prof.profiler.kineto_results.experimental_event_tree()
     allocs = []
     marks = []
     for n in _walk(roots):
-        tag = str(n.tag)
-        if tag.endswith("Allocation"):
+        if str(n.tag).endswith("Allocation"):
             allocs.append(n)
         elif n.name.startswith(PHASE_MARK):
             marks.append((n.start_time_ns, n.name[len(PHASE_MARK):]))
     allocs.sort(key=lambda n: n.start_time_ns)
     marks.sort()
+    return allocs, marks
 
-    def phase_at(ts: int) -> str:
-        ph = "before"
-        for mts, name in marks:
-            if mts <= ts:
-                ph = name
-            else:
-                break
-        return ph
+
+def phase_at(marks: list[tuple[int, str]], ts: int) -> str:
+    """The name of the last mark at or before `ts` ("before" when none)."""
+    ph = "before"
+    for mts, name in marks:
+        if mts <= ts:
+            ph = name
+        else:
+            break
+    return ph
+
+
+def analyse_profile(prof, baseline: int, tagged: dict[str, tuple[set[int], tuple[str, ...]]]) -> dict:
+    """Live-bytes curve from the allocator's events; peak, phase, op and what is live there."""
+    allocs, marks = allocations_and_marks(prof)
 
     live: dict[int, tuple[int, Any, str]] = {}  # ptr -> (bytes, event, phase at alloc)
     cum = 0
@@ -738,7 +745,7 @@ def analyse_profile(prof, baseline: int, tagged: dict[str, tuple[set[int], tuple
         ef = n.extra_fields
         size = ef.alloc_size
         cum += size
-        ph = phase_at(n.start_time_ns)
+        ph = phase_at(marks, n.start_time_ns)
         phase_starts.setdefault(ph, cum - size)
         if size > 0:
             live[ef.ptr] = (size, n, ph)
@@ -759,7 +766,7 @@ def analyse_profile(prof, baseline: int, tagged: dict[str, tuple[set[int], tuple
     peak_stack: list[str] = []
     if peak_i >= 0:
         ev = allocs[peak_i]
-        peak_phase = phase_at(ev.start_time_ns)
+        peak_phase = phase_at(marks, ev.start_time_ns)
         p = ev.parent
         while p is not None:
             peak_stack.append(p.name)

@@ -430,15 +430,7 @@ def _phase_of(name: str) -> tuple[int, str] | None:
 def analyse_two_steps(prof, baseline: int, head_ptrs: dict[int, int]) -> dict:
     """Per step window [sN:forward, sN:end]: peak = baseline + max cumulative delta, its phase,
     op and what is live there; the live bytes at the window's start and at sN:forward_end."""
-    roots = prof.profiler.kineto_results.experimental_event_tree()
-    allocs, marks = [], []
-    for n in M._walk(roots):
-        if str(n.tag).endswith("Allocation"):
-            allocs.append(n)
-        elif n.name.startswith(M.PHASE_MARK):
-            marks.append((n.start_time_ns, n.name[len(M.PHASE_MARK):]))
-    allocs.sort(key=lambda n: n.start_time_ns)
-    marks.sort()
+    allocs, marks = M.allocations_and_marks(prof)
     phase_marks = [(ts, _phase_of(nm)) for ts, nm in marks if _phase_of(nm)]
     mark_ts = {nm: ts for ts, nm in marks}
 

@@ -150,24 +150,10 @@ def run(row: dict, variant: str):
 
 
 def analyse(prof, baseline, rec, held, grad_of, owner, probe):
-    roots = prof.profiler.kineto_results.experimental_event_tree()
-    allocs, marks = [], []
-    for n in M._walk(roots):
-        if str(n.tag).endswith("Allocation"):
-            allocs.append(n)
-        elif n.name.startswith(M.PHASE_MARK):
-            marks.append((n.start_time_ns, n.name[len(M.PHASE_MARK):]))
-    allocs.sort(key=lambda n: n.start_time_ns)
-    marks.sort()
+    allocs, marks = M.allocations_and_marks(prof)
 
     def phase_at(ts):
-        ph = "before"
-        for mts, name in marks:
-            if mts <= ts:
-                ph = name
-            else:
-                break
-        return ph
+        return M.phase_at(marks, ts)
 
     saved_by: dict[int, list] = defaultdict(list)  # storage key -> [(module that saved, shape, dtype)]
     for r in rec.records:

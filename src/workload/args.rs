@@ -151,7 +151,9 @@ pub struct WorkloadArgs {
     /// [transformers + PEFT]. litgpt: LitGPT's GPT (fused qkv; k and v expanded to every head)
     /// and its LoRA (adapters in the model's type), with its fine-tuning scripts' defaults
     /// unless given: --loss-chunk 128, --outputs next, --kv-cache off, and under --quant
-    /// --kbit-prep off and --quant-head on.
+    /// --kbit-prep off, --quant-head on, --double-quant off (its bnb.nf4) and 4-bit weights
+    /// quantized from fp16 (Lightning Fabric's: each dequantization makes an fp16 copy, then
+    /// the bf16 one).
     #[arg(long, value_name = "F", allow_hyphen_values = true)]
     pub framework: Option<String>,
     /// SIZE: cuBLAS's workspace (CUBLAS_WORKSPACE_CONFIG's total, e.g. 32MiB; 0: none)

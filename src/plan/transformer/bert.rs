@@ -15,6 +15,8 @@ pub(super) fn spec(w: &Workload) -> Spec {
     };
     Spec {
         learned_positions: true,
+        post_ln: true,
+        holds_returns: true,
         ..Spec::layer_norm_family(
             Embed::TokensNorm,
             if w.labels.is_some() {

@@ -121,7 +121,7 @@ impl T<'_> {
     /// A layer's owned input after its last reader: the decoder LLMs' and BERT's loop variable
     /// keeps it until the layer returns; elsewhere it goes now.
     fn input_done(&mut self, x: TensorIx) {
-        if self.w.is_decoder_llm() || self.w.arch == crate::workload::Arch::Bert {
+        if self.w.is_decoder_llm() || self.spec.holds_returns {
             self.layer_tail.push(x);
         } else {
             self.b.free(x);
@@ -267,12 +267,12 @@ impl T<'_> {
     ) -> Result<TensorIx, PlanError> {
         let (h, qw, c) = (self.h, self.qw, self.c);
         if self.frozen() && self.adapts(&[Target::O]) {
-            let proj = lora::Proj {
-                tensor: format!("{p}.attn.out"),
-                module: format!("{p}.o_proj"),
-                targets: &[Target::O],
-                width: h,
-            };
+            let proj = lora::Proj::new(
+                format!("{p}.attn.out"),
+                format!("{p}.o_proj"),
+                &[Target::O],
+                h,
+            );
             return Ok(self.projections(pa, ctx, qw, &[proj], sa)?[0]);
         }
         let o = self.hidden_t(&format!("{p}.attn.out"), Role::Activations, c)?;
@@ -325,7 +325,7 @@ impl T<'_> {
             let n2 = self.norm(&format!("{p}.ln2"), x2, sm);
             self.live = was;
             let n2 = n2?;
-            if !saving && self.w.arch == crate::workload::Arch::Bert {
+            if !saving && self.spec.post_ln {
                 // BERT is post-LN: the MLP adds its output to the normed `attention_output`,
                 // so under no_grad the residual sum goes once normed.
                 sm.retain(|&t| t != x2);
@@ -405,12 +405,7 @@ impl T<'_> {
         let (h, f) = (self.h, self.f);
         let was = self.live;
         self.live = live;
-        let proj = |tensor: String, module: String, targets: &'static [Target], width| lora::Proj {
-            tensor,
-            module,
-            targets,
-            width,
-        };
+        let proj = lora::Proj::new;
         let up = proj(format!("{p}.fc1.out"), format!("{p}.fc1"), &[Target::Up], f);
         let fc1 = self.projections(pm, n2, h, &[up], sm)?[0];
         if !sm.contains(&n2) && !self.shared_norm() {

@@ -171,8 +171,7 @@ impl T<'_> {
             }
             // BERT's attention returns its probabilities (after dropout) and `BertLayer` keeps
             // them (`_`) until it returns: under no_grad they outlive the attention.
-            let returned =
-                (!self.saving && self.w.arch == crate::workload::Arch::Bert).then_some(cur);
+            let returned = (!self.saving && self.spec.holds_returns).then_some(cur);
             // probs·V saves its first input; under autocast in the 16-bit type (a cast copy
             // when the probabilities are still fp32, e.g. BERT's on CUDA).
             let pv = if self.dtype(cur) != c {

@@ -25,14 +25,19 @@ pub(super) struct Proj<'a> {
 }
 
 impl<'a> Proj<'a> {
-    /// A projection whose tensor and module share a name.
-    pub fn named(name: String, targets: &'a [Target], width: u64) -> Proj<'a> {
+    /// A projection whose output tensor is named apart from its module.
+    pub fn new(tensor: String, module: String, targets: &'a [Target], width: u64) -> Proj<'a> {
         Proj {
-            tensor: name.clone(),
-            module: name,
+            tensor,
+            module,
             targets,
             width,
         }
+    }
+
+    /// A projection whose tensor and module share a name.
+    pub fn named(name: String, targets: &'a [Target], width: u64) -> Proj<'a> {
+        Proj::new(name.clone(), name, targets, width)
     }
 }
 

@@ -107,6 +107,13 @@ pub struct Spec {
     pub sandwich_norms: bool,
     /// Gemma: the embedding output is multiplied by √hidden (a new tensor).
     pub embed_scale: bool,
+    /// Post-LN (BERT), built with the pre-LN layer's tensors: the MLP adds its output to the
+    /// normed attention output, so under no_grad the residual sum goes once normed.
+    pub post_ln: bool,
+    /// The model's code keeps what it returns until it returns (transformers 5's `BertModel`
+    /// its `embedding_output`, the encoder loop each layer's input, `BertLayer` the
+    /// attention's probabilities), as the decoder LLMs' do.
+    pub holds_returns: bool,
 }
 
 impl Spec {
@@ -130,6 +137,8 @@ impl Spec {
             softmax,
             sandwich_norms: false,
             embed_scale: false,
+            post_ln: false,
+            holds_returns: false,
         }
     }
 
@@ -158,6 +167,8 @@ impl Spec {
             },
             sandwich_norms: false,
             embed_scale: false,
+            post_ln: false,
+            holds_returns: false,
         }
     }
 

@@ -289,7 +289,7 @@ impl<'a> T<'a> {
             stage,
             train,
             llm: w.is_decoder_llm(),
-            keeps_x0: w.is_decoder_llm() || w.arch == crate::workload::Arch::Bert,
+            keeps_x0: w.is_decoder_llm() || self.spec.holds_returns,
             x0,
             emb_saved,
             inputs,

@@ -1,5 +1,6 @@
 //! The MLP blocks: GELU (fused or transformers' `gelu_new`), gated (SwiGLU, GeGLU, fused
-//! gate-up) and a mixture of experts as transformers 5.24 dispatches it.
+//! gate-up), a mixture of experts as transformers 5.24 dispatches it, and a GELU MLP with
+//! LoRA on its linears.
 
 use super::lora::Proj;
 use super::T;
@@ -25,6 +26,45 @@ impl T<'_> {
         let logits = self.b.push(&name, Role::Activations, c, &[t, e], e)?;
         self.matmul_rows(pm, n2, logits, t, e, h);
         Ok(logits)
+    }
+
+    /// An ungated MLP over a frozen base with adapters on fc1 (`up`) or fc2 (`down`): each
+    /// linear as `projections` makes it (the base, then its adapter), fc2 into a tensor of its
+    /// own before the residual add. `live`: whether the MLP's input needs a gradient.
+    pub(super) fn mlp_gelu_adapted(
+        &mut self,
+        p: &str,
+        pm: &str,
+        n2: TensorIx,
+        live: bool,
+        out_name: &str,
+        sm: &mut Vec<TensorIx>,
+    ) -> Result<TensorIx, PlanError> {
+        let (h, f) = (self.h, self.f);
+        let was = self.live;
+        self.live = live;
+        let proj = Proj::new;
+        let up = proj(format!("{p}.fc1.out"), format!("{p}.fc1"), &[Target::Up], f);
+        let fc1 = self.projections(pm, n2, h, &[up], sm)?[0];
+        if !sm.contains(&n2) && !self.shared_norm() {
+            self.b.free(n2);
+        }
+        let last = self.activation(p, fc1, sm)?;
+        self.mask(&format!("{p}.mlp.drop_mask"), sm)?;
+        let down = proj(
+            format!("{p}.fc2.out"),
+            format!("{p}.fc2"),
+            &[Target::Down],
+            h,
+        );
+        let y = self.projections(pm, last, f, &[down], sm)?[0];
+        if !sm.contains(&last) {
+            self.b.free(last);
+        }
+        let out = self.resid(out_name)?;
+        self.b.free(y);
+        self.live |= was;
+        Ok(out)
     }
 
     /// The MLP's activation over `fc1` ([b,s,f]): pushes what its backward saves and returns

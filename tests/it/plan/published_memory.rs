@@ -123,3 +123,43 @@ fn published_table() {
         );
     }
 }
+
+/// The held-out rows (`validation/published/*_holdout_rows.json`, each committed before any of
+/// its rows was predicted) are in the table with the flags and figures they were committed
+/// with, and each numeric one keeps the error of its first prediction. A row whose flags were
+/// changed after that says why (`reflagged`), and no longer counts as held out.
+#[test]
+fn held_out_rows_keep_their_committed_flags() {
+    let dir = format!("{}/validation/published", env!("CARGO_MANIFEST_DIR"));
+    let table = rows();
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.ends_with("_holdout_rows.json") {
+            continue;
+        }
+        files += 1;
+        let held: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for h in held["rows"].as_array().unwrap() {
+            let id = h["id"].as_str().unwrap();
+            let r = table
+                .iter()
+                .find(|r| r["id"] == id)
+                .unwrap_or_else(|| panic!("{name}: {id} is not in the table"));
+            if r["flags"] != h["flags"] {
+                // Re-flagged after its first prediction: allowed only with the reason, and the
+                // row then no longer counts as held out.
+                assert!(
+                    r["reflagged"].as_str().is_some_and(|w| w.len() > 20),
+                    "{name}: {id}'s flags changed without a `reflagged` reason"
+                );
+            }
+            assert_eq!(r["published_bytes"], h["published_bytes"], "{name}: {id}");
+            if h["published_bytes"].is_u64() {
+                assert!(r["first_prediction_pct"].is_f64(), "{name}: {id}");
+            }
+        }
+    }
+    assert!(files >= 3, "{files} held-out files");
+}

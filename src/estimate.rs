@@ -273,6 +273,7 @@ pub fn describe(w: &Workload) -> String {
                 OptimizerImpl::Foreach => " (foreach)",
                 OptimizerImpl::Fused => " (fused)",
                 OptimizerImpl::ForLoop => " (for-loop)",
+                OptimizerImpl::Transformers => " (transformers' for-loop AdamW)",
             });
         }
         match w.grads {

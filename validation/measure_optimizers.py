@@ -16,6 +16,13 @@ Optimizers:
   `register_optim_in_bwd_hooks`): one torch.optim.AdamW per parameter, stepped and zero_grad'ed
   (set_to_none) from the parameter's post-accumulate-grad hook, so no gradient outlives its update.
   AdamW fused=True (torchtune's recipes set `fused: True`) or foreach=False.
+* adamw-hf: transformers' own AdamW (`optim="adamw_hf"`, the Trainer's default in transformers 4.16,
+  removed in 5), written out here as its `step` runs per parameter in v4.16.0
+  `src/transformers/optimization.py` (`exp_avg.mul_().add_()`, `exp_avg_sq.mul_().addcmul_()`,
+  `denom = exp_avg_sq.sqrt().add_(eps)`, `p.data.addcdiv_(exp_avg, denom)`, then the decoupled
+  weight decay in place): one temporary, `denom`, per parameter.
+* adamw-forloop: torch.optim.AdamW(foreach=False), whose `_single_tensor_adam` makes two
+  (`exp_avg_sq.sqrt()` and its quotient by the bias correction), beside it on the same shapes.
 
 Train steps: first = no grads, no optimizer state before; steady = optimizer state present (from
 the first step). Peak = exact baseline (params + buffers + grads before + optimizer state before +
@@ -44,7 +51,11 @@ import measure_lora as L  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 SCHEMA_VERSION = 1
-OPTIMIZERS = ("adafactor", "adafactor-beta1", "adamw-in-backward-fused", "adamw-in-backward-forloop")
+OPTIMIZERS = ("adafactor", "adafactor-beta1", "adamw-in-backward-fused", "adamw-in-backward-forloop",
+              "adamw-hf", "adamw-forloop")
+# A large vocabulary makes the embedding and the head the largest tensors by far, so that one
+# temporary of the optimizer's more or less is seen in the step's peak.
+BIG_VOCAB = dict(vocab=32000, batch=1, seq=16)
 
 
 def rows() -> list[dict]:
@@ -69,6 +80,12 @@ def rows() -> list[dict]:
         ("adafactor-beta1", "fp32", dict(layers=6, batch=3, seq=320), True),
         ("adamw-in-backward-fused", "fp32", dict(layers=6, batch=3, seq=320), True),
         ("adamw-in-backward-forloop", "bf16", dict(layers=6, batch=3, seq=320), True),
+        # transformers' AdamW beside torch's for-loop (added 2026-12-07); held out: the rest
+        ("adamw-hf", "fp32", BIG_VOCAB, False),
+        ("adamw-forloop", "fp32", BIG_VOCAB, False),
+        ("adamw-hf", "bf16", BIG_VOCAB, True),
+        ("adamw-hf", "fp32", dict(layers=6, batch=3, seq=320), True),
+        ("adamw-forloop", "bf16", BIG_VOCAB, True),
     ]
     out = []
     for opt, precision, shape, holdout in spec:
@@ -78,14 +95,48 @@ def rows() -> list[dict]:
         M.fill_config_defaults(r)
         r["holdout"] = holdout
         r["id"] = f"{opt}-{precision}-l{r['layers']}-b{r['batch']}-s{r['seq']}"
+        if r["vocab"] != L.BASE["vocab"]:
+            r["id"] += f"-v{r['vocab']}"
         out.append(r)
     return out
+
+
+class TransformersAdamW(torch.optim.Optimizer):
+    """transformers' AdamW as v4.16.0 ran it (`optimization.py`, `class AdamW`), per parameter:
+    in-place moments, one `denom` temporary, in-place update and decoupled weight decay."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                state["step"] += 1
+                m.mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
+                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1.0 - beta2)
+                denom = v.sqrt().add_(group["eps"])
+                scale = (1.0 - beta2 ** state["step"]) ** 0.5 / (1.0 - beta1 ** state["step"])
+                p.addcdiv_(m, denom, value=-group["lr"] * scale)
+                if group["weight_decay"] > 0.0:
+                    p.add_(p, alpha=-group["lr"] * group["weight_decay"])
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter]):
     """(optimizer or None, per-parameter optimizers or None)."""
     if name == "adamw-forloop":
         return torch.optim.AdamW(params, foreach=False), None
+    if name == "adamw-hf":
+        return TransformersAdamW(params), None
     if name.startswith("adafactor"):
         from transformers.optimization import Adafactor
 

@@ -40,6 +40,8 @@ def step_flags(args: Any, device_type: str) -> dict:
         flags["optimizer_impl"] = "fused"
     elif optim == "adamw_torch":
         flags["optimizer_impl"] = "for-loop" if device_type == "cpu" else "foreach"
+    elif optim == "adamw_hf":  # transformers' own AdamW (before transformers 5)
+        flags["optimizer_impl"] = "transformers"
     if getattr(args, "bf16", False):
         flags["precision"] = "amp-bf16"
     elif getattr(args, "fp16", False):

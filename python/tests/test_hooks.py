@@ -117,6 +117,10 @@ def test_step_flags_follow_the_trainers_arguments():
                                        "dropout_mask": "input"}
     # Each is a flag the binary takes: the prediction runs with them.
     assert oomprobe.max_batch(tensors_only=True, **step_flags(args, "cuda"), **FLAGS) >= 1
+    # transformers' own AdamW (optim="adamw_hf", before transformers 5): one temporary.
+    hf = types.SimpleNamespace(optim="adamw_hf", bf16=False, fp16=False)
+    assert step_flags(hf, "cuda")["optimizer_impl"] == "transformers"
+    assert oomprobe.max_batch(tensors_only=True, **step_flags(hf, "cuda"), **FLAGS) >= 1
 
 
 def test_layout_flags_follow_the_strategy_and_the_arguments():

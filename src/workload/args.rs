@@ -108,7 +108,8 @@ pub struct WorkloadArgs {
     /// steady | first: a steady-state step (optimizer state present) or the first step.
     #[arg(long, value_name = "S", allow_hyphen_values = true)]
     pub step: Option<String>,
-    /// foreach | fused | for-loop: the optimizer implementation (its temporaries).
+    /// foreach | fused | for-loop | transformers: the optimizer implementation (its
+    /// temporaries; transformers: its own AdamW, `optim="adamw_hf"`, one temporary).
     #[arg(long, value_name = "I", allow_hyphen_values = true)]
     pub optimizer_impl: Option<String>,
     /// on | off: torchtune's optimizer_in_bwd: each parameter's update runs in the backward, as

@@ -279,6 +279,7 @@ pub fn parse_optimizer_impl(v: &str) -> Result<OptimizerImpl, CliError> {
             ("foreach", OptimizerImpl::Foreach),
             ("fused", OptimizerImpl::Fused),
             ("for-loop", OptimizerImpl::ForLoop),
+            ("transformers", OptimizerImpl::Transformers),
         ],
     )
 }

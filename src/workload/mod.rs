@@ -327,6 +327,10 @@ pub enum OptimizerImpl {
     /// The for-loop implementation (`foreach=False`, PyTorch's default on CPU): two temporaries
     /// the size of one parameter tensor at a time.
     ForLoop,
+    /// transformers' own `AdamW` (`optim="adamw_hf"`, its Trainer's default in the 4.16 era,
+    /// removed in 5): a for-loop whose `denom = exp_avg_sq.sqrt().add_(eps)` is its only
+    /// temporary, one parameter tensor at a time.
+    Transformers,
 }
 
 /// torchao's float8 training (`--float8`): each decoder layer's `nn.Linear` a `Float8Linear`

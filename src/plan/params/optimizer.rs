@@ -278,6 +278,11 @@ impl States {
                 temps.push(self.temp(b, i, "denom", elems, None)?);
                 b.free(sqrt);
             }
+            // transformers' AdamW: `denom = exp_avg_sq.sqrt().add_(eps)`, in place after the
+            // sqrt; `addcdiv_` and the decoupled weight decay write the parameter in place.
+            Optimizer::Adam if imp == OptimizerImpl::Transformers => {
+                temps.push(self.temp(b, i, "denom", elems, None)?);
+            }
             _ => {}
         }
         let ps = &self.pieces[i];

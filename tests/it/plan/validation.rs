@@ -1090,8 +1090,9 @@ fn family_row_trace() {
 
 /// The checks of `tests/fixtures/optimizers_measured.json` (`validation/measure_optimizers.py`:
 /// PyTorch 2.15 + transformers 5.24 on the CPU): transformers' Adafactor as its Trainer builds
-/// it, with and without `beta1`, and torchtune's optimizer-in-backward (AdamW fused and
-/// for-loop), on the small LLaMA of the LoRA rows, fp32 and bf16. `holdout`: only the rows
+/// it, with and without `beta1`, torchtune's optimizer-in-backward (AdamW fused and
+/// for-loop), and transformers' own AdamW beside torch's for-loop, on the small LLaMA of the
+/// LoRA rows, fp32 and bf16. `holdout`: only the rows
 /// held out (true) or the rows the model was built from (false).
 fn optimizer_checks(holdout: bool) -> Vec<Check> {
     let fx = load("optimizers_measured.json");
@@ -1126,6 +1127,7 @@ fn optimizer_workload(r: &Value) -> Workload {
     w.optimizer_in_backward = opt.starts_with("adamw-in-backward");
     w.optimizer_impl = Some(match opt {
         "adamw-in-backward-fused" => OptimizerImpl::Fused,
+        "adamw-hf" => OptimizerImpl::Transformers,
         _ => OptimizerImpl::ForLoop,
     });
     w

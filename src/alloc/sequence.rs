@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::caching::{Allocator, BlockId};
 use super::conf::AllocConf;
 use super::device::ModelDevice;
-use super::timeline::Failure;
+use super::timeline::{malloc_tensor, Failure};
 use crate::plan::{EventKind, Phase, Plan};
 
 /// The most steps a sequence may have (`--seq-lengths`' bound).
@@ -107,7 +107,7 @@ pub fn replay(
     };
     let mut a = Allocator::new(conf.clone());
     // The model states' blocks, in setup order.
-    let mut states: Vec<BlockId> = Vec::with_capacity(setup.len());
+    let mut states: Vec<Vec<BlockId>> = Vec::with_capacity(setup.len());
     let mut out = Sequence {
         steps: Vec::with_capacity(steps.len()),
         reserved_peak_bytes: 0,
@@ -119,7 +119,7 @@ pub fn replay(
     };
     'steps: for (k, &(value, plan)) in steps.iter().enumerate() {
         let step = k + 1;
-        let mut live: Vec<Option<BlockId>> = vec![None; plan.tensors.len()];
+        let mut live: Vec<Option<Vec<BlockId>>> = vec![None; plan.tensors.len()];
         let mut setup_seen = 0;
         let mut row = StepRow {
             step,
@@ -133,7 +133,7 @@ pub fn replay(
             match e.kind {
                 EventKind::Alloc(t) if e.phase == Phase::Setup && step > 1 => {
                     // The same tensor as the first step's.
-                    live[t] = states.get(setup_seen).copied();
+                    live[t] = states.get(setup_seen).cloned();
                     setup_seen += 1;
                     continue;
                 }
@@ -141,17 +141,12 @@ pub fn replay(
                     if live[t].is_some() {
                         continue;
                     }
-                    match a.malloc(
-                        &mut dev,
-                        plan.tensors[t].bytes,
-                        plan.tensors[t].stream.id(),
-                        None,
-                    ) {
-                        Ok(id) => {
-                            live[t] = Some(id);
+                    match malloc_tensor(&mut a, &mut dev, &plan.tensors[t]) {
+                        Ok(ids) => {
                             if e.phase == Phase::Setup {
-                                states.push(id);
+                                states.push(ids.clone());
                             }
+                            live[t] = Some(ids);
                         }
                         Err(oom) => {
                             out.failure = Some(Failure::at(plan, step, i, t, capacity, oom));
@@ -162,7 +157,7 @@ pub fn replay(
                     }
                 }
                 EventKind::Free(t) => match live[t].take() {
-                    Some(id) => a.free(id),
+                    Some(ids) => ids.into_iter().for_each(|id| a.free(id)),
                     None => continue,
                 },
                 EventKind::Kernel(_) => continue,
@@ -178,11 +173,11 @@ pub fn replay(
             && setups[k]
                 .iter()
                 .zip(&states)
-                .all(|(&(t, _), &id)| live[t].take() == Some(id));
+                .all(|(&(t, _), ids)| live[t].take().as_ref() == Some(ids));
         if !held {
             return Err(SequenceError::StatesFreed);
         }
-        for id in live.into_iter().flatten() {
+        for id in live.into_iter().flatten().flatten() {
             a.free(id);
         }
         row.reserved_end_bytes = a.stats().reserved;

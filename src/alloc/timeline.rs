@@ -8,10 +8,10 @@
 
 use serde::Serialize;
 
-use super::caching::{Allocator, BlockId, Oom};
+use super::caching::{Allocator, BlockId, Device, Oom};
 use super::conf::AllocConf;
 use super::device::ModelDevice;
-use crate::plan::{EventKind, Phase, Plan};
+use crate::plan::{EventKind, Phase, Plan, TensorSpec};
 
 /// How many steps a plan is replayed for by default: the second already reuses the first's
 /// cache, and by then the reserved peak has settled (later steps repeat the second's pattern).
@@ -106,6 +106,28 @@ impl Replay {
     }
 }
 
+/// Ask `a` for tensor `t`'s blocks, one per PyTorch tensor it stands for
+/// (`TensorSpec::blocks`); on a refusal the blocks already taken are given back.
+pub(super) fn malloc_tensor(
+    a: &mut Allocator,
+    dev: &mut dyn Device,
+    t: &TensorSpec,
+) -> Result<Vec<BlockId>, Oom> {
+    let mut got = Vec::new();
+    for bytes in t.blocks() {
+        match a.malloc(dev, bytes, t.stream.id(), None) {
+            Ok(id) => got.push(id),
+            Err(oom) => {
+                for id in got {
+                    a.free(id);
+                }
+                return Err(oom);
+            }
+        }
+    }
+    Ok(got)
+}
+
 /// Replay `plan` for `steps` steps through an allocator with `conf` on a card whose allocator
 /// may take `capacity` bytes from the driver (None: no limit). `curve` keeps the last step's
 /// reserved curve.
@@ -121,7 +143,7 @@ pub fn replay(
         None => ModelDevice::unlimited(),
     };
     let mut a = Allocator::new(conf.clone());
-    let mut live: Vec<Option<BlockId>> = vec![None; plan.tensors.len()];
+    let mut live: Vec<Option<Vec<BlockId>>> = vec![None; plan.tensors.len()];
     let mut out = Replay {
         steps: steps.max(1),
         reserved_peak_bytes: 0,
@@ -146,13 +168,8 @@ pub fn replay(
                     if live[t].is_some() {
                         continue;
                     }
-                    match a.malloc(
-                        &mut dev,
-                        plan.tensors[t].bytes,
-                        plan.tensors[t].stream.id(),
-                        None,
-                    ) {
-                        Ok(id) => live[t] = Some(id),
+                    match malloc_tensor(&mut a, &mut dev, &plan.tensors[t]) {
+                        Ok(ids) => live[t] = Some(ids),
                         Err(oom) => {
                             out.failure = Some(Failure::at(plan, step, i, t, capacity, oom));
                             break 'steps;
@@ -160,7 +177,7 @@ pub fn replay(
                     }
                 }
                 EventKind::Free(t) => match live[t].take() {
-                    Some(id) => a.free(id),
+                    Some(ids) => ids.into_iter().for_each(|id| a.free(id)),
                     None => continue,
                 },
                 EventKind::Kernel(_) => continue,

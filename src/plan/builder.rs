@@ -120,6 +120,7 @@ impl Builder {
             bytes,
             row_elems: row_elems.max(1),
             stream: Default::default(),
+            part_bytes: 0,
         });
         let ix = self.tensors.len() - 1;
         self.events.push(Event {
@@ -131,6 +132,11 @@ impl Builder {
     /// Tensor `ix` is allocated on `stream` (its pool in the caching allocator).
     pub fn on_stream(&mut self, ix: TensorIx, stream: super::Stream) {
         self.tensors[ix].stream = stream;
+    }
+    /// Tensor `ix` stands for PyTorch tensors of `part_bytes` each, and one of the rest
+    /// (`TensorSpec::part_bytes`).
+    pub fn in_parts(&mut self, ix: TensorIx, part_bytes: u64) {
+        self.tensors[ix].part_bytes = part_bytes;
     }
     /// Free a live tensor now (unless the selective-checkpoint store keeps it, or a pin holds
     /// it: then it goes when the pin is let go).

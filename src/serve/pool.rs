@@ -64,6 +64,7 @@ pub fn probe_plan(w: &Workload, total: u64) -> Result<(Plan, ServeSizing, Pool),
                 bytes: k * z.page_bytes_per_layer,
                 row_elems: row,
                 stream: Default::default(),
+                part_bytes: 0,
             });
             plan.events.push(Event {
                 phase: Phase::Forward,

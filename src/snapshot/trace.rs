@@ -131,6 +131,7 @@ impl Trace {
                 bytes: a.bytes,
                 row_elems: 1,
                 stream: Default::default(),
+                part_bytes: 0,
             })
             .collect();
         let events = self

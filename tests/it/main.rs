@@ -26,6 +26,10 @@
 mod layout;
 mod support;
 
+mod alloc {
+    mod fragmentation_order;
+}
+
 mod backend {
     mod cuda {
         mod absent;

@@ -454,7 +454,23 @@ impl States {
             Some(d) if float(d) && float(kind.dtype) => d,
             _ => kind.dtype,
         };
-        b.push(&name, kind.role, dtype, &[elems], elems.clamp(1, 4096))
+        let t = b.push(&name, kind.role, dtype, &[elems], elems.clamp(1, 4096))?;
+        // One tensor per parameter in PyTorch (FSDP2 shards each along its first dimension),
+        // where the piece is several: what the caching allocator is asked for. Flat states
+        // (ZeRO's partitions, FSDP1's flat parameter) are one tensor; so is a state counted
+        // otherwise than element by element (Adafactor's factors, 8-bit absmax), and a
+        // quantized base's packed bytes.
+        let largest = def.largest.div_ceil(self.shard.max(1));
+        if !self.flat
+            && !self.fsdp1
+            && kind.count == Count::Each
+            && (float(dtype) || (kind.role == Role::Optimizer && def.dtype.is_none()))
+            && elems > largest
+            && largest > 0
+        {
+            b.in_parts(t, largest.saturating_mul(dtype.bytes()));
+        }
+        Ok(t)
     }
     /// Whether piece `i` is frozen (no gradient, no optimizer state).
     fn frozen(&self, i: usize) -> bool {

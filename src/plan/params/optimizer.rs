@@ -230,13 +230,20 @@ impl States {
             _ => state,
         };
         let name = format!("opt.{what}.{}", self.names[i]);
-        b.push(
+        let dtype = dtype.unwrap_or(own);
+        let t = b.push(
             &name,
             Role::Workspace,
-            dtype.unwrap_or(own),
+            dtype,
             &[elems],
             elems.clamp(1, 4096),
-        )
+        )?;
+        // `_foreach_sqrt` makes one tensor per parameter: one block each.
+        let largest = self.pieces[i].largest.div_ceil(self.shard.max(1));
+        if !self.flat && elems > largest && largest > 0 {
+            b.in_parts(t, largest.saturating_mul(dtype.bytes()));
+        }
+        Ok(t)
     }
 
     /// Piece `i`'s update, one parameter tensor at a time where the implementation loops: its

@@ -35,6 +35,7 @@ fn stack_plan(n: usize, each: u64) -> Plan {
             bytes: each,
             row_elems: 1,
             stream: Default::default(),
+            part_bytes: 0,
         })
         .collect();
     let alloc = (0..n).map(|t| Event {

@@ -455,22 +455,27 @@ impl States {
             _ => kind.dtype,
         };
         let t = b.push(&name, kind.role, dtype, &[elems], elems.clamp(1, 4096))?;
-        // One tensor per parameter in PyTorch (FSDP2 shards each along its first dimension),
-        // where the piece is several: what the caching allocator is asked for. Flat states
-        // (ZeRO's partitions, FSDP1's flat parameter) are one tensor; so is a state counted
-        // otherwise than element by element (Adafactor's factors, 8-bit absmax), and a
-        // quantized base's packed bytes.
-        let largest = def.largest.div_ceil(self.shard.max(1));
-        if !self.flat
-            && !self.fsdp1
+        // FSDP1's flat parameter is one tensor; so is a state counted otherwise than element
+        // by element (Adafactor's factors, 8-bit absmax), and a quantized base's packed bytes.
+        if !self.fsdp1
             && kind.count == Count::Each
             && (float(dtype) || (kind.role == Role::Optimizer && def.dtype.is_none()))
-            && elems > largest
-            && largest > 0
         {
-            b.in_parts(t, largest.saturating_mul(dtype.bytes()));
+            self.per_parameter(b, t, i);
         }
         Ok(t)
+    }
+    /// Tensor `t`, of piece `i`'s elements, is one PyTorch tensor per parameter (FSDP2 shards
+    /// each along its first dimension): the caching allocator is asked for a block the size of
+    /// the piece's largest parameter at a time (`TensorSpec::part_bytes`). Flat states (ZeRO's
+    /// partitions) stay one block.
+    pub(super) fn per_parameter(&self, b: &mut Builder, t: TensorIx, i: usize) {
+        let largest = self.defs[i].largest.div_ceil(self.shard.max(1));
+        let spec = b.tensor(t);
+        if !self.flat && largest > 0 && spec.elems() > largest {
+            let part = largest.saturating_mul(spec.dtype.bytes());
+            b.in_parts(t, part);
+        }
     }
     /// Whether piece `i` is frozen (no gradient, no optimizer state).
     fn frozen(&self, i: usize) -> bool {

@@ -230,19 +230,15 @@ impl States {
             _ => state,
         };
         let name = format!("opt.{what}.{}", self.names[i]);
-        let dtype = dtype.unwrap_or(own);
         let t = b.push(
             &name,
             Role::Workspace,
-            dtype,
+            dtype.unwrap_or(own),
             &[elems],
             elems.clamp(1, 4096),
         )?;
-        // `_foreach_sqrt` makes one tensor per parameter: one block each.
-        let largest = self.pieces[i].largest.div_ceil(self.shard.max(1));
-        if !self.flat && elems > largest && largest > 0 {
-            b.in_parts(t, largest.saturating_mul(dtype.bytes()));
-        }
+        // `_foreach_sqrt` makes one tensor per parameter.
+        self.per_parameter(b, t, i);
         Ok(t)
     }
 
